@@ -1,0 +1,259 @@
+/*
+ * lowrank: PowerSGD compressed allreduce with error feedback, in the style of NCCL's C API.
+ *
+ * Method: Vogels, Karimireddy, Jaggi, "PowerSGD: Practical Low-Rank Gradient Compression for
+ * Distributed Optimization", NeurIPS 2019 (arXiv 1905.13727), Algorithm 1 with error feedback
+ * (Section 3) and warm start (Section 4.1). Per buffer and per call, on every comm rank i:
+ *
+ *   M_i  = G_i + E_i                     error feedback
+ *   P    = sum_i M_i Q                   n x k, allreduce #1, then orthonormalized
+ *   Q    = sum_i M_i^T P                 m x k, allreduce #2; Qbar = Q / N
+ *   out  = P Qbar^T (avg) or N P Qbar^T (sum); identical on every comm rank
+ *   E_i  = M_i - P Qbar^T                kept (float32) for the next call
+ *
+ * This header includes no CUDA header: streams are `void*`, so CPU-only users need no CUDA.
+ *
+ * Thread safety: every function is thread-safe with respect to calls on *different* communicators.
+ * Calls on one communicator must be serialized by the caller (as with NCCL), except
+ * lowrankCommAbort and lowrankGetLastError, which may be called from any thread at any time.
+ * No function throws or lets a C++ exception escape.
+ */
+#ifndef LOWRANK_LOWRANK_H_
+#define LOWRANK_LOWRANK_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define LOWRANK_MAJOR 0
+#define LOWRANK_MINOR 1
+#define LOWRANK_PATCH 0
+#define LOWRANK_VERSION(X, Y, Z) ((X) * 10000 + (Y) * 100 + (Z))
+#define LOWRANK_VERSION_CODE LOWRANK_VERSION(LOWRANK_MAJOR, LOWRANK_MINOR, LOWRANK_PATCH)
+
+/* Result codes (numbering follows ncclResult_t where NCCL has the same code). */
+typedef enum {
+  lowrankSuccess = 0,
+  lowrankUnhandledCudaError = 1, /* a CUDA call failed */
+  lowrankSystemError = 2,        /* the OS or a library (socket, UCX, allocation) failed */
+  lowrankInternalError = 3,      /* a bug in lowrank: please report it */
+  lowrankInvalidArgument = 4,    /* a bad argument: null or misaligned pointer, bad count, dtype, op */
+  lowrankInvalidUsage = 5,       /* a bad sequence of calls, mismatched ranks, or a failed comm */
+  lowrankRemoteError = 6,        /* a peer failed or disconnected */
+  lowrankInProgress = 7,         /* an operation is still running (non-blocking init) */
+  lowrankTimeout = 8,            /* a wait exceeded the configured timeout */
+  lowrankNumResults = 9
+} lowrankResult_t;
+
+/* Data types; values equal ncclDataType_t's so that the NCCL shim can pass them through. */
+typedef enum {
+  lowrankInt8 = 0,
+  lowrankUint8 = 1,
+  lowrankInt32 = 2,
+  lowrankUint32 = 3,
+  lowrankInt64 = 4,
+  lowrankUint64 = 5,
+  lowrankFloat16 = 6,
+  lowrankFloat32 = 7,
+  lowrankFloat64 = 8,
+  lowrankBfloat16 = 9,
+  lowrankNumTypes = 10
+} lowrankDataType_t;
+
+/* Reduction operations; values equal ncclRedOp_t's. */
+typedef enum {
+  lowrankSum = 0,
+  lowrankProd = 1,
+  lowrankMax = 2,
+  lowrankMin = 3,
+  lowrankAvg = 4,
+  lowrankNumOps = 5
+} lowrankRedOp_t;
+
+typedef struct lowrankComm* lowrankComm_t;
+
+#define LOWRANK_UNIQUE_ID_BYTES 128
+/* Opaque identifier of a communicator being created: the root's bootstrap address and a random
+ * 128-bit secret. Made once by lowrankGetUniqueId, then passed to every comm rank. */
+typedef struct {
+  char internal[LOWRANK_UNIQUE_ID_BYTES];
+} lowrankUniqueId;
+
+/* Values meaning "not set here": the LOWRANK_* environment variable, else the default, applies. */
+#define LOWRANK_CONFIG_UNDEF_INT (-2147483647 - 1)
+#define LOWRANK_CONFIG_UNDEF_DOUBLE (-1.0)
+#define LOWRANK_CONFIG_UNDEF_SEED (-1LL)
+#define LOWRANK_CONFIG_MAGIC 0x4c52434bu /* "LRCK" */
+
+/* Communicator configuration, as ncclConfig_t: initialize with LOWRANK_CONFIG_INITIALIZER, then set
+ * the fields you want. Explicit fields win; unset ones come from the environment variable named
+ * beside them, else the default. Every value in force is logged at LOWRANK_DEBUG=INFO. */
+typedef struct {
+  size_t size;          /* sizeof(lowrankConfig_t), set by the initializer */
+  unsigned int magic;   /* LOWRANK_CONFIG_MAGIC */
+  unsigned int version; /* LOWRANK_VERSION_CODE */
+  int approxRank;       /* approximation rank k, >= 0; 0 turns compression off (every call is an
+                           exact allreduce). LOWRANK_APPROX_RANK, default 4 */
+  double minCompressionRate; /* a tensor is compressed only if (n + m) k rate < n m; >= 1.
+                           LOWRANK_MIN_COMPRESSION_RATE, default 2 */
+  int startIter;        /* calls per buffer done exactly before compression starts; >= 0.
+                           LOWRANK_START_ITER, default 0 */
+  int errorFeedback;    /* 0 or 1. LOWRANK_ERROR_FEEDBACK, default 1 */
+  int warmStart;        /* 0 or 1: reuse Qbar of the previous call. LOWRANK_WARM_START, default 1 */
+  double orthoEpsilon;  /* added to column norms in Gram-Schmidt, as PyTorch's
+                           orthogonalization_epsilon; >= 0. LOWRANK_ORTHO_EPSILON, default 0
+                           (a zero or dependent column becomes zero, never NaN, whatever this is) */
+  long long seed;       /* seed of the initial Q, the same on every comm rank; >= 0.
+                           LOWRANK_SEED, default 0 */
+  double timeoutSec;    /* bound on every wait for a peer, seconds, > 0. LOWRANK_TIMEOUT, default 300 */
+} lowrankConfig_t;
+
+#define LOWRANK_CONFIG_INITIALIZER                                                              \
+  {                                                                                             \
+    sizeof(lowrankConfig_t), LOWRANK_CONFIG_MAGIC, LOWRANK_VERSION_CODE,                        \
+        LOWRANK_CONFIG_UNDEF_INT, LOWRANK_CONFIG_UNDEF_DOUBLE, LOWRANK_CONFIG_UNDEF_INT,        \
+        LOWRANK_CONFIG_UNDEF_INT, LOWRANK_CONFIG_UNDEF_INT, LOWRANK_CONFIG_UNDEF_DOUBLE,        \
+        LOWRANK_CONFIG_UNDEF_SEED, LOWRANK_CONFIG_UNDEF_DOUBLE                                  \
+  }
+
+/* ---- Version and errors ------------------------------------------------------------------- */
+
+/* *version = LOWRANK_VERSION_CODE of the library loaded. Errors: lowrankInvalidArgument (null). */
+lowrankResult_t lowrankGetVersion(int* version);
+
+/* A static, human-readable name of a result code; never null. */
+const char* lowrankGetErrorString(lowrankResult_t result);
+
+/* The message of the last error on `comm` (or of the calling thread's last error made without a
+ * comm, when comm is null); "" when none. Valid until the next call on that comm or thread. */
+const char* lowrankGetLastError(lowrankComm_t comm);
+
+/* ---- Communicators -------------------------------------------------------------------------- */
+
+/* Makes a new unique id on the process that will be comm rank 0 (the root): opens the bootstrap
+ * listening socket (interface from LOWRANK_SOCKET_IFNAME, else the first non-loopback interface
+ * that is up, else loopback) and draws a random 128-bit secret. Pass the id to every comm rank
+ * (threads: copy it; processes: any side channel). One id serves one communicator.
+ * Errors: lowrankInvalidArgument (null), lowrankSystemError (socket). */
+lowrankResult_t lowrankGetUniqueId(lowrankUniqueId* uniqueId);
+
+/* Creates a communicator of `nranks` comm ranks, this caller being `rank` (0 <= rank < nranks).
+ * Collective: every comm rank must call it with the same id and nranks; it blocks until all have
+ * joined or the timeout expires. With config null, LOWRANK_* variables and defaults apply.
+ * Errors: lowrankInvalidArgument (null pointer, bad nranks/rank, malformed config or id),
+ * lowrankInvalidUsage (a bad LOWRANK_* variable; the message names it), lowrankSystemError,
+ * lowrankRemoteError (a peer refused), lowrankTimeout. *comm is null on error. */
+lowrankResult_t lowrankCommInitRank(lowrankComm_t* comm, int nranks, lowrankUniqueId uniqueId,
+                                    int rank);
+lowrankResult_t lowrankCommInitRankConfig(lowrankComm_t* comm, int nranks,
+                                          lowrankUniqueId uniqueId, int rank,
+                                          lowrankConfig_t* config);
+
+/* Frees the communicator and every buffer state it holds. Not collective: peers that still run
+ * collectives on it will see a remote error or time out. Errors: lowrankInvalidArgument (null). */
+lowrankResult_t lowrankCommDestroy(lowrankComm_t comm);
+
+/* Marks the communicator failed: a call in progress on it (on another thread) returns
+ * lowrankRemoteError promptly, later calls lowrankInvalidUsage; then frees it as
+ * lowrankCommDestroy does. Errors: lowrankInvalidArgument (null). */
+lowrankResult_t lowrankCommAbort(lowrankComm_t comm);
+
+/* Number of comm ranks / this caller's comm rank. Errors: lowrankInvalidArgument (null). */
+lowrankResult_t lowrankCommCount(const lowrankComm_t comm, int* count);
+lowrankResult_t lowrankCommUserRank(const lowrankComm_t comm, int* rank);
+
+/* ---- The allreduce --------------------------------------------------------------------------- */
+
+/* Allreduce of `count` elements of `datatype` from sendbuff into recvbuff (in-place when equal),
+ * host memory. Collective: every comm rank calls it with the same count, datatype and op, in the
+ * same order of buffers.
+ *
+ * Compressed (PowerSGD) when datatype is lowrankFloat32, lowrankFloat16 or lowrankBfloat16 and op
+ * is lowrankSum or lowrankAvg and approxRank > 0: computed in float32, residual in float32, the
+ * result identical on every comm rank (it is an approximation of the exact allreduce, with the
+ * residual fed back at the next call on the same recvbuff). Every other dtype and op is an exact
+ * allreduce, as ncclAllReduce computes it (never a wrong answer). Calls made before startIter on a
+ * buffer are exact.
+ *
+ * State is kept per (comm, recvbuff): a residual E of `count` float32 (when error feedback is on)
+ * and the factors. A call with another count or datatype on the same recvbuff resets it. The view
+ * is made at the buffer's first call: per-tensor (lowrankBufferSetLayout) or one matrix (batched).
+ * If any comm rank's input has a NaN or Inf, every comm rank does an exact allreduce for this call
+ * (NaN/Inf propagate as in NCCL) and the buffer's state is reset.
+ *
+ * `stream` is a cudaStream_t for device buffers (a later backend); host buffers: pass NULL.
+ * Buffers must be aligned to their element size.
+ * Errors: lowrankInvalidArgument (null or misaligned buffer, count 0, unknown datatype or op,
+ * null comm), lowrankInvalidUsage (comm failed or aborted; counts differ across comm ranks),
+ * lowrankRemoteError, lowrankTimeout, lowrankSystemError. On error recvbuff may be partly written
+ * but the buffer's state is reset, never left half-updated. */
+lowrankResult_t lowrankAllReduce(const void* sendbuff, void* recvbuff, size_t count,
+                                 lowrankDataType_t datatype, lowrankRedOp_t op,
+                                 lowrankComm_t comm, void* stream);
+
+/* ---- Per-buffer state -------------------------------------------------------------------------- */
+
+/* Declares the tensors packed in the flat buffer `recvbuff`, in order: tensor t has ndims[t]
+ * dimensions, its sizes in shapes[t][0 .. ndims[t]-1]. A tensor of >= 2 dimensions is viewed as
+ * (shape[0], prod(shape[1:])) and compressed if it passes the compression-rate test; 1-D tensors
+ * and the rest are allreduced exactly (per-tensor mode, as PyTorch's powerSGD_hook). Takes effect at
+ * the buffer's next plan (resets its state). The sum of the tensors' elements must equal the count
+ * of the next call (else that call fails with lowrankInvalidUsage). Every comm rank must give the
+ * same layout. Local, not collective.
+ * Errors: lowrankInvalidArgument (null pointers, ntensors <= 0, ndims[t] < 1 or > 8, a size 0). */
+lowrankResult_t lowrankBufferSetLayout(lowrankComm_t comm, const void* recvbuff, int ntensors,
+                                       const int* ndims, const size_t* const* shapes);
+
+/* The view of a buffer, as planned at its first call. */
+typedef struct {
+  int planned;          /* 0 if the buffer has no plan yet (the other fields are then 0) */
+  int perTensor;        /* 1: per-tensor layout, 0: batched (one matrix) */
+  int ntensors;         /* tensors in the layout (1 in batched mode) */
+  int ncompressed;      /* tensors compressed */
+  size_t rows, cols;    /* batched mode: the matrix view n x m (rows*cols >= count) */
+  size_t padded;        /* batched mode: rows*cols - count, elements of zero padding */
+  int approxRank;       /* k in force for the largest compressed tensor (k clipped to min(n, m)) */
+  size_t calls;         /* calls made on this buffer since its plan */
+} lowrankBufferView_t;
+
+/* Reports the view of a buffer. A buffer never called has planned = 0 (lowrankSuccess).
+ * Errors: lowrankInvalidArgument (null). */
+lowrankResult_t lowrankBufferGetView(lowrankComm_t comm, const void* recvbuff,
+                                     lowrankBufferView_t* view);
+
+/* Drops the residual and factors of a buffer (its layout stays); the next call starts afresh, as
+ * the first call did. Local; call it on every comm rank at the same point. A buffer never called
+ * is not an error. Errors: lowrankInvalidArgument (null comm or buffer). */
+lowrankResult_t lowrankBufferReset(lowrankComm_t comm, const void* recvbuff);
+
+/* Frees everything held for a buffer, its layout included (call before freeing the memory if the
+ * address may be reused for another tensor). Errors: lowrankInvalidArgument (null). */
+lowrankResult_t lowrankBufferRelease(lowrankComm_t comm, const void* recvbuff);
+
+/* ---- Statistics -------------------------------------------------------------------------------- */
+
+/* Counters of one communicator since its creation, for this comm rank. */
+typedef struct {
+  uint64_t calls;              /* lowrankAllReduce calls that succeeded */
+  uint64_t compressedCalls;    /* calls that ran PowerSGD */
+  uint64_t fallbackCalls;      /* compressed calls that fell back to exact (non-finite input) */
+  uint64_t compressedElements; /* input elements that went through compression */
+  uint64_t exactElements;      /* input elements allreduced exactly */
+  uint64_t payloadElements;    /* elements handed to the transport: P, Q and exact parts */
+  uint64_t elementsSent;       /* elements this rank put on the wire (counted by the transport) */
+  uint64_t bytesSent;          /* bytes this rank put on the wire (counted by the transport) */
+  double ratio;                /* (compressedElements + exactElements) / payloadElements */
+  uint64_t stateBytes;         /* bytes of per-buffer state held now (residuals, factors) */
+  uint64_t buffers;            /* buffers with state held now */
+} lowrankStats_t;
+
+/* Errors: lowrankInvalidArgument (null). */
+lowrankResult_t lowrankGetStats(lowrankComm_t comm, lowrankStats_t* stats);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* LOWRANK_LOWRANK_H_ */

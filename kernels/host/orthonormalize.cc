@@ -1,0 +1,91 @@
+#include "kernels/host/orthonormalize.h"
+
+#include <cmath>
+#include <vector>
+
+namespace lowrank::host {
+namespace {
+
+double norm(const double* x, size_t n) {
+  double s = 0;
+  for (size_t r = 0; r < n; ++r) s += x[r] * x[r];
+  return std::sqrt(s);
+}
+
+// Gram-Schmidt, each projection done twice ("twice is enough", Giraud et al. 2005), so columns
+// are orthogonal to float64 precision. A column whose norm falls to rounding level of what it
+// was (dependent) or is zero becomes zero.
+void gramSchmidt(double* a, size_t n, int k, double eps) {
+  for (int j = 0; j < k; ++j) {
+    double* c = a + size_t(j) * n;
+    const double before = norm(c, n);
+    for (int pass = 0; pass < 2; ++pass) {
+      for (int i = 0; i < j; ++i) {
+        const double* b = a + size_t(i) * n;
+        double d = 0;
+        for (size_t r = 0; r < n; ++r) d += b[r] * c[r];
+        for (size_t r = 0; r < n; ++r) c[r] -= d * b[r];
+      }
+    }
+    const double after = norm(c, n);
+    if (!(after > 1e-12 * before) || after == 0) {
+      for (size_t r = 0; r < n; ++r) c[r] = 0;
+      continue;
+    }
+    const double inv = 1.0 / (after + eps);
+    for (size_t r = 0; r < n; ++r) c[r] *= inv;
+  }
+}
+
+// Householder QR, then the thin Q formed by applying the reflectors to the first k columns of I.
+void householder(double* a, size_t n, int k) {
+  std::vector<double> v(size_t(k) * n, 0.0);  // reflector j lives in v[j*n + j .. n)
+  std::vector<char> active(k, 0);
+  for (int j = 0; j < k; ++j) {
+    double* x = a + size_t(j) * n;
+    double* vj = v.data() + size_t(j) * n;
+    const double nx = norm(x + j, n - j);
+    if (nx == 0) continue;  // nothing to reflect: H_j = I
+    const double alpha = x[j] >= 0 ? -nx : nx;
+    for (size_t r = j; r < n; ++r) vj[r] = x[r];
+    vj[j] -= alpha;
+    const double nv = norm(vj + j, n - j);
+    if (nv == 0) continue;
+    for (size_t r = j; r < n; ++r) vj[r] /= nv;
+    active[j] = 1;
+    for (int c = j; c < k; ++c) {  // A[j:, c] -= 2 v (v . A[j:, c])
+      double* y = a + size_t(c) * n;
+      double d = 0;
+      for (size_t r = j; r < n; ++r) d += vj[r] * y[r];
+      for (size_t r = j; r < n; ++r) y[r] -= 2 * d * vj[r];
+    }
+  }
+  for (size_t i = 0; i < size_t(k) * n; ++i) a[i] = 0;
+  for (int j = 0; j < k; ++j) a[size_t(j) * n + j] = 1;
+  for (int j = k - 1; j >= 0; --j) {
+    if (!active[j]) continue;
+    const double* vj = v.data() + size_t(j) * n;
+    for (int c = 0; c < k; ++c) {
+      double* y = a + size_t(c) * n;
+      double d = 0;
+      for (size_t r = j; r < n; ++r) d += vj[r] * y[r];
+      for (size_t r = j; r < n; ++r) y[r] -= 2 * d * vj[r];
+    }
+  }
+}
+
+}  // namespace
+
+void orthonormalize(float* a, size_t n, int k, size_t rowStride, size_t colStride, double eps) {
+  if (k <= 0 || n == 0) return;
+  thread_local std::vector<double> w;  // column-major n x k copy, float64
+  w.resize(size_t(k) * n);
+  for (int j = 0; j < k; ++j)
+    for (size_t r = 0; r < n; ++r) w[size_t(j) * n + r] = a[r * rowStride + j * colStride];
+  if (k <= 2) gramSchmidt(w.data(), n, k, eps);
+  else householder(w.data(), n, k);
+  for (int j = 0; j < k; ++j)
+    for (size_t r = 0; r < n; ++r) a[r * rowStride + j * colStride] = float(w[size_t(j) * n + r]);
+}
+
+}  // namespace lowrank::host

@@ -1,0 +1,54 @@
+// The three fused passes of PowerSGD over a gradient matrix, on the host (float32 arithmetic).
+// Kernels know nothing of ranks: the engine allreduces P and Q between the passes.
+//
+// Shapes: the matrix M is n x m, row-major, stored flat; a view may be padded (batched mode):
+// only its first `valid` elements exist, the rest count as zeros and are never read or written.
+// P is n x k row-major; Q is m x k, stored transposed (Qt: k x m row-major) so that every inner
+// loop streams along a row of M. Method: Vogels et al., PowerSGD, NeurIPS 2019, Algorithm 1.
+// Memory traffic per float32 element with error feedback: pass 1 reads G, E and writes M (12 B),
+// pass 2 reads M (4 B), pass 3 reads M, writes E and the output (12 B): 28 B in all.
+#pragma once
+#include <cstddef>
+
+#include "lowrank/lowrank.h"
+
+namespace lowrank::host {
+
+struct MatrixView {
+  size_t rows = 0, cols = 0;  // n x m
+  size_t valid = 0;           // elements that exist: n*m, or fewer when padded
+  // Elements of row i that exist (cols, fewer for the last valid row, 0 beyond).
+  size_t rowLength(size_t i) const {
+    size_t start = i * cols;
+    return start >= valid ? 0 : (valid - start < cols ? valid - start : cols);
+  }
+};
+
+// Pass 1, fused error-feedback add and P = M Q:
+//   M = G + E (E += G in place when e != nullptr, so e then holds M), P = M Q  (P: n x k).
+// g has `dtype` (float32, float16 or bfloat16). Returns the number of non-finite elements of M.
+size_t errorFeedbackAndP(const void* g, lowrankDataType_t dtype, float* e, const MatrixView& v,
+                         const float* qt, int k, float* p);
+
+// Pass 2: Q = M^T P  (written as Qt: k x m). M is e when e != nullptr (error feedback), else g.
+void computeQ(const void* g, lowrankDataType_t dtype, const float* e, const MatrixView& v,
+              const float* p, int k, float* qt);
+
+// Pass 3, fused decompress and error update, with A = P Qbar^T:
+//   out = scale * A (cast to dtype; scale 1 for avg, N for sum), and E = M - A when e != nullptr.
+// out may alias g (in-place allreduce): each element of g is read before it is written.
+void decompressAndUpdateError(float* e, const MatrixView& v, const float* p, const float* qbart,
+                              int k, float scale, void* out, lowrankDataType_t dtype);
+
+// Qt *= s, elementwise over k x m (turns the allreduced sum of Q into Qbar).
+void scale(float* x, size_t count, float s);
+
+// Counts non-finite elements of a buffer of dtype float32/float16/bfloat16.
+size_t countNonFinite(const void* x, size_t count, lowrankDataType_t dtype);
+
+// Converts count elements between float32 and a floating dtype (float32, float16, bfloat16),
+// optionally multiplying by s on the way out.
+void toFloat32(const void* src, lowrankDataType_t dtype, size_t count, float* dst);
+void fromFloat32(const float* src, size_t count, float s, void* dst, lowrankDataType_t dtype);
+
+}  // namespace lowrank::host

@@ -1,0 +1,45 @@
+// lowrankAllReduce: argument checks, then the engine.
+#include <cstdint>
+
+#include "api/errors.h"
+#include "api/export.h"
+#include "util/dtype.h"
+
+using lowrank::api::fail;
+
+LOWRANK_API lowrankResult_t lowrankAllReduce(const void* sendbuff, void* recvbuff, size_t count,
+                                             lowrankDataType_t datatype, lowrankRedOp_t op,
+                                             lowrankComm_t comm, void* stream) {
+  if (!comm) return fail(nullptr, lowrankInvalidArgument, "lowrankAllReduce: comm is NULL");
+  return lowrank::api::guarded(comm, [&]() -> lowrankResult_t {
+    std::lock_guard<std::mutex> lock(comm->callMu);
+    if (comm->failed)
+      return fail(comm, lowrankInvalidUsage,
+                  "lowrankAllReduce: the communicator has failed or was aborted; destroy it");
+    if (!sendbuff || !recvbuff)
+      return fail(comm, lowrankInvalidArgument, "lowrankAllReduce: %s is NULL",
+                  sendbuff ? "recvbuff" : "sendbuff");
+    if (count == 0) return fail(comm, lowrankInvalidArgument, "lowrankAllReduce: count is 0");
+    if (int(datatype) < 0 || datatype >= lowrankNumTypes)
+      return fail(comm, lowrankInvalidArgument, "lowrankAllReduce: unknown datatype %d", int(datatype));
+    if (int(op) < 0 || op >= lowrankNumOps)
+      return fail(comm, lowrankInvalidArgument, "lowrankAllReduce: unknown op %d", int(op));
+    const size_t es = lowrank::dtypeSize(datatype);
+    if (uintptr_t(sendbuff) % es || uintptr_t(recvbuff) % es)
+      return fail(comm, lowrankInvalidArgument,
+                  "lowrankAllReduce: buffers must be aligned to %zu bytes (%s): sendbuff %p, "
+                  "recvbuff %p", es, lowrank::dtypeName(datatype), sendbuff, recvbuff);
+    if (count > SIZE_MAX / es)
+      return fail(comm, lowrankInvalidArgument, "lowrankAllReduce: count %zu overflows", count);
+    const uintptr_t s = uintptr_t(sendbuff), r = uintptr_t(recvbuff), bytes = count * es;
+    if (s != r && s < r + bytes && r < s + bytes)
+      return fail(comm, lowrankInvalidArgument,
+                  "lowrankAllReduce: sendbuff and recvbuff overlap without being equal");
+    if (stream)
+      return fail(comm, lowrankInvalidArgument,
+                  "lowrankAllReduce: a stream was given, but this build handles host buffers only "
+                  "(pass NULL)");
+    lowrank::Status st = lowrank::allReduce(comm, sendbuff, recvbuff, count, datatype, op);
+    return st.ok() ? lowrankSuccess : fail(comm, st);
+  });
+}

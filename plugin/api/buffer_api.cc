@@ -1,0 +1,105 @@
+// Per-buffer state (layout, view, reset, release) and statistics.
+#include "api/errors.h"
+#include "api/export.h"
+
+using lowrank::api::fail;
+
+LOWRANK_API lowrankResult_t lowrankBufferSetLayout(lowrankComm_t comm, const void* recvbuff,
+                                                   int ntensors, const int* ndims,
+                                                   const size_t* const* shapes) {
+  if (!comm) return fail(nullptr, lowrankInvalidArgument, "lowrankBufferSetLayout: comm is NULL");
+  return lowrank::api::guarded(comm, [&]() -> lowrankResult_t {
+    std::lock_guard<std::mutex> lock(comm->callMu);
+    if (!recvbuff || !ndims || !shapes)
+      return fail(comm, lowrankInvalidArgument, "lowrankBufferSetLayout: %s is NULL",
+                  !recvbuff ? "recvbuff" : !ndims ? "ndims" : "shapes");
+    if (ntensors <= 0)
+      return fail(comm, lowrankInvalidArgument, "lowrankBufferSetLayout: ntensors %d <= 0", ntensors);
+    lowrank::Layout layout(ntensors);
+    for (int t = 0; t < ntensors; ++t) {
+      if (ndims[t] < 1 || ndims[t] > 8)
+        return fail(comm, lowrankInvalidArgument,
+                    "lowrankBufferSetLayout: tensor %d has %d dimensions (1..8 allowed)", t, ndims[t]);
+      if (!shapes[t])
+        return fail(comm, lowrankInvalidArgument, "lowrankBufferSetLayout: shapes[%d] is NULL", t);
+      for (int d = 0; d < ndims[t]; ++d) {
+        if (shapes[t][d] == 0)
+          return fail(comm, lowrankInvalidArgument,
+                      "lowrankBufferSetLayout: tensor %d has size 0 in dimension %d", t, d);
+        layout[t].push_back(shapes[t][d]);
+      }
+    }
+    lowrank::BufferState& st = comm->buffers.get(recvbuff);
+    st.reset();
+    st.layout = std::move(layout);
+    return lowrankSuccess;
+  });
+}
+
+LOWRANK_API lowrankResult_t lowrankBufferGetView(lowrankComm_t comm, const void* recvbuff,
+                                                 lowrankBufferView_t* view) {
+  if (!comm || !recvbuff || !view)
+    return fail(comm, lowrankInvalidArgument, "lowrankBufferGetView: %s is NULL",
+                !comm ? "comm" : !recvbuff ? "recvbuff" : "view");
+  std::lock_guard<std::mutex> lock(comm->callMu);
+  *view = lowrankBufferView_t{};
+  const lowrank::BufferState* st = comm->buffers.find(recvbuff);
+  if (!st || !st->planned) return lowrankSuccess;
+  const lowrank::Plan& p = st->plan;
+  view->planned = 1;
+  view->perTensor = p.perTensor;
+  view->ntensors = int(p.tensors.size());
+  size_t biggest = 0;
+  for (const auto& t : p.tensors) {
+    if (!t.compressed) continue;
+    ++view->ncompressed;
+    if (t.numel > biggest) {
+      biggest = t.numel;
+      view->approxRank = t.k;
+    }
+  }
+  view->rows = p.rows;
+  view->cols = p.cols;
+  view->padded = p.padded;
+  view->calls = st->calls;
+  return lowrankSuccess;
+}
+
+LOWRANK_API lowrankResult_t lowrankBufferReset(lowrankComm_t comm, const void* recvbuff) {
+  if (!comm || !recvbuff)
+    return fail(comm, lowrankInvalidArgument, "lowrankBufferReset: %s is NULL", comm ? "recvbuff" : "comm");
+  std::lock_guard<std::mutex> lock(comm->callMu);
+  if (lowrank::BufferState* st = comm->buffers.find(recvbuff)) st->reset();
+  return lowrankSuccess;
+}
+
+LOWRANK_API lowrankResult_t lowrankBufferRelease(lowrankComm_t comm, const void* recvbuff) {
+  if (!comm || !recvbuff)
+    return fail(comm, lowrankInvalidArgument, "lowrankBufferRelease: %s is NULL", comm ? "recvbuff" : "comm");
+  std::lock_guard<std::mutex> lock(comm->callMu);
+  comm->buffers.erase(recvbuff);
+  return lowrankSuccess;
+}
+
+LOWRANK_API lowrankResult_t lowrankGetStats(lowrankComm_t comm, lowrankStats_t* stats) {
+  if (!comm || !stats)
+    return fail(comm, lowrankInvalidArgument, "lowrankGetStats: %s is NULL", comm ? "stats" : "comm");
+  std::lock_guard<std::mutex> lock(comm->callMu);
+  const auto& c = comm->counters;
+  *stats = lowrankStats_t{};
+  stats->calls = c.calls;
+  stats->compressedCalls = c.compressedCalls;
+  stats->fallbackCalls = c.fallbackCalls;
+  stats->compressedElements = c.compressedElements;
+  stats->exactElements = c.exactElements;
+  stats->payloadElements = c.payloadElements;
+  const auto& t = comm->transport->counters();
+  stats->elementsSent = t.elementsSent.load();
+  stats->bytesSent = t.bytesSent.load();
+  stats->ratio = c.payloadElements
+                     ? double(c.compressedElements + c.exactElements) / double(c.payloadElements)
+                     : 0.0;
+  stats->stateBytes = comm->buffers.bytes();
+  stats->buffers = comm->buffers.size();
+  return lowrankSuccess;
+}

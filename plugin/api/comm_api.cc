@@ -1,0 +1,85 @@
+// Communicator lifetime: unique id, init, destroy, abort, and the comm's size and rank.
+#include "api/config.h"
+#include "api/errors.h"
+#include "api/export.h"
+#include "transport/bootstrap/bootstrap.h"
+#include "transport/ucx/ucx_transport.h"
+#include "util/log.h"
+
+using lowrank::Status;
+using lowrank::api::fail;
+using lowrank::api::guarded;
+
+LOWRANK_API lowrankResult_t lowrankGetUniqueId(lowrankUniqueId* uniqueId) {
+  return guarded(nullptr, [&]() -> lowrankResult_t {
+    if (!uniqueId) return fail(nullptr, lowrankInvalidArgument, "lowrankGetUniqueId: uniqueId is NULL");
+    double timeout;
+    Status s = lowrank::api::timeoutFromEnv(&timeout);
+    if (s.ok()) s = lowrank::bootstrap::makeUniqueId(uniqueId, timeout);
+    return s.ok() ? lowrankSuccess : fail(nullptr, s);
+  });
+}
+
+LOWRANK_API lowrankResult_t lowrankCommInitRankConfig(lowrankComm_t* comm, int nranks,
+                                                      lowrankUniqueId uniqueId, int rank,
+                                                      lowrankConfig_t* config) {
+  return guarded(nullptr, [&]() -> lowrankResult_t {
+    if (!comm) return fail(nullptr, lowrankInvalidArgument, "lowrankCommInitRank: comm is NULL");
+    *comm = nullptr;
+    if (nranks < 1)
+      return fail(nullptr, lowrankInvalidArgument, "lowrankCommInitRank: nranks %d < 1", nranks);
+    if (rank < 0 || rank >= nranks)
+      return fail(nullptr, lowrankInvalidArgument,
+                  "lowrankCommInitRank: rank %d is not in [0, %d)", rank, nranks);
+    auto c = std::make_unique<lowrankComm>();
+    Status s = lowrank::api::resolveConfig(config, &c->cfg);
+    if (s.ok()) s = lowrank::createUcxTransport(uniqueId, rank, nranks, c->cfg.timeoutSec, &c->transport);
+    if (!s.ok()) return fail(nullptr, s);
+    c->rank = rank;
+    c->nranks = nranks;
+    lowrank::api::logConfig(c->cfg, rank, nranks);
+    *comm = c.release();
+    return lowrankSuccess;
+  });
+}
+
+LOWRANK_API lowrankResult_t lowrankCommInitRank(lowrankComm_t* comm, int nranks,
+                                                lowrankUniqueId uniqueId, int rank) {
+  return lowrankCommInitRankConfig(comm, nranks, uniqueId, rank, nullptr);
+}
+
+LOWRANK_API lowrankResult_t lowrankCommDestroy(lowrankComm_t comm) {
+  if (!comm) return fail(nullptr, lowrankInvalidArgument, "lowrankCommDestroy: comm is NULL");
+  return guarded(nullptr, [&]() -> lowrankResult_t {
+    {
+      std::lock_guard<std::mutex> wait(comm->callMu);  // no call may still be running on it
+    }
+    LR_INFO("comm rank %d/%d destroyed: %llu calls, %llu compressed", comm->rank, comm->nranks,
+            (unsigned long long)comm->counters.calls,
+            (unsigned long long)comm->counters.compressedCalls);
+    delete comm;
+    return lowrankSuccess;
+  });
+}
+
+LOWRANK_API lowrankResult_t lowrankCommAbort(lowrankComm_t comm) {
+  if (!comm) return fail(nullptr, lowrankInvalidArgument, "lowrankCommAbort: comm is NULL");
+  comm->aborted = true;
+  comm->failed = true;
+  if (comm->transport) comm->transport->abort();  // a waiting call returns promptly
+  return lowrankCommDestroy(comm);
+}
+
+LOWRANK_API lowrankResult_t lowrankCommCount(const lowrankComm_t comm, int* count) {
+  if (!comm || !count)
+    return fail(nullptr, lowrankInvalidArgument, "lowrankCommCount: %s is NULL", comm ? "count" : "comm");
+  *count = comm->nranks;
+  return lowrankSuccess;
+}
+
+LOWRANK_API lowrankResult_t lowrankCommUserRank(const lowrankComm_t comm, int* rank) {
+  if (!comm || !rank)
+    return fail(nullptr, lowrankInvalidArgument, "lowrankCommUserRank: %s is NULL", comm ? "rank" : "comm");
+  *rank = comm->rank;
+  return lowrankSuccess;
+}

@@ -1,0 +1,39 @@
+// The communicator behind lowrankComm_t: its configuration, transport, per-buffer states and
+// counters. The engine's entry point is allReduce(); the API layer checks arguments before.
+#pragma once
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "engine/buffer_state.h"
+#include "engine/engine_config.h"
+#include "transport/transport.h"
+
+struct lowrankComm {
+  lowrank::EngineConfig cfg;
+  std::unique_ptr<lowrank::Transport> transport;
+  lowrank::BufferRegistry buffers;
+  int rank = 0, nranks = 1;
+
+  struct Counters {
+    uint64_t calls = 0, compressedCalls = 0, fallbackCalls = 0;
+    uint64_t compressedElements = 0, exactElements = 0, payloadElements = 0;
+  } counters;
+
+  std::mutex callMu;                 // held by every call; abort waits on it before freeing
+  std::atomic<bool> failed{false};   // a collective failed: later calls are refused
+  std::atomic<bool> aborted{false};
+  std::mutex errMu;
+  std::string lastError;
+};
+
+namespace lowrank {
+
+// The allreduce of lowrank.h, arguments already checked. Chooses exact or compressed, keeps the
+// buffer's state. On a transport error the buffer's state is reset and the comm marked failed.
+Status allReduce(lowrankComm* comm, const void* sendbuff, void* recvbuff, size_t count,
+                 lowrankDataType_t dtype, lowrankRedOp_t op);
+
+}  // namespace lowrank

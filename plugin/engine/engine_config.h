@@ -1,0 +1,19 @@
+// The configuration in force for a communicator, resolved and validated by the API layer from
+// lowrankConfig_t and the LOWRANK_* environment (plugin/api/config.cc).
+#pragma once
+#include <cstdint>
+
+namespace lowrank {
+
+struct EngineConfig {
+  int approxRank = 4;              // k; 0 = compression off
+  double minCompressionRate = 2;   // compress only if (n + m) k rate < n m
+  int startIter = 0;               // exact calls per buffer before compression
+  bool errorFeedback = true;
+  bool warmStart = true;
+  double orthoEpsilon = 0;         // Gram-Schmidt epsilon, as PyTorch's orthogonalization_epsilon
+  uint64_t seed = 0;               // initial Q, the same on every comm rank
+  double timeoutSec = 300;         // bound on every wait for a peer
+};
+
+}  // namespace lowrank

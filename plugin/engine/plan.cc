@@ -1,0 +1,115 @@
+#include "engine/plan.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace lowrank {
+namespace {
+
+size_t isqrtCeil(size_t x) {
+  size_t s = size_t(std::sqrt(double(x)));
+  while (s * s < x) ++s;
+  while (s > 0 && (s - 1) * (s - 1) >= x) --s;
+  return s;
+}
+
+uint64_t mix(uint64_t h, uint64_t v) {
+  h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+  return h * 0xff51afd7ed558ccdull;
+}
+
+void addCompressed(Plan& p, TensorPlan t, const EngineConfig& cfg) {
+  t.k = int(std::min<size_t>({size_t(cfg.approxRank), t.view.rows, t.view.cols}));
+  t.compressed = cfg.approxRank > 0 &&
+                 shouldCompress(t.view.rows, t.view.cols, t.k, cfg.minCompressionRate);
+  if (t.compressed) {
+    t.pOffset = p.pElems;
+    t.qOffset = p.qElems;
+    p.pElems += t.view.rows * size_t(t.k);
+    p.qElems += t.view.cols * size_t(t.k);
+    p.compressedElems += t.numel;
+  } else {
+    t.exactOffset = p.exactElems;
+    p.exactElems += t.numel;
+  }
+  p.tensors.push_back(t);
+}
+
+}  // namespace
+
+host::MatrixView batchedView(size_t count) {
+  host::MatrixView v;
+  v.valid = count;
+  const size_t s = isqrtCeil(count);
+  for (size_t n = std::min(s, count); n >= 1; --n) {
+    if (count % n) continue;
+    const size_t m = count / n;
+    if (m >= n && m <= 4 * n) {
+      v.rows = n;
+      v.cols = m;
+      return v;
+    }
+    if (m > 4 * n) break;  // smaller n only stretches the aspect further
+  }
+  v.rows = v.cols = s;
+  return v;
+}
+
+bool shouldCompress(size_t n, size_t m, int k, double rate) {
+  if (k <= 0) return false;
+  return double(n + m) * double(k) * rate < double(n) * double(m);
+}
+
+Status makePlan(size_t count, lowrankDataType_t dtype, lowrankRedOp_t op, const Layout* layout,
+                const EngineConfig& cfg, Plan* out) {
+  Plan p;
+  p.count = count;
+  p.dtype = dtype;
+  uint64_t h = mix(mix(mix(0x6c6f7772616e6bull, count), uint64_t(dtype)), uint64_t(cfg.approxRank));
+  h = mix(h, uint64_t(op == lowrankAvg ? lowrankSum : op));  // sum and avg share a plan
+  if (layout) {
+    size_t total = 0, offset = 0;
+    for (const Shape& s : *layout) {
+      size_t numel = 1;
+      for (size_t d : s) numel *= d;
+      total += numel;
+    }
+    if (total != count)
+      return Status::Error(lowrankInvalidUsage,
+                           "the buffer's layout holds %zu elements but the call has count %zu",
+                           total, count);
+    p.perTensor = true;
+    for (const Shape& s : *layout) {
+      TensorPlan t;
+      t.offset = offset;
+      t.numel = 1;
+      for (size_t d : s) t.numel *= d;
+      offset += t.numel;
+      h = mix(h, s.size());
+      for (size_t d : s) h = mix(h, d);
+      if (s.size() >= 2) {
+        t.view.rows = s[0];
+        t.view.cols = t.numel / s[0];
+        t.view.valid = t.numel;
+        addCompressed(p, t, cfg);
+      } else {  // biases, norms: exact, as PyTorch's hook
+        t.exactOffset = p.exactElems;
+        p.exactElems += t.numel;
+        p.tensors.push_back(t);
+      }
+    }
+  } else {
+    TensorPlan t;
+    t.numel = count;
+    t.view = batchedView(count);
+    p.rows = t.view.rows;
+    p.cols = t.view.cols;
+    p.padded = t.view.rows * t.view.cols - count;
+    addCompressed(p, t, cfg);
+  }
+  p.hash = h;
+  *out = std::move(p);
+  return Status::Ok();
+}
+
+}  // namespace lowrank

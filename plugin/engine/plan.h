@@ -1,0 +1,53 @@
+// The plan of a buffer, made at its first call and executed at every call: how the flat buffer is
+// viewed (one matrix, or a list of tensors), which tensors are compressed, with which approximation
+// rank, and where each one's factors sit in the packed factor buffers.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "engine/engine_config.h"
+#include "kernels/host/powersgd_kernels.h"
+#include "lowrank/lowrank.h"
+#include "util/status.h"
+
+namespace lowrank {
+
+using Shape = std::vector<size_t>;
+using Layout = std::vector<Shape>;  // tensor shapes in buffer order
+
+struct TensorPlan {
+  size_t offset = 0;     // first element in the buffer
+  size_t numel = 0;
+  bool compressed = false;
+  host::MatrixView view;  // compressed: (shape[0], prod(shape[1:])), or the batched view
+  int k = 0;             // approximation rank, clipped to min(n, m)
+  size_t pOffset = 0;    // compressed: P at payload[pOffset .. + n k)
+  size_t qOffset = 0;    // compressed: Qt at qt[qOffset .. + k m)
+  size_t exactOffset = 0;  // exact: at payload[pElems + exactOffset .. + numel)
+};
+
+struct Plan {
+  size_t count = 0;
+  lowrankDataType_t dtype = lowrankFloat32;
+  bool perTensor = false;
+  std::vector<TensorPlan> tensors;
+  size_t pElems = 0, qElems = 0, exactElems = 0, compressedElems = 0;
+  size_t rows = 0, cols = 0, padded = 0;  // batched view (0 in per-tensor mode)
+  uint64_t hash = 0;  // of (count, dtype, op, layout, k): ranks compare it when the plan is made
+};
+
+// The batched view of `count` elements: n x m with n * m = count, n <= m <= 4 n, n as large as
+// possible; else a padded square of side ceil(sqrt(count)) (as PyTorch's batched hook).
+host::MatrixView batchedView(size_t count);
+
+// True if an n x m matrix at approximation rank k passes the compression test
+// (n + m) k rate < n m, as PyTorch's powerSGD_hook.
+bool shouldCompress(size_t n, size_t m, int k, double rate);
+
+// Makes the plan. layout may be null (batched mode). Errors: lowrankInvalidUsage when the layout's
+// elements do not add up to count.
+Status makePlan(size_t count, lowrankDataType_t dtype, lowrankRedOp_t op, const Layout* layout,
+                const EngineConfig& cfg, Plan* plan);
+
+}  // namespace lowrank

@@ -1,0 +1,79 @@
+#include "util/log.h"
+
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+
+namespace lowrank {
+namespace {
+
+struct Sink {
+  LogLevel level = LogLevel::None;
+  FILE* out = stderr;
+  char host[64] = "?";
+  std::mutex mu;
+
+  Sink() {
+    gethostname(host, sizeof host - 1);
+    if (char* dot = strchr(host, '.')) *dot = 0;
+    const char* v = getenv("LOWRANK_DEBUG");
+    if (v && *v) {
+      if (!strcasecmp(v, "WARN")) level = LogLevel::Warn;
+      else if (!strcasecmp(v, "INFO")) level = LogLevel::Info;
+      else if (!strcasecmp(v, "TRACE")) level = LogLevel::Trace;
+      else if (!strcasecmp(v, "NONE") || !strcasecmp(v, "VERSION")) level = LogLevel::None;
+      else {
+        // A bad value is never silently ignored: say so and log warnings.
+        fprintf(stderr, "LOWRANK WARN LOWRANK_DEBUG=%s is not one of WARN, INFO, TRACE; using WARN\n", v);
+        level = LogLevel::Warn;
+      }
+    }
+    const char* f = getenv("LOWRANK_DEBUG_FILE");
+    if (level != LogLevel::None && f && *f) {
+      std::string path;
+      for (const char* c = f; *c; ++c) {
+        if (c[0] == '%' && c[1] == 'h') { path += host; ++c; }
+        else if (c[0] == '%' && c[1] == 'p') { path += std::to_string(getpid()); ++c; }
+        else path += *c;
+      }
+      if (FILE* fp = fopen(path.c_str(), "a")) out = fp;
+      else fprintf(stderr, "LOWRANK WARN cannot open LOWRANK_DEBUG_FILE=%s; logging to stderr\n", f);
+    }
+  }
+};
+
+Sink& sink() {
+  static Sink* s = new Sink();  // never destroyed: logging may run during static destruction
+  return *s;
+}
+
+}  // namespace
+
+LogLevel logLevel() { return sink().level; }
+
+void logPrint(LogLevel level, const char* file, int line, const char* fmt, ...) {
+  Sink& s = sink();
+  const char* name = level == LogLevel::Warn ? "WARN" : level == LogLevel::Info ? "INFO" : "TRACE";
+  char msg[2048];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (level == LogLevel::Trace) {
+    const char* base = strrchr(file, '/');
+    fprintf(s.out, "%s:%d:%ld LOWRANK %s %s:%d %s\n", s.host, getpid(), (long)syscall(SYS_gettid), name,
+            base ? base + 1 : file, line, msg);
+  } else {
+    fprintf(s.out, "%s:%d:%ld LOWRANK %s %s\n", s.host, getpid(), (long)syscall(SYS_gettid), name, msg);
+  }
+  fflush(s.out);
+}
+
+}  // namespace lowrank

@@ -1,0 +1,159 @@
+// The three fused passes against naive Eigen references, for every dtype, padded views included.
+#include <gtest/gtest.h>
+
+#include <Eigen/Dense>
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "kernels/host/convert.h"
+#include "kernels/host/powersgd_kernels.h"
+
+using namespace lowrank::host;
+using Mat = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+namespace {
+
+struct Case {
+  size_t n, m, valid;
+  int k;
+  lowrankDataType_t dtype;
+};
+
+std::vector<float> randomVec(size_t count, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d;
+  std::vector<float> v(count);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+// G stored in the case's dtype; gf = its values as float (after rounding to the dtype).
+struct Gradient {
+  std::vector<uint8_t> bytes;
+  std::vector<float> gf;
+};
+
+Gradient makeGradient(size_t count, lowrankDataType_t dt, unsigned seed) {
+  Gradient g;
+  std::vector<float> v = randomVec(count, seed);
+  const size_t es = dt == lowrankFloat32 ? 4 : 2;
+  g.bytes.resize(count * es);
+  fromFloat32(v.data(), count, 1.f, g.bytes.data(), dt);
+  g.gf.resize(count);
+  toFloat32(g.bytes.data(), dt, count, g.gf.data());
+  return g;
+}
+
+// The matrix M (n x m) of a flat buffer, zeros beyond `valid`.
+Mat asMatrix(const std::vector<float>& x, const Case& c) {
+  Mat a = Mat::Zero(c.n, c.m);
+  for (size_t i = 0; i < c.valid; ++i) a(i / c.m, i % c.m) = x[i];
+  return a;
+}
+
+double tol(const Case& c) { return c.dtype == lowrankFloat32 ? 1e-4 : 1e-2; }
+
+class Passes : public ::testing::TestWithParam<Case> {};
+
+TEST_P(Passes, MatchNaiveReference) {
+  const Case c = GetParam();
+  const MatrixView v{c.n, c.m, c.valid};
+  Gradient g = makeGradient(c.valid, c.dtype, 11);
+  std::vector<float> e0 = randomVec(c.valid, 12), qt = randomVec(size_t(c.k) * c.m, 13);
+  for (float& x : e0) x *= 0.1f;
+
+  // Pass 1 with error feedback: e becomes G + E, P = M Q.
+  std::vector<float> e = e0, p(c.n * c.k, -1.f);
+  EXPECT_EQ(errorFeedbackAndP(g.bytes.data(), c.dtype, e.data(), v, qt.data(), c.k, p.data()), 0u);
+  for (size_t i = 0; i < c.valid; ++i) ASSERT_FLOAT_EQ(e[i], g.gf[i] + e0[i]) << i;
+  std::vector<float> mflat(c.valid);
+  for (size_t i = 0; i < c.valid; ++i) mflat[i] = g.gf[i] + e0[i];
+  const Mat M = asMatrix(mflat, c);
+  Mat Qt(c.k, c.m);
+  for (int j = 0; j < c.k; ++j)
+    for (size_t col = 0; col < c.m; ++col) Qt(j, col) = qt[j * c.m + col];
+  const Mat Pref = M * Qt.transpose();
+  Mat P = Eigen::Map<Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>(
+              p.data(), c.n, c.k).cast<double>();
+  EXPECT_LE((P - Pref).norm(), 1e-5 * Pref.norm() + 1e-6);
+
+  // Pass 1 without error feedback reads G only.
+  std::vector<float> p2(c.n * c.k);
+  errorFeedbackAndP(g.bytes.data(), c.dtype, nullptr, v, qt.data(), c.k, p2.data());
+  const Mat P2ref = asMatrix(g.gf, c) * Qt.transpose();
+  Mat P2 = Eigen::Map<Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>(
+               p2.data(), c.n, c.k).cast<double>();
+  EXPECT_LE((P2 - P2ref).norm(), 1e-5 * P2ref.norm() + 1e-6);
+
+  // Pass 2: Q = M^T P, with M = e.
+  std::vector<float> q(size_t(c.k) * c.m, 7.f);
+  computeQ(g.bytes.data(), c.dtype, e.data(), v, p.data(), c.k, q.data());
+  const Mat Qref = (M.transpose() * P).transpose();  // k x m
+  Mat Q = Eigen::Map<Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>(
+              q.data(), c.k, c.m).cast<double>();
+  EXPECT_LE((Q - Qref).norm(), 1e-5 * Qref.norm() + 1e-6);
+
+  // Pass 3: out = s P Qbar^T, e = M - P Qbar^T; nothing beyond `valid` is touched.
+  const float s = 3.f;
+  const size_t es = c.dtype == lowrankFloat32 ? 4 : 2;
+  std::vector<uint8_t> out((c.valid + 8) * es, 0xab);
+  decompressAndUpdateError(e.data(), v, p.data(), q.data(), c.k, s, out.data(), c.dtype);
+  for (size_t i = c.valid * es; i < out.size(); ++i) ASSERT_EQ(out[i], 0xab) << "wrote past the end";
+  std::vector<float> of(c.valid);
+  toFloat32(out.data(), c.dtype, c.valid, of.data());
+  const Mat A = P * Q;  // P Qbar^T with Qbar^T = Q (k x m)
+  double errOut = 0, refOut = 0, errE = 0, refE = 0;
+  for (size_t i = 0; i < c.valid; ++i) {
+    const double a = A(i / c.m, i % c.m);
+    errOut += std::pow(of[i] - s * a, 2);
+    refOut += std::pow(s * a, 2);
+    errE += std::pow(e[i] - (mflat[i] - a), 2);
+    refE += std::pow(mflat[i] - a, 2);
+  }
+  EXPECT_LE(std::sqrt(errOut), tol(c) * std::sqrt(refOut) + 1e-6);
+  EXPECT_LE(std::sqrt(errE), 1e-4 * std::sqrt(refE) + 1e-4);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, Passes,
+    ::testing::Values(Case{1, 1, 1, 1, lowrankFloat32}, Case{7, 5, 35, 2, lowrankFloat32},
+                      Case{33, 65, 33 * 65, 4, lowrankFloat32}, Case{64, 128, 64 * 128, 8, lowrankFloat32},
+                      Case{32, 32, 1009, 4, lowrankFloat32},  // padded square (1009 is prime)
+                      Case{1, 300, 300, 1, lowrankFloat32},   // one row
+                      Case{300, 1, 300, 1, lowrankFloat32},   // one column
+                      Case{40, 50, 2000, 4, lowrankFloat16}, Case{40, 50, 1990, 3, lowrankFloat16},
+                      Case{40, 50, 2000, 4, lowrankBfloat16}, Case{17, 19, 300, 5, lowrankBfloat16}));
+
+TEST(Passes, CountNonFiniteInEveryDtype) {
+  for (lowrankDataType_t dt : {lowrankFloat32, lowrankFloat16, lowrankBfloat16}) {
+    std::vector<float> x(100, 1.f);
+    x[3] = NAN;
+    x[50] = INFINITY;
+    x[99] = -INFINITY;
+    std::vector<uint8_t> b(100 * 4);
+    fromFloat32(x.data(), 100, 1.f, b.data(), dt);
+    EXPECT_EQ(countNonFinite(b.data(), 100, dt), 3u) << dt;
+    MatrixView v{10, 10, 100};
+    std::vector<float> qt(10, 1.f), p(10), e(100, 0.f);
+    EXPECT_EQ(errorFeedbackAndP(b.data(), dt, e.data(), v, qt.data(), 1, p.data()), 3u) << dt;
+    EXPECT_EQ(errorFeedbackAndP(b.data(), dt, nullptr, v, qt.data(), 1, p.data()), 3u) << dt;
+  }
+}
+
+TEST(Passes, InPlaceDecompressOverwritesInput) {
+  // out aliases g: pass 3 may write where the gradient was (error feedback holds M).
+  Case c{8, 8, 64, 2, lowrankFloat32};
+  MatrixView v{8, 8, 64};
+  std::vector<float> g = randomVec(64, 3), e(64, 0.f), qt = randomVec(16, 4), p(16), q(16);
+  errorFeedbackAndP(g.data(), c.dtype, e.data(), v, qt.data(), 2, p.data());
+  computeQ(g.data(), c.dtype, e.data(), v, p.data(), 2, q.data());
+  std::vector<float> outSeparate(64);
+  std::vector<float> e2 = e;
+  decompressAndUpdateError(e.data(), v, p.data(), q.data(), 2, 1.f, outSeparate.data(), c.dtype);
+  decompressAndUpdateError(e2.data(), v, p.data(), q.data(), 2, 1.f, g.data(), c.dtype);
+  EXPECT_EQ(outSeparate, g);
+  EXPECT_EQ(e, e2);
+}
+
+}  // namespace
