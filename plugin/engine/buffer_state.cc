@@ -11,7 +11,6 @@ void BufferState::reset() {
   std::vector<float>().swap(qt);
   haveQ = false;
   calls = 0;
-  ++generation;
 }
 
 size_t BufferState::bytes() const {

@@ -20,7 +20,6 @@ struct BufferState {
   std::vector<float> qt;         // allreduce #2: Q^T of every compressed tensor; after the call, Qbar
   bool haveQ = false;            // qt holds a Qbar from an earlier call (warm start)
   uint64_t calls = 0;            // calls since the plan was made
-  uint64_t generation = 0;       // bumped at every reset: seeds a fresh initial Q
 
   // Drops plan, residual and factors; keeps the layout. The next call plans afresh.
   void reset();

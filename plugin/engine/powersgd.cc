@@ -23,7 +23,8 @@ Status runCompressed(BufferState& st, const EngineConfig& cfg, const void* sendb
   float* exact = pay + pl.pElems;
   const size_t flag = pl.pElems + pl.exactElems;
 
-  // Q: drawn at the first call (same seed on every rank), else the last call's Qbar (warm start);
+  // Q: drawn at the first call (same seed on every rank; a reset buffer draws the same Q again),
+  // else the last call's Qbar (warm start);
   // orthonormalized either way, which keeps P = M Q well scaled without changing its span.
   const bool fresh = !st.haveQ || !cfg.warmStart;
   for (size_t i = 0; i < pl.tensors.size(); ++i) {
@@ -31,8 +32,7 @@ Status runCompressed(BufferState& st, const EngineConfig& cfg, const void* sendb
     if (!t.compressed) continue;
     float* q = qt + t.qOffset;
     if (fresh)
-      host::fillNormal(q, size_t(t.k) * t.view.cols, cfg.seed,
-                       (st.generation << 32) ^ (st.calls << 16) ^ i);
+      host::fillNormal(q, size_t(t.k) * t.view.cols, cfg.seed, (st.calls << 20) ^ i);
     host::orthonormalize(q, t.view.cols, t.k, 1, t.view.cols, cfg.orthoEpsilon);
   }
 

@@ -1,0 +1,222 @@
+// The compressed allreduce through the C API, comm ranks as threads: exactness on rank-k sums,
+// identical outputs on every rank, dtypes and ops, in-place, exact fallbacks.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <mutex>
+
+#include "engine/data.h"
+#include "kernels/host/convert.h"
+#include "support/ranks.h"
+
+using namespace lowrank::testing;
+
+namespace {
+
+// Sum over ranks of the inputs made by make(rank), in double.
+template <typename F>
+std::vector<double> exactSum(int n, size_t count, F make) {
+  std::vector<double> s(count, 0.0);
+  for (int r = 0; r < n; ++r) {
+    std::vector<float> g = make(r);
+    for (size_t i = 0; i < count; ++i) s[i] += g[i];
+  }
+  return s;
+}
+
+struct RankK {
+  int nranks;
+  size_t n, m;
+  int k;
+};
+
+class ExactOnRankK : public ::testing::TestWithParam<RankK> {};
+
+TEST_P(ExactOnRankK, MatchesTheExactMeanOnEveryRank) {
+  const RankK c = GetParam();
+  const size_t count = c.n * c.m;
+  auto make = [&](int r) { return rankKInput(c.n, c.m, c.k, r); };
+  const std::vector<double> ref = exactSum(c.nranks, count, make);
+  double maxRef = 0;
+  for (double x : ref) maxRef = std::max(maxRef, std::abs(x / c.nranks));
+  std::vector<std::vector<float>> outs(c.nranks);
+  withComms(c.nranks, [&](int r, lowrankComm_t comm) {
+    std::vector<float> g = make(r), out(count);
+    ASSERT_EQ(lowrankAllReduce(g.data(), out.data(), count, lowrankFloat32, lowrankAvg, comm, nullptr),
+              lowrankSuccess);
+    lowrankBufferView_t v;
+    ASSERT_EQ(lowrankBufferGetView(comm, out.data(), &v), lowrankSuccess);
+    EXPECT_EQ(v.rows, c.n);  // the input was built in the batched view
+    EXPECT_EQ(v.ncompressed, 1);
+    outs[r] = out;
+  }, config(c.k));
+  size_t wrong = 0;
+  for (size_t i = 0; i < count; ++i)
+    wrong += std::abs(outs[0][i] - ref[i] / c.nranks) > 1e-4 * maxRef;
+  EXPECT_EQ(wrong, 0u);
+  for (int r = 1; r < c.nranks; ++r)
+    EXPECT_EQ(std::memcmp(outs[r].data(), outs[0].data(), count * 4), 0) << "rank " << r;
+}
+
+INSTANTIATE_TEST_SUITE_P(Sizes, ExactOnRankK,
+                         ::testing::Values(RankK{1, 32, 32, 1}, RankK{2, 32, 64, 2}, RankK{3, 64, 64, 4},
+                                           RankK{4, 128, 256, 8}, RankK{5, 100, 120, 3},
+                                           RankK{8, 64, 128, 4}));
+
+TEST(AllReduce, PerTensorLayoutExactOnRankKTensorsAndExactParts) {
+  // Two rank-2 matrices and a bias: per-tensor mode must be exact on each, bias exact.
+  const int N = 3, k = 2;
+  const size_t n1 = 40, m1 = 60, n2 = 30, m2 = 50, nb = 17;
+  const size_t count = n1 * m1 + n2 * m2 + nb;
+  auto make = [&](int r) {
+    std::vector<float> a = rankKInput(n1, m1, k, r, 3), b = rankKInput(n2, m2, k, r, 5),
+                       c = gaussian(nb, 50 + r);
+    a.insert(a.end(), b.begin(), b.end());
+    a.insert(a.end(), c.begin(), c.end());
+    return a;
+  };
+  const std::vector<double> ref = exactSum(N, count, make);
+  withComms(N, [&](int r, lowrankComm_t comm) {
+    std::vector<float> buf = make(r);
+    size_t s1[] = {n1, m1}, s2[] = {n2, 5, 10}, s3[] = {nb};
+    const size_t* shapes[] = {s1, s2, s3};
+    int ndims[] = {2, 3, 1};
+    ASSERT_EQ(lowrankBufferSetLayout(comm, buf.data(), 3, ndims, shapes), lowrankSuccess);
+    ASSERT_EQ(lowrankAllReduce(buf.data(), buf.data(), count, lowrankFloat32, lowrankSum, comm, nullptr),
+              lowrankSuccess);
+    lowrankBufferView_t v;
+    ASSERT_EQ(lowrankBufferGetView(comm, buf.data(), &v), lowrankSuccess);
+    EXPECT_EQ(v.perTensor, 1);
+    EXPECT_EQ(v.ntensors, 3);
+    EXPECT_EQ(v.ncompressed, 2);
+    for (size_t i = 0; i < count; ++i) ASSERT_NEAR(buf[i], ref[i], 1e-3 * (1 + std::abs(ref[i]))) << i;
+    lowrankStats_t st;
+    ASSERT_EQ(lowrankGetStats(comm, &st), lowrankSuccess);
+    EXPECT_EQ(st.compressedCalls, 1u);
+    EXPECT_EQ(st.compressedElements, n1 * m1 + n2 * m2);
+    EXPECT_EQ(st.exactElements, nb);
+    EXPECT_EQ(st.payloadElements, (n1 + m1) * k + (n2 + m2) * k + nb);
+  }, config(k));
+}
+
+TEST(AllReduce, BitIdenticalOnAllRanksForEveryDtypeAndOp) {
+  const int N = 4;
+  const size_t n = 70, m = 90, count = n * m;
+  for (lowrankDataType_t dt : {lowrankFloat32, lowrankFloat16, lowrankBfloat16})
+    for (lowrankRedOp_t op : {lowrankSum, lowrankAvg}) {
+      std::vector<std::vector<uint8_t>> outs(N);
+      withComms(N, [&](int r, lowrankComm_t comm) {
+        std::vector<float> g = decayingInput(n, m, r);
+        std::vector<uint8_t> buf(count * 4);
+        lowrank::host::half_t* h = reinterpret_cast<lowrank::host::half_t*>(buf.data());
+        lowrank::host::bf16_t* b = reinterpret_cast<lowrank::host::bf16_t*>(buf.data());
+        for (size_t i = 0; i < count; ++i) {
+          if (dt == lowrankFloat32) std::memcpy(buf.data() + 4 * i, &g[i], 4);
+          if (dt == lowrankFloat16) h[i] = lowrank::host::toHalf(g[i]);
+          if (dt == lowrankBfloat16) b[i] = lowrank::host::toBf16(g[i]);
+        }
+        for (int call = 0; call < 3; ++call)
+          ASSERT_EQ(lowrankAllReduce(buf.data(), buf.data(), count, dt, op, comm, nullptr), lowrankSuccess);
+        outs[r] = buf;
+      });
+      for (int r = 1; r < N; ++r) EXPECT_EQ(outs[r], outs[0]) << "dtype " << dt << " op " << op;
+    }
+}
+
+TEST(AllReduce, SumIsNTimesAvgAndInPlaceEqualsOutOfPlace) {
+  const int N = 3;
+  const size_t n = 50, m = 80, count = n * m;
+  std::vector<float> avgOut, sumOut, inPlace;
+  withComms(N, [&](int r, lowrankComm_t comm) {
+    std::vector<float> g = decayingInput(n, m, r), a(count), s(count), ip = g;
+    ASSERT_EQ(lowrankAllReduce(g.data(), a.data(), count, lowrankFloat32, lowrankAvg, comm, nullptr), lowrankSuccess);
+    ASSERT_EQ(lowrankAllReduce(g.data(), s.data(), count, lowrankFloat32, lowrankSum, comm, nullptr), lowrankSuccess);
+    ASSERT_EQ(lowrankAllReduce(ip.data(), ip.data(), count, lowrankFloat32, lowrankAvg, comm, nullptr), lowrankSuccess);
+    if (r == 0) { avgOut = a; sumOut = s; inPlace = ip; }
+  });
+  // Separate buffers start from the same state, so each is a first call.
+  for (size_t i = 0; i < count; ++i) ASSERT_EQ(sumOut[i], float(N) * avgOut[i]) << i;
+  EXPECT_EQ(inPlace, avgOut);
+}
+
+TEST(AllReduce, OtherDtypesAndOpsAreExact) {
+  const int N = 3;
+  const size_t count = 1001;
+  withComms(N, [&](int r, lowrankComm_t comm) {
+    std::vector<int32_t> x(count), y(count);
+    for (size_t i = 0; i < count; ++i) x[i] = int32_t(i * (r + 1)) - 7;
+    ASSERT_EQ(lowrankAllReduce(x.data(), y.data(), count, lowrankInt32, lowrankSum, comm, nullptr), lowrankSuccess);
+    for (size_t i = 0; i < count; ++i) ASSERT_EQ(y[i], int32_t(i * 6) - 21);
+    std::vector<float> f(count), g(count);
+    for (size_t i = 0; i < count; ++i) f[i] = float(i % 13) * (r == 1 ? 2.f : 1.f);
+    ASSERT_EQ(lowrankAllReduce(f.data(), g.data(), count, lowrankFloat32, lowrankMax, comm, nullptr), lowrankSuccess);
+    for (size_t i = 0; i < count; ++i) ASSERT_EQ(g[i], float(i % 13) * 2.f);
+    std::vector<double> d(count, 0.5 + r), e(count);
+    ASSERT_EQ(lowrankAllReduce(d.data(), e.data(), count, lowrankFloat64, lowrankAvg, comm, nullptr), lowrankSuccess);
+    for (size_t i = 0; i < count; ++i) ASSERT_DOUBLE_EQ(e[i], 1.5);
+    lowrankStats_t st;
+    ASSERT_EQ(lowrankGetStats(comm, &st), lowrankSuccess);
+    EXPECT_EQ(st.compressedCalls, 0u);
+    EXPECT_EQ(st.exactElements, 3 * count);
+  });
+}
+
+TEST(AllReduce, ApproxRankZeroAndStartIterAreExact) {
+  const int N = 2;
+  const size_t n = 64, m = 64, count = n * m;
+  auto make = [&](int r) { return decayingInput(n, m, r); };
+  const std::vector<double> ref = exactSum(N, count, make);
+  lowrankConfig_t cfg = config(4);
+  cfg.startIter = 2;
+  withComms(N, [&](int r, lowrankComm_t comm) {
+    std::vector<float> g = make(r), out(count);
+    for (int call = 0; call < 3; ++call) {
+      ASSERT_EQ(lowrankAllReduce(g.data(), out.data(), count, lowrankFloat32, lowrankSum, comm, nullptr), lowrankSuccess);
+      double err = 0;
+      for (size_t i = 0; i < count; ++i) err = std::max(err, std::abs(out[i] - ref[i]));
+      if (call < 2) EXPECT_LT(err, 1e-5) << "warm-up call " << call << " must be exact";
+      else EXPECT_GT(err, 1e-3) << "call 2 must be compressed";
+    }
+    lowrankStats_t st;
+    ASSERT_EQ(lowrankGetStats(comm, &st), lowrankSuccess);
+    EXPECT_EQ(st.compressedCalls, 1u);
+  }, cfg);
+  withComms(N, [&](int r, lowrankComm_t comm) {
+    std::vector<float> g = make(r), out(count);
+    ASSERT_EQ(lowrankAllReduce(g.data(), out.data(), count, lowrankFloat32, lowrankSum, comm, nullptr), lowrankSuccess);
+    for (size_t i = 0; i < count; ++i) ASSERT_NEAR(out[i], ref[i], 1e-5);
+  }, config(0));
+}
+
+TEST(AllReduce, NonFiniteOnOneRankGivesExactResultOnAllAndResetsState) {
+  const int N = 3;
+  const size_t n = 32, m = 48, count = n * m;
+  auto make = [&](int r) { return decayingInput(n, m, r); };
+  const std::vector<double> ref = exactSum(N, count, make);
+  std::vector<std::vector<float>> firstOut(N), afterNaN(N);
+  withComms(N, [&](int r, lowrankComm_t comm) {
+    std::vector<float> g = make(r), out(count);
+    ASSERT_EQ(lowrankAllReduce(g.data(), out.data(), count, lowrankFloat32, lowrankSum, comm, nullptr), lowrankSuccess);
+    firstOut[r] = out;
+    std::vector<float> bad = g;
+    if (r == 1) { bad[5] = NAN; bad[77] = INFINITY; }
+    ASSERT_EQ(lowrankAllReduce(bad.data(), out.data(), count, lowrankFloat32, lowrankSum, comm, nullptr), lowrankSuccess);
+    EXPECT_TRUE(std::isnan(out[5]));
+    EXPECT_TRUE(std::isinf(out[77]));
+    for (size_t i = 0; i < count; ++i)
+      if (i != 5 && i != 77) ASSERT_NEAR(out[i], ref[i], 1e-5) << i;
+    lowrankStats_t st;
+    ASSERT_EQ(lowrankGetStats(comm, &st), lowrankSuccess);
+    EXPECT_EQ(st.fallbackCalls, 1u);
+    // The state was reset, not poisoned: the next call is a first call again, bit for bit.
+    ASSERT_EQ(lowrankAllReduce(g.data(), out.data(), count, lowrankFloat32, lowrankSum, comm, nullptr), lowrankSuccess);
+    afterNaN[r] = out;
+  });
+  for (int r = 0; r < N; ++r) {
+    EXPECT_EQ(afterNaN[r], firstOut[r]) << "rank " << r;
+    for (float x : afterNaN[r]) ASSERT_TRUE(std::isfinite(x));
+  }
+}
+
+}  // namespace
