@@ -74,10 +74,11 @@ template <typename T>
 void reduceT(void* dst, const void* src, size_t n, lowrankRedOp_t op) {
   using A = typename Arith<T>::A;
   switch (op) {
-    case lowrankSum: case lowrankAvg: apply<T>(dst, src, n, opSum<A>); break;
-    case lowrankProd: apply<T>(dst, src, n, opProd<A>); break;
-    case lowrankMax: apply<T>(dst, src, n, opMax<A>); break;
-    case lowrankMin: apply<T>(dst, src, n, opMin<A>); break;
+    // Lambdas, not function pointers, so that the loop inlines (and vectorizes) the operation.
+    case lowrankSum: case lowrankAvg: apply<T>(dst, src, n, [](A a, A b) { return opSum(a, b); }); break;
+    case lowrankProd: apply<T>(dst, src, n, [](A a, A b) { return opProd(a, b); }); break;
+    case lowrankMax: apply<T>(dst, src, n, [](A a, A b) { return opMax(a, b); }); break;
+    case lowrankMin: apply<T>(dst, src, n, [](A a, A b) { return opMin(a, b); }); break;
     default: break;
   }
 }

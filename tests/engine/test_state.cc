@@ -43,10 +43,11 @@ TEST(State, ResidualBoundedAndCumulativeErrorFallsOver100Calls) {
   EXPECT_LT(cumRel[9], 0.5 * cumRel[0]);
   EXPECT_LT(cumRel[99], 0.1 * cumRel[0]);  // ... but error feedback catches up
   EXPECT_LT(cumRel[99], cumRel[9]);
-  double maxResid = 0;
-  for (double x : resid) maxResid = std::max(maxResid, x);
-  EXPECT_LT(maxResid, 2.0 * norm(exact)) << "the residual must stay bounded";
-  EXPECT_LT(resid[99], 2.0 * resid[9] + 1e-3);
+  // Bounded: without error feedback transmitting it, the residual would grow linearly (to about
+  // 100 x resid[0] here); with it the growth is sublinear and levels off.
+  EXPECT_LT(resid[99], 10.0 * resid[0]);
+  EXPECT_LT(resid[99], 1.6 * resid[49]);
+  for (double x : resid) ASSERT_TRUE(std::isfinite(x));
 }
 
 TEST(State, PersistsAcrossCallsAndResetRestartsBitForBit) {

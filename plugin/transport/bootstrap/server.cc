@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -68,11 +69,14 @@ void Server::run() {
     if (dl_.expired()) {
       std::string missing;
       for (uint32_t r = 0; r < nranks_ && missing.size() < 200; ++r)
-        if (!byRank_[r]) missing += (missing.empty() ? "" : ",") + std::to_string(r);
-      failAll(lowrankTimeout, "bootstrap: " + std::to_string(joined_) + " of " +
-                                  std::to_string(nranks_) + " comm ranks joined within " +
-                                  std::to_string(timeoutSec_) + " s; missing comm rank(s) " +
-                                  missing);
+        if (!byRank_[r]) {
+          if (!missing.empty()) missing += ',';
+          missing += std::to_string(r);
+        }
+      char msg[160];
+      snprintf(msg, sizeof msg, "bootstrap: %zu of %u comm ranks joined within %g s; missing comm rank(s) ",
+               joined_, nranks_, timeoutSec_);
+      failAll(lowrankTimeout, msg + missing);
       LR_WARN("bootstrap: root on %s gave up after %g s (%zu comm ranks joined)",
               addrString(info_.addr).c_str(), timeoutSec_, joined_);
       return;

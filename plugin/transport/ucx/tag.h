@@ -1,7 +1,7 @@
 // The 64-bit UCX tag of every transport message, matched with a full mask:
 //
 //   bits 63..48  the sender's comm rank (16 bits: comm ranks < 65536, the bootstrap's limit)
-//   bits 47..32  the transport's collective sequence number, mod 2^16 (0 = the creation handshake;
+//   bits 47..32  the transport's collective sequence number, mod 2^16 (0 = the creation handshake,
 //                collectives are numbered from 1). Ranks are never more than one collective apart
 //                (each needs a message from every rank), so the wrap is harmless.
 //   bits 31..0   the message index inside the collective (ring: step * nchunks + chunk; direct: 0)

@@ -125,6 +125,7 @@ class Exchange {
   size_t outstanding_ = 0;
   size_t firstOpen_ = 0;  // ops_ before this index are all done
   double deadline_ = 0;   // steady seconds
+  double failureSeen_ = 0;  // when a failed peer with outstanding operations was first seen
 };
 
 double steadySeconds();

@@ -1,0 +1,32 @@
+#!/usr/bin/env python3
+"""Counts the results of the last `meson test` run in BUILD: each GoogleTest case from the XML
+report its binary wrote under tests/reports/, every other meson test as one. Prints
+"N passed, M failed[, K skipped]"; exits 1 if anything failed or nothing ran."""
+import glob, json, os, sys
+import xml.etree.ElementTree as ET
+
+build = sys.argv[1]
+reports = {}
+for path in glob.glob(os.path.join(build, "tests", "reports", "*.xml")):
+    root = ET.parse(path).getroot()
+    cases = list(root.iter("testcase"))
+    failed = sum(1 for c in cases if c.find("failure") is not None or c.find("error") is not None)
+    skipped = sum(1 for c in cases if c.find("skipped") is not None or c.get("result") == "skipped"
+                  or c.get("status") == "notrun")
+    reports[os.path.basename(path)[:-4]] = (len(cases) - failed - skipped, failed, skipped)
+
+passed = failed = skipped = 0
+log = os.path.join(build, "meson-logs", "testlog.json")
+for line in open(log):
+    t = json.loads(line)
+    binary = os.path.basename(t["command"][0]) if t.get("command") else ""
+    ok = t["result"] in ("OK", "EXPECTEDFAIL")
+    if binary in reports:
+        p, f, s = reports[binary]
+        passed, failed, skipped = passed + p, failed + f + (0 if ok or f else 1), skipped + s
+    elif t["result"] == "SKIP":
+        skipped += 1
+    else:
+        passed, failed = passed + ok, failed + (not ok)
+print(f"{passed} passed, {failed} failed" + (f", {skipped} skipped" if skipped else ""))
+sys.exit(1 if failed or passed == 0 else 0)

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Sets up, builds and runs every test (meson test), then prints one line "N passed, M failed"
+# counting GoogleTest cases one by one and the other tests as one each. Exit status 0 only if none
+# failed.
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${LOWRANK_BUILD_DIR:-$root/build}
+"$root/scripts/build.sh" || { echo "0 passed, 1 failed (build)"; exit 1; }
+rm -rf "$build/tests/reports"
+mkdir -p "$build/tests/reports"
+meson test -C "$build" --print-errorlogs --num-processes 1 "$@"
+rc=$?
+python3 "$root/scripts/count_tests.py" "$build" || rc=1
+exit $rc
