@@ -136,8 +136,10 @@ const char* lowrankGetLastError(lowrankComm_t comm);
 /* Makes a new unique id on the process that will be comm rank 0 (the root): opens the bootstrap
  * listening socket (interface from LOWRANK_SOCKET_IFNAME, else the first non-loopback interface
  * that is up, else loopback) and draws a random 128-bit secret. Pass the id to every comm rank
- * (threads: copy it; processes: any side channel). One id serves one communicator.
- * Errors: lowrankInvalidArgument (null), lowrankSystemError (socket). */
+ * (threads: copy it; processes: any side channel). One id serves one communicator; the root's
+ * listening thread exits once it has formed, or after the timeout (LOWRANK_TIMEOUT).
+ * Errors: lowrankInvalidArgument (null), lowrankInvalidUsage (malformed LOWRANK_TIMEOUT or unknown
+ * LOWRANK_SOCKET_IFNAME; the message names it), lowrankSystemError (socket). */
 lowrankResult_t lowrankGetUniqueId(lowrankUniqueId* uniqueId);
 
 /* Creates a communicator of `nranks` comm ranks, this caller being `rank` (0 <= rank < nranks).

@@ -1,5 +1,6 @@
 #include "kernels/host/powersgd_kernels.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -24,41 +25,81 @@ inline float dot(const float* __restrict a, const float* __restrict b, size_t le
   return acc;
 }
 
-// Row buffer for dtypes that are not float32 (and float32 without error feedback, no copy).
-thread_local std::vector<float> tlsRow;
+// Rows are processed in blocks of kBlock: each row of Qt (k x m, L2-resident) is then streamed
+// once per block instead of once per row, which keeps pass 1 and 2 memory-bound up to k = 8.
+constexpr int kBlock = 4;
+
+// Row buffers for dtypes that are not float32 (float32 rows are used where they are).
+thread_local std::vector<float> tlsRows;
+
+// Row i of M as float32. Pass 1 (add = true) fuses the error-feedback add (E += G, in place) and
+// counts non-finite values; pass 2 (add = false) reads M = E, or G without error feedback.
+template <typename T, bool add>
+inline const float* rowOfM(const T* __restrict g, float* __restrict e, const MatrixView& v,
+                           size_t i, int slot, size_t* bad) {
+  const size_t len = v.rowLength(i), off = i * v.cols;
+  const T* gr = g + off;
+  if (e) {
+    float* er = e + off;
+    if (add) {
+      size_t b = 0;
+#pragma omp simd reduction(+ : b)
+      for (size_t c = 0; c < len; ++c) {
+        float x = toFloat(gr[c]) + er[c];
+        er[c] = x;
+        b += nonFinite(x);
+      }
+      *bad += b;
+    }
+    return er;
+  }
+  const float* m;
+  if constexpr (std::is_same_v<T, float>) {
+    m = gr;
+  } else {
+    float* row = tlsRows.data() + size_t(slot) * v.cols;
+#pragma omp simd
+    for (size_t c = 0; c < len; ++c) row[c] = toFloat(gr[c]);
+    m = row;
+  }
+  if (add) {
+    size_t b = 0;
+#pragma omp simd reduction(+ : b)
+    for (size_t c = 0; c < len; ++c) b += nonFinite(m[c]);
+    *bad += b;
+  }
+  return m;
+}
 
 template <typename T>
 size_t pass1(const T* __restrict g, float* __restrict e, const MatrixView& v,
              const float* __restrict qt, int k, float* __restrict p) {
   size_t bad = 0;
-  if (!e && !std::is_same_v<T, float>) tlsRow.resize(v.cols);
-  for (size_t i = 0; i < v.rows; ++i) {
-    const size_t len = v.rowLength(i), off = i * v.cols;
-    const float* m;
-    if (e) {
-      float* er = e + off;
-      const T* gr = g + off;
-#pragma omp simd reduction(+ : bad)
-      for (size_t c = 0; c < len; ++c) {
-        float x = toFloat(gr[c]) + er[c];
-        er[c] = x;
-        bad += nonFinite(x);
+  if (!e && !std::is_same_v<T, float>) tlsRows.resize(size_t(kBlock) * v.cols);
+  const size_t full = std::min(v.rows, v.valid / v.cols);  // rows with all their columns
+  size_t i = 0;
+  for (; i + kBlock <= full; i += kBlock) {
+    const float* m[kBlock];
+    for (int b = 0; b < kBlock; ++b) m[b] = rowOfM<T, true>(g, e, v, i + b, b, &bad);
+    for (int j = 0; j < k; ++j) {
+      const float* __restrict q = qt + size_t(j) * v.cols;
+      float a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+#pragma omp simd reduction(+ : a0, a1, a2, a3)
+      for (size_t c = 0; c < v.cols; ++c) {
+        a0 += m[0][c] * q[c];
+        a1 += m[1][c] * q[c];
+        a2 += m[2][c] * q[c];
+        a3 += m[3][c] * q[c];
       }
-      m = er;
-    } else if constexpr (std::is_same_v<T, float>) {
-      m = g + off;
-#pragma omp simd reduction(+ : bad)
-      for (size_t c = 0; c < len; ++c) bad += nonFinite(m[c]);
-    } else {
-      float* row = tlsRow.data();
-      const T* gr = g + off;
-#pragma omp simd reduction(+ : bad)
-      for (size_t c = 0; c < len; ++c) {
-        row[c] = toFloat(gr[c]);
-        bad += nonFinite(row[c]);
-      }
-      m = row;
+      p[(i + 0) * k + j] = a0;
+      p[(i + 1) * k + j] = a1;
+      p[(i + 2) * k + j] = a2;
+      p[(i + 3) * k + j] = a3;
     }
+  }
+  for (; i < v.rows; ++i) {
+    const size_t len = v.rowLength(i);
+    const float* m = rowOfM<T, true>(g, e, v, i, 0, &bad);
     for (int j = 0; j < k; ++j) p[i * k + j] = dot(m, qt + size_t(j) * v.cols, len);
   }
   return bad;
@@ -68,20 +109,27 @@ template <typename T>
 void pass2(const T* __restrict g, const float* __restrict e, const MatrixView& v,
            const float* __restrict p, int k, float* __restrict qt) {
   std::memset(qt, 0, sizeof(float) * size_t(k) * v.cols);
-  if (!e && !std::is_same_v<T, float>) tlsRow.resize(v.cols);
-  for (size_t i = 0; i < v.rows; ++i) {
-    const size_t len = v.rowLength(i), off = i * v.cols;
-    if (len == 0) break;
-    const float* m;
-    if (e) {
-      m = e + off;
-    } else if constexpr (std::is_same_v<T, float>) {
-      m = g + off;
-    } else {
-      float* row = tlsRow.data();
-      for (size_t c = 0; c < len; ++c) row[c] = toFloat(g[off + c]);
-      m = row;
+  if (!e && !std::is_same_v<T, float>) tlsRows.resize(size_t(kBlock) * v.cols);
+  float* em = const_cast<float*>(e);  // rowOfM<.., false> never writes
+  const size_t full = std::min(v.rows, v.valid / v.cols);
+  size_t i = 0, none = 0;
+  for (; i + kBlock <= full; i += kBlock) {
+    const float* m[kBlock];
+    for (int b = 0; b < kBlock; ++b) m[b] = rowOfM<T, false>(g, em, v, i + b, b, &none);
+    for (int j = 0; j < k; ++j) {
+      const float p0 = p[i * k + j], p1 = p[(i + 1) * k + j], p2 = p[(i + 2) * k + j],
+                  p3 = p[(i + 3) * k + j];
+      float* __restrict q = qt + size_t(j) * v.cols;
+      // Same order of additions as one row at a time: the result does not depend on blocking.
+#pragma omp simd
+      for (size_t c = 0; c < v.cols; ++c)
+        q[c] = (((q[c] + p0 * m[0][c]) + p1 * m[1][c]) + p2 * m[2][c]) + p3 * m[3][c];
     }
+  }
+  for (; i < v.rows; ++i) {
+    const size_t len = v.rowLength(i);
+    if (len == 0) break;
+    const float* m = rowOfM<T, false>(g, em, v, i, 0, &none);
     for (int j = 0; j < k; ++j) {
       const float pij = p[i * k + j];
       float* __restrict q = qt + size_t(j) * v.cols;
@@ -94,7 +142,7 @@ void pass2(const T* __restrict g, const float* __restrict e, const MatrixView& v
 template <typename T>
 void pass3(float* __restrict e, const MatrixView& v, const float* __restrict p,
            const float* __restrict qbart, int k, float s, T* out) {
-  std::vector<float>& a = tlsRow;
+  std::vector<float>& a = tlsRows;
   a.resize(v.cols);
   for (size_t i = 0; i < v.rows; ++i) {
     const size_t len = v.rowLength(i), off = i * v.cols;
