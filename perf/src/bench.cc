@@ -1,0 +1,491 @@
+#include "bench.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dtypes.h"
+#include "inputs.h"
+#include "metrics.h"
+#include "report.h"
+#include "safetensors.h"
+
+namespace perf {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double secondsSince(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+struct FreeDeleter {
+  void operator()(void* p) const { std::free(p); }
+};
+using Buffer = std::unique_ptr<void, FreeDeleter>;
+
+Buffer allocate(size_t bytes) {
+  const size_t rounded = std::max<size_t>(64, (bytes + 63) / 64 * 64);
+  void* p = std::aligned_alloc(64, rounded);
+  if (!p) return nullptr;
+  std::memset(p, 0, rounded);
+  return Buffer(p);
+}
+
+// What the library reads from the environment and the perf must mirror (explicit config fields are
+// left unset so that LOWRANK_* variables keep working).
+int envStartIter() {
+  const char* v = std::getenv("LOWRANK_START_ITER");
+  if (!v || !*v) return 0;
+  char* end = nullptr;
+  const long x = std::strtol(v, &end, 10);
+  return (end != v && *end == '\0' && x > 0 && x < 1000000) ? static_cast<int>(x) : 0;
+}
+
+double envCompressionRate() {
+  const char* v = std::getenv("LOWRANK_MIN_COMPRESSION_RATE");
+  if (!v || !*v) return 2.0;
+  char* end = nullptr;
+  const double x = std::strtod(v, &end);
+  return (end != v && *end == '\0' && x >= 1.0) ? x : 2.0;
+}
+
+bool compressible(lowrankDataType_t t, lowrankRedOp_t op) {
+  return (t == lowrankFloat32 || t == lowrankFloat16 || t == lowrankBfloat16) &&
+         (op == lowrankSum || op == lowrankAvg);
+}
+
+class Bench {
+ public:
+  Bench(Harness& h, const Args& a) : h_(h), a_(a) {}
+  int run();
+
+ private:
+  // One (type, op, size) case: inputs in send_, reference in ref_.
+  struct Case {
+    lowrankDataType_t type;
+    lowrankRedOp_t op;
+    size_t count;
+    bool gradients;
+    bool synthExact;  // synthetic rank-k inputs: the answer is exact
+    MatrixView view;  // batched view the perf computed (synthetic)
+    std::optional<std::optional<double>> relerrOpt;  // cached per case (rank 0)
+  };
+
+  void makeComms();
+  void allocateFor(size_t maxCount, size_t maxTypeSize);
+  void prepareReference(const Case& c);
+  Row runMode(Case& c, Mode mode);
+  void call(Mode mode, const Case& c, const void* send, void* recv);
+  lowrankComm_t commOf(Mode mode) const {
+    return mode == Mode::PowerSgd ? commK_ : commExact_;
+  }
+  void* stateBuf(Mode mode) const { return mode == Mode::Fp16 ? tmpRecv_.get() : recv_.get(); }
+  lowrankStats_t stats(Mode mode);
+  void restoreInPlace(const Case& c) {
+    std::memcpy(recv_.get(), send_.get(), c.count * typeSize(c.type));
+  }
+  std::optional<double> computeRelErrOpt(Case& c);
+  void checkView(const Case& c);
+
+  Harness& h_;
+  const Args& a_;
+  lowrankComm_t commExact_ = nullptr, commK_ = nullptr;
+  Buffer send_, recv_, ref_, acc_, tmpSend_, tmpRecv_;
+  std::optional<Gradients> grads_;
+  int startIter_ = 0;
+  double rate_ = 2.0;
+  std::unique_ptr<Report> report_;
+  bool viewWarned_ = false;
+  bool startWarned_ = false;
+  std::vector<lowrankDataType_t> types_;  // -d, less those that do not apply
+};
+
+int Bench::run() {
+  startIter_ = envStartIter();
+  rate_ = envCompressionRate();
+  const bool root = h_.rank() == 0;
+  if (root) report_ = std::make_unique<Report>(stdout);
+
+  // Gradients first: a bad file fails before any communicator exists.
+  std::string step = a_.step;
+  if (!a_.gradientsDir.empty()) {
+    try {
+      grads_ = loadGradients(a_.gradientsDir, &step, h_.rank());
+    } catch (const std::exception& e) {
+      h_.fail(e.what());
+    }
+    const uint64_t hsh = layoutHash(*grads_);
+    if (h_.minU64(hsh) != h_.maxU64(hsh))
+      h_.fail("the gradient files of the comm ranks have different tensor layouts");
+    for (auto t : a_.types)
+      if (isFloating(t)) types_.push_back(t);
+    if (types_.empty())
+      h_.fail("--gradients needs a floating -d (float, half, bfloat16, double)");
+  } else {
+    types_ = a_.types;
+  }
+  makeComms();
+
+  if (root) {
+    int version = 0;
+    lowrankGetVersion(&version);
+    report_->note("lowrank_allreduce_perf: " + a_.commandLine);
+    char line[512];
+    std::snprintf(line, sizeof line, a_.stepFactor > 1 ? "%g(factor)" : "%.0f(bytes)",
+                  a_.stepFactor > 1 ? a_.stepFactor : static_cast<double>(a_.stepBytes));
+    const std::string stepText = line;
+    std::snprintf(line, sizeof line,
+                  "nThread %d nGpus 1 minBytes %zu maxBytes %zu step: %s warmup iters: %d "
+                  "iters: %d agg iters: 1 validation: %d graph: 0",
+                  a_.nthreads, grads_ ? grads_->count() * typeSize(types_[0]) : a_.minBytes,
+                  grads_ ? grads_->count() * typeSize(types_[0]) : a_.maxBytes,
+                  stepText.c_str(), a_.warmup, a_.iters, a_.check ? 1 : 0);
+    report_->note(line);
+    std::snprintf(line, sizeof line,
+                  "lowrank version %d, comm ranks %d (threads), approximation rank k %d, rounds %d, "
+                  "start iter %d, min compression rate %g",
+                  version, h_.nranks(), a_.approxRank, a_.rounds, startIter_, rate_);
+    report_->note(line);
+    if (grads_) {
+      size_t ncomp = 0;
+      for (const auto& s : grads_->shapes) {
+        if (s.size() < 2) continue;
+        size_t m = 1;
+        for (size_t d = 1; d < s.size(); ++d) m *= s[d];
+        if (isCompressed(s[0], m, a_.approxRank, rate_)) ++ncomp;
+      }
+      std::snprintf(line, sizeof line,
+                    "gradients: %s step %s, %zu tensors (%zu compressed at k %d), %zu elements",
+                    a_.gradientsDir.c_str(), step.c_str(), grads_->shapes.size(), ncomp,
+                    a_.approxRank, grads_->count());
+      report_->note(line);
+    }
+    for (int r = 0; r < h_.nranks(); ++r) {
+      std::snprintf(line, sizeof line, " Rank %2d Group  0 Pid %6d on host device -1 [cpu]", r,
+                    static_cast<int>(getpid()));
+      report_->note(line);
+    }
+    if (types_.size() != a_.types.size())
+      report_->note("integer -d types skipped: the gradients are floating point");
+    report_->header();
+  }
+
+  // Sizes
+  std::vector<size_t> sizes;
+  if (!grads_) {
+    for (size_t s = a_.minBytes; s <= a_.maxBytes;) {
+      sizes.push_back(s);
+      size_t next = a_.stepFactor > 1 ? static_cast<size_t>(static_cast<double>(s) * a_.stepFactor)
+                                      : s + a_.stepBytes;
+      if (next <= s) next = s + 1;
+      s = next;
+    }
+  }
+  size_t maxCount = 0, maxTs = 1;
+  for (auto t : types_) {
+    maxTs = std::max(maxTs, typeSize(t));
+    if (grads_) maxCount = std::max(maxCount, grads_->count());
+    for (size_t s : sizes) maxCount = std::max(maxCount, s / typeSize(t));
+  }
+  allocateFor(maxCount, maxTs);
+
+  bool fp16Skipped = false;
+  for (auto type : types_) {
+    for (auto op : a_.ops) {
+      std::vector<size_t> counts;
+      if (grads_) counts.push_back(grads_->count());
+      else
+        for (size_t s : sizes)
+          if (s / typeSize(type) > 0) counts.push_back(s / typeSize(type));
+      for (size_t count : counts) {
+        Case c{type, op, count, grads_.has_value(), false, {}, std::nullopt};
+        if (grads_) {
+          fromFloat(grads_->data.data(), count, type, send_.get());
+        } else {
+          SyntheticSpec spec;
+          spec.type = type;
+          spec.op = op;
+          spec.exactRankK = a_.check;
+          spec.k = std::max(1, a_.approxRank);
+          spec.seed = a_.seed;
+          spec.view = c.view = batchedView(count);
+          makeSynthetic(send_.get(), count, h_.rank(), spec);
+          c.synthExact = a_.check;
+        }
+        prepareReference(c);
+        for (Mode mode : a_.modes) {
+          if (mode == Mode::Fp16 && type != lowrankFloat32) {
+            if (root && !fp16Skipped) report_->note("mode fp16 applies to -d float only: skipped");
+            fp16Skipped = true;
+            continue;
+          }
+          Row r = runMode(c, mode);
+          if (root) report_->row(r);
+        }
+      }
+    }
+  }
+
+  int status = 0;
+  if (root) {
+    const uint64_t oob = report_->footer();
+    if (!a_.jsonFile.empty() && !report_->writeJson(a_.jsonFile, a_, h_.nranks())) status = 1;
+    if (oob) status = 1;
+  }
+  h_.barrier();
+  if (commK_) lowrankCommDestroy(commK_);
+  if (commExact_) lowrankCommDestroy(commExact_);
+  return status;
+}
+
+void Bench::makeComms() {
+  lowrankConfig_t cfg = LOWRANK_CONFIG_INITIALIZER;
+  cfg.approxRank = 0;  // every call exact: the reference (Float64), modes exact and fp16
+  h_.check(h_.commInit(&cfg, &commExact_), nullptr, "lowrankCommInitRankConfig (exact)");
+  if (std::find(a_.modes.begin(), a_.modes.end(), Mode::PowerSgd) != a_.modes.end()) {
+    lowrankConfig_t cfgK = LOWRANK_CONFIG_INITIALIZER;
+    cfgK.approxRank = a_.approxRank;
+    h_.check(h_.commInit(&cfgK, &commK_), nullptr, "lowrankCommInitRankConfig (powersgd)");
+  }
+}
+
+void Bench::allocateFor(size_t maxCount, size_t maxTs) {
+  send_ = allocate(maxCount * maxTs);
+  recv_ = allocate(maxCount * maxTs);
+  ref_ = allocate(maxCount * sizeof(double));
+  if (h_.rank() == 0) acc_ = allocate(maxCount * sizeof(double));
+  const bool fp16 = std::find(a_.modes.begin(), a_.modes.end(), Mode::Fp16) != a_.modes.end();
+  if (fp16) {
+    tmpSend_ = allocate(maxCount * sizeof(uint16_t));
+    tmpRecv_ = allocate(maxCount * sizeof(uint16_t));
+  }
+  if (!send_ || !recv_ || !ref_ || (h_.rank() == 0 && !acc_) ||
+      (fp16 && (!tmpSend_ || !tmpRecv_)))
+    h_.fail("out of memory for buffers of " + std::to_string(maxCount) + " elements");
+  if (grads_ && commK_) {
+    // the layout of the real gradients: per-tensor mode on the PowerSGD comm's recvbuff
+    std::vector<int> ndims;
+    std::vector<const size_t*> shapes;
+    for (const auto& s : grads_->shapes) {
+      ndims.push_back(static_cast<int>(s.size()));
+      shapes.push_back(s.data());
+    }
+    h_.check(lowrankBufferSetLayout(commK_, recv_.get(), static_cast<int>(ndims.size()),
+                                    ndims.data(), shapes.data()),
+             commK_, "lowrankBufferSetLayout");
+  }
+}
+
+void Bench::prepareReference(const Case& c) {
+  // ref = the exact allreduce of the inputs (as the library sees them, after rounding to the
+  // dtype), computed by the library itself in Float64 (always exact).
+  double* ref = static_cast<double*>(ref_.get());
+  toDouble(send_.get(), c.type, c.count, ref);
+  h_.check(lowrankAllReduce(ref, ref, c.count, lowrankFloat64, c.op, commExact_, nullptr),
+           commExact_, "lowrankAllReduce (Float64 reference)");
+  if (c.op == lowrankAvg && !isFloating(c.type))  // integer avg: sum / N truncated, as in C
+    for (size_t i = 0; i < c.count; ++i) ref[i] = std::trunc(ref[i]);
+}
+
+void Bench::call(Mode mode, const Case& c, const void* send, void* recv) {
+  lowrankResult_t r;
+  if (mode == Mode::Fp16) {
+    uint16_t* tr = static_cast<uint16_t*>(tmpRecv_.get());
+    uint16_t* ts = send == recv ? tr : static_cast<uint16_t*>(tmpSend_.get());
+    floatToHalfN(static_cast<const float*>(send), ts, c.count);
+    r = lowrankAllReduce(ts, tr, c.count, lowrankFloat16, c.op, commExact_, nullptr);
+    halfToFloatN(tr, static_cast<float*>(recv), c.count);
+  } else {
+    r = lowrankAllReduce(send, recv, c.count, c.type, c.op, commOf(mode), nullptr);
+  }
+  h_.check(r, commOf(mode), "lowrankAllReduce");
+}
+
+lowrankStats_t Bench::stats(Mode mode) {
+  lowrankStats_t s{};
+  h_.check(lowrankGetStats(commOf(mode), &s), commOf(mode), "lowrankGetStats");
+  return s;
+}
+
+void Bench::checkView(const Case& c) {
+  if (viewWarned_ || h_.rank() != 0 || !commK_) return;
+  lowrankBufferView_t v{};
+  if (lowrankBufferGetView(commK_, recv_.get(), &v) != lowrankSuccess || !v.planned) return;
+  if (c.gradients) {
+    if (!v.perTensor || v.ntensors != static_cast<int>(grads_->shapes.size())) {
+      std::fprintf(stderr,
+                   "lowrank_allreduce_perf: warning: the library's view is perTensor %d ntensors "
+                   "%d, the layout set has %zu tensors\n",
+                   v.perTensor, v.ntensors, grads_->shapes.size());
+      viewWarned_ = true;
+    }
+  } else if (v.perTensor || v.rows != c.view.rows || v.cols != c.view.cols) {
+    std::fprintf(stderr,
+                 "lowrank_allreduce_perf: warning: count %zu: the library views the buffer as "
+                 "%zu x %zu (padded %zu), the perf as %zu x %zu (padded %zu); the synthetic "
+                 "rank-k inputs assume the latter\n",
+                 c.count, v.rows, v.cols, v.padded, c.view.rows, c.view.cols, c.view.padded);
+    viewWarned_ = true;
+  }
+}
+
+std::optional<double> Bench::computeRelErrOpt(Case& c) {
+  if (c.relerrOpt) return *c.relerrOpt;
+  std::vector<MatrixSlice> mats;
+  if (c.gradients) {
+    size_t off = 0;
+    for (const auto& s : grads_->shapes) {
+      size_t n = 1;
+      for (size_t d : s) n *= d;
+      if (s.size() >= 2) mats.push_back({off, s[0], n / s[0]});
+      off += n;
+    }
+  } else {
+    MatrixSlice m{0, c.view.rows, c.view.cols};
+    lowrankBufferView_t v{};
+    if (commK_ && lowrankBufferGetView(commK_, recv_.get(), &v) == lowrankSuccess && v.planned &&
+        !v.perTensor && v.rows * v.cols >= c.count) {
+      m.rows = v.rows;  // the library's own view, when it reports one
+      m.cols = v.cols;
+    }
+    mats.push_back(m);
+  }
+  c.relerrOpt = relErrOpt(static_cast<const double*>(ref_.get()), c.count, mats, a_.approxRank,
+                          rate_);
+  return *c.relerrOpt;
+}
+
+Row Bench::runMode(Case& c, Mode mode) {
+  const bool root = h_.rank() == 0;
+  const int n = h_.nranks();
+  Row row;
+  row.count = c.count;
+  row.size = c.count * typeSize(c.type);
+  row.type = c.type;
+  row.op = c.op;
+  row.mode = mode;
+  row.k = mode == Mode::PowerSgd ? a_.approxRank : 0;
+  void* send = send_.get();
+  void* recv = recv_.get();
+  const double* ref = static_cast<const double*>(ref_.get());
+  const double busFactor = n > 1 ? 2.0 * (n - 1) / n : 0.0;
+  auto fill = [&](Placement& p, double seconds) {
+    p.timeUs = seconds * 1e6;
+    p.algBw = seconds > 0 ? static_cast<double>(row.size) / 1e9 / seconds : 0.0;
+    p.busBw = p.algBw * busFactor;
+  };
+
+  // ---- timing, out-of-place: the whole loop, after a barrier; max over comm ranks
+  for (int i = 0; i < a_.warmup; ++i) call(mode, c, send, recv);
+  h_.barrier();
+  auto t0 = Clock::now();
+  for (int i = 0; i < a_.iters; ++i) call(mode, c, send, recv);
+  fill(row.outOfPlace, h_.maxDouble(secondsSince(t0) / a_.iters));
+
+  // ---- timing, in-place (recvbuff as sendbuff): the input is restored before each call (not
+  // timed) so that repeated sums cannot overflow into Inf and change what the library does
+  for (int i = 0; i < a_.warmup; ++i) {
+    restoreInPlace(c);
+    call(mode, c, recv, recv);
+  }
+  h_.barrier();
+  double inPlaceSec = 0;
+  for (int i = 0; i < a_.iters; ++i) {
+    restoreInPlace(c);
+    t0 = Clock::now();
+    call(mode, c, recv, recv);
+    inPlaceSec += secondsSince(t0);
+  }
+  fill(row.inPlace, h_.maxDouble(inPlaceSec / a_.iters));
+
+  // ---- accuracy, out-of-place, from a fresh buffer state
+  const double tolAbs = isFloating(c.type)
+                            ? relTolerance(mode, c.type) * maxAbs(ref, c.count)
+                            : (c.op == lowrankAvg ? 1.0 : 0.0);
+  h_.check(lowrankBufferReset(commOf(mode), stateBuf(mode)), commOf(mode), "lowrankBufferReset");
+  h_.barrier();
+  const lowrankStats_t sw = stats(mode);
+  for (int i = 0; i < startIter_; ++i) call(mode, c, send, recv);  // exact warm-up calls
+  const lowrankStats_t s0 = stats(mode);
+  if (s0.compressedCalls != sw.compressedCalls && root && !startWarned_) {
+    std::fprintf(stderr,
+                 "lowrank_allreduce_perf: warning: %d of the %d start-iter calls after "
+                 "lowrankBufferReset were compressed: the measured call is not the first\n",
+                 static_cast<int>(s0.compressedCalls - sw.compressedCalls), startIter_);
+    startWarned_ = true;
+  }
+  call(mode, c, send, recv);
+  const lowrankStats_t s1 = stats(mode);
+  const uint64_t elems =
+      (s1.compressedElements + s1.exactElements) - (s0.compressedElements + s0.exactElements);
+  const uint64_t payload = s1.payloadElements - s0.payloadElements;
+  if (payload > 0 && elems > 0) {
+    double ratio = static_cast<double>(elems) / static_cast<double>(payload);
+    if (mode == Mode::Fp16) ratio *= 2.0;  // half on the wire for float32 data: bytes ratio
+    row.ratio = ratio;
+  }
+  row.wireBytes = s1.bytesSent - s0.bytesSent;
+  if (mode == Mode::PowerSgd) checkView(c);
+  if (a_.check) row.outOfPlace.nwrong = h_.sumU64(countWrong(recv, c.type, ref, c.count, tolAbs));
+  double* acc = static_cast<double*>(acc_.get());
+  if (root) {
+    row.relerr = relErr(recv, c.type, ref, c.count);
+    toDouble(recv, c.type, c.count, acc);
+  }
+  for (int r = 1; r < a_.rounds; ++r) {
+    call(mode, c, send, recv);
+    if (root)
+      for (size_t i = 0; i < c.count; ++i) acc[i] += loadAsDouble(recv, c.type, i);
+  }
+  if (root) row.cumrelerr = relErrDouble(acc, ref, static_cast<double>(a_.rounds), c.count);
+  if (root && mode == Mode::PowerSgd && a_.approxRank > 0 && compressible(c.type, c.op))
+    row.relerrOpt = computeRelErrOpt(c);
+
+  // ---- correctness, in-place, from a fresh buffer state
+  if (a_.check) {
+    h_.check(lowrankBufferReset(commOf(mode), stateBuf(mode)), commOf(mode), "lowrankBufferReset");
+    h_.barrier();
+    for (int i = 0; i < startIter_; ++i) {
+      restoreInPlace(c);
+      call(mode, c, recv, recv);
+    }
+    restoreInPlace(c);
+    call(mode, c, recv, recv);
+    row.inPlace.nwrong = h_.sumU64(countWrong(recv, c.type, ref, c.count, tolAbs));
+  }
+  // rows whose answer is exact up to the tolerance: synthetic rank-k inputs, or modes that do not
+  // approximate
+  row.expectExact = c.synthExact || mode != Mode::PowerSgd || !compressible(c.type, c.op) ||
+                    a_.approxRank == 0;
+  h_.barrier();
+  return row;
+}
+
+}  // namespace
+
+int commsNeeded(const Args& args) {
+  return std::find(args.modes.begin(), args.modes.end(), Mode::PowerSgd) != args.modes.end() ? 2
+                                                                                            : 1;
+}
+
+int runRank(Harness& h, const Args& args) {
+  try {
+    Bench b(h, args);
+    return b.run();
+  } catch (const std::exception& e) {
+    h.fail(std::string("error: ") + e.what());
+  }
+  return 1;
+}
+
+}  // namespace perf

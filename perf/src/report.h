@@ -1,0 +1,54 @@
+// The output of lowrank_allreduce_perf: nccl-tests' table (plus lowrank's columns) on stdout and
+// nccl-tests' JSON layout (plus a "lowrank" object per result) in the -J file.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "args.h"
+#include "lowrank/lowrank.h"
+
+namespace perf {
+
+struct Placement {
+  double timeUs = 0;  // average per call, max over comm ranks
+  double algBw = 0;   // GB/s: size / time
+  double busBw = 0;   // GB/s: algBw * 2 (N - 1) / N
+  std::optional<uint64_t> nwrong;  // summed over comm ranks; nullopt with -c 0
+};
+
+struct Row {
+  size_t size = 0, count = 0;
+  lowrankDataType_t type = lowrankFloat32;
+  lowrankRedOp_t op = lowrankSum;
+  Placement outOfPlace, inPlace;
+  Mode mode = Mode::PowerSgd;
+  int k = 0;
+  std::optional<uint64_t> wireBytes;
+  std::optional<double> ratio, relerr, cumrelerr, relerrOpt;
+  bool expectExact = false;  // #wrong counts as out of bounds (inputs with an exact answer)
+};
+
+class Report {
+ public:
+  explicit Report(FILE* out) : out_(out) {}
+  // Free-form '#' lines before the table.
+  void note(const std::string& line);
+  void header();
+  void row(const Row& r);
+  // Prints the footer; returns the out-of-bounds count (#wrong of rows that expect exactness).
+  uint64_t footer();
+  // Writes the JSON file; false (with a message on stderr) if it cannot be written.
+  bool writeJson(const std::string& path, const Args& args, int nranks) const;
+
+ private:
+  FILE* out_;
+  std::vector<Row> rows_;
+  uint64_t outOfBounds_ = 0;
+  double avgBusBw_ = 0;
+};
+
+}  // namespace perf
