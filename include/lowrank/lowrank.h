@@ -154,6 +154,22 @@ lowrankResult_t lowrankCommInitRankConfig(lowrankComm_t* comm, int nranks,
                                           lowrankUniqueId uniqueId, int rank,
                                           lowrankConfig_t* config);
 
+/* Creates a communicator from the environment of a launcher, for one process per comm rank.
+ * Collective over all processes. Reads, first found wins:
+ *   comm rank and size: LOWRANK_RANK / LOWRANK_WORLD_SIZE, torchrun's RANK / WORLD_SIZE, Open MPI's
+ *     OMPI_COMM_WORLD_RANK / OMPI_COMM_WORLD_SIZE, PMI_RANK / PMI_SIZE, Slurm's SLURM_PROCID /
+ *     SLURM_NTASKS;
+ *   the root's bootstrap address: LOWRANK_ROOT_ADDR (host:port), else MASTER_ADDR with port
+ *     MASTER_PORT + 1 (torchrun's own store holds MASTER_PORT); comm rank 0 listens there;
+ *   the secret: LOWRANK_SECRET (32 hex digits) when set; else one derived from the root address and
+ *     world size, which refuses strays but is no protection against a hostile network.
+ * LOWRANK_SOCKET_IFNAME picks the interface comm rank 0 listens on when the address is a wildcard.
+ * With config null, LOWRANK_* variables and defaults apply (as lowrankCommInitRankConfig).
+ * Errors: lowrankInvalidArgument (null comm), lowrankInvalidUsage (no launcher variables, or a
+ * malformed one: the message names it), lowrankSystemError, lowrankRemoteError, lowrankTimeout. */
+lowrankResult_t lowrankCommInitFromEnv(lowrankComm_t* comm);
+lowrankResult_t lowrankCommInitFromEnvConfig(lowrankComm_t* comm, lowrankConfig_t* config);
+
 /* Frees the communicator and every buffer state it holds. Not collective: peers that still run
  * collectives on it will see a remote error or time out. Errors: lowrankInvalidArgument (null). */
 lowrankResult_t lowrankCommDestroy(lowrankComm_t comm);

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -21,6 +22,12 @@
 namespace perf {
 
 namespace {
+
+// Where comm ranks other than 0 print (their table is not shown; their JSON still is written).
+FILE* devNull() {
+  static FILE* f = std::fopen("/dev/null", "w");
+  return f;
+}
 
 using Clock = std::chrono::steady_clock;
 
@@ -113,8 +120,8 @@ class Bench {
 int Bench::run() {
   startIter_ = envStartIter();
   rate_ = envCompressionRate();
-  const bool root = h_.rank() == 0;
-  if (root) report_ = std::make_unique<Report>(stdout);
+  const bool root = h_.localRoot();  // measures; comm rank 0 alone prints the table
+  if (root) report_ = std::make_unique<Report>(h_.rank() == 0 ? stdout : devNull());
 
   // Gradients first: a bad file fails before any communicator exists.
   std::string step = a_.step;
@@ -152,9 +159,9 @@ int Bench::run() {
                   stepText.c_str(), a_.warmup, a_.iters, a_.check ? 1 : 0);
     report_->note(line);
     std::snprintf(line, sizeof line,
-                  "lowrank version %d, comm ranks %d (threads), approximation rank k %d, rounds %d, "
+                  "lowrank version %d, comm ranks %d (%s), approximation rank k %d, rounds %d, "
                   "start iter %d, min compression rate %g",
-                  version, h_.nranks(), a_.approxRank, a_.rounds, startIter_, rate_);
+                  version, h_.nranks(), h_.kind(), a_.approxRank, a_.rounds, startIter_, rate_);
     report_->note(line);
     if (grads_) {
       size_t ncomp = 0;
@@ -263,13 +270,13 @@ void Bench::allocateFor(size_t maxCount, size_t maxTs) {
   send_ = allocate(maxCount * maxTs);
   recv_ = allocate(maxCount * maxTs);
   ref_ = allocate(maxCount * sizeof(double));
-  if (h_.rank() == 0) acc_ = allocate(maxCount * sizeof(double));
+  if (h_.localRoot()) acc_ = allocate(maxCount * sizeof(double));
   const bool fp16 = std::find(a_.modes.begin(), a_.modes.end(), Mode::Fp16) != a_.modes.end();
   if (fp16) {
     tmpSend_ = allocate(maxCount * sizeof(uint16_t));
     tmpRecv_ = allocate(maxCount * sizeof(uint16_t));
   }
-  if (!send_ || !recv_ || !ref_ || (h_.rank() == 0 && !acc_) ||
+  if (!send_ || !recv_ || !ref_ || (h_.localRoot() && !acc_) ||
       (fp16 && (!tmpSend_ || !tmpRecv_)))
     h_.fail("out of memory for buffers of " + std::to_string(maxCount) + " elements");
   if (grads_ && commK_) {
@@ -366,7 +373,7 @@ std::optional<double> Bench::computeRelErrOpt(Case& c) {
 }
 
 Row Bench::runMode(Case& c, Mode mode) {
-  const bool root = h_.rank() == 0;
+  const bool root = h_.localRoot();
   const int n = h_.nranks();
   Row row;
   row.count = c.count;

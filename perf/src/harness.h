@@ -17,6 +17,10 @@ class Harness {
   virtual ~Harness() = default;
   virtual int rank() const = 0;
   virtual int nranks() const = 0;
+  // The comm rank that measures and writes this process's JSON (rank 0 of the process).
+  virtual bool localRoot() const { return rank() == 0; }
+  // "threads" or "processes", for the table's header.
+  virtual const char* kind() const { return "threads"; }
   // Blocks until every comm rank has called it.
   virtual void barrier() = 0;
   // Collective reductions of one value over all comm ranks; every rank gets the result.

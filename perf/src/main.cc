@@ -3,9 +3,19 @@
 #include "args.h"
 #include "bench.h"
 #include "harness.h"
+#include "harness_process.h"
+
+#include <cstdio>
 
 int main(int argc, char** argv) {
   const perf::Args args = perf::parseArgs(argc, argv);
-  return perf::runThreads(args.nthreads, perf::commsNeeded(args),
-                          [&](perf::Harness& h) { return perf::runRank(h, args); });
+  const perf::RankMain body = [&](perf::Harness& h) { return perf::runRank(h, args); };
+  if (perf::launchedAsProcesses()) {  // one comm rank per process, from the launcher's variables
+    if (args.nthreads != 1) {
+      std::fprintf(stderr, "lowrank_allreduce_perf: started by a launcher (world size > 1): use -t 1\n");
+      return 2;
+    }
+    return perf::runProcess(body);
+  }
+  return perf::runThreads(args.nthreads, perf::commsNeeded(args), body);
 }

@@ -1,4 +1,5 @@
 // Dispatch of one allreduce: exact or compressed, and the buffer's state around it.
+#include <cstdio>
 #include <cstring>
 #include <new>
 
@@ -99,6 +100,11 @@ Status allReduce(lowrankComm* comm, const void* sendbuff, void* recvbuff, size_t
     // A collective broke midway: the ranks may now be at different points of the call sequence,
     // so refuse further calls. (Usage errors are agreed by all ranks at plan time.)
     comm->failed = true;
+    // Name the buffer: a rank that skipped a call shows up here as a timeout on the others.
+    char what[160];
+    snprintf(what, sizeof what, "allreduce of buffer %p (count %zu, %s, %s), call %llu: ", recvbuff,
+             count, dtypeName(dtype), opName(op), (unsigned long long)comm->counters.calls + 1);
+    s.msg = what + s.msg;
   }
   return s;
 }

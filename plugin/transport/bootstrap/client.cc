@@ -17,14 +17,19 @@ Status ioError(Io io, int err, const char* what, const RootInfo& root, int rank,
       return Status::Error(lowrankTimeout,
                            "bootstrap: comm rank %d waited %g s for %s (root %s); did every comm "
                            "rank join?", rank, timeoutSec, what, addr.c_str());
+    case Io::Error:
+      if (err != ECONNRESET && err != EPIPE) break;
+      [[fallthrough]];  // a reset is the root closing on us (it closes a refused peer at once)
     case Io::Eof:
       return Status::Error(lowrankRemoteError,
                            "bootstrap: root %s closed the connection while comm rank %d waited "
-                           "for %s (refused: wrong id, or the root gave up)", addr.c_str(), rank, what);
+                           "for %s (refused: wrong id or secret, e.g. LOWRANK_SECRET differs; or "
+                           "the root gave up)", addr.c_str(), rank, what);
     default:
-      return Status::Error(lowrankSystemError, "bootstrap: comm rank %d, %s (root %s): %s", rank,
-                           what, addr.c_str(), strerror(err));
+      break;
   }
+  return Status::Error(lowrankSystemError, "bootstrap: comm rank %d, %s (root %s): %s", rank, what,
+                       addr.c_str(), strerror(err));
 }
 
 }  // namespace

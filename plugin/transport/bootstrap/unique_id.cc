@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "transport/bootstrap/bootstrap.h"
+#include "transport/bootstrap/launcher_env.h"
 #include "transport/bootstrap/server.h"
 #include "transport/bootstrap/socket.h"
 #include "transport/bootstrap/wire.h"
@@ -95,6 +96,33 @@ static Status randomSecret(uint8_t* s) {
   return Status::Error(lowrankSystemError, "bootstrap: no random source (getrandom, /dev/urandom)");
 }
 
+// Opens a listening socket bound to *addr (port 0: any); on success *addr is the bound address.
+// `reuse` sets SO_REUSEADDR (a fixed port must be reusable while old connections are in TIME_WAIT;
+// a port someone listens on still fails with EADDRINUSE).
+static Status listenOn(sockaddr_in* addr, const std::string& what, bool reuse, Fd* out) {
+  Fd fd(::socket(AF_INET, SOCK_STREAM, 0));
+  if (!fd.valid() || !setNonBlocking(fd.get()))
+    return Status::Error(lowrankSystemError, "bootstrap: socket: %s", strerror(errno));
+  int one = 1;
+  if (reuse && ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0)
+    return Status::Error(lowrankSystemError, "bootstrap: SO_REUSEADDR: %s", strerror(errno));
+  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(addr), sizeof *addr) != 0) {
+    int e = errno;
+    return Status::Error(lowrankSystemError, "bootstrap: bind %s (%s): %s%s",
+                         addrString(*addr).c_str(), what.c_str(), strerror(e),
+                         e == EADDRINUSE ? " (another process listens on this port: pick another "
+                                           "one, or wait for the previous run to end)" : "");
+  }
+  if (::listen(fd.get(), SOMAXCONN) != 0)
+    return Status::Error(lowrankSystemError, "bootstrap: listen on %s: %s",
+                         addrString(*addr).c_str(), strerror(errno));
+  socklen_t len = sizeof *addr;
+  if (::getsockname(fd.get(), reinterpret_cast<sockaddr*>(addr), &len) != 0)
+    return Status::Error(lowrankSystemError, "bootstrap: getsockname: %s", strerror(errno));
+  *out = std::move(fd);
+  return Status::Ok();
+}
+
 Status makeUniqueId(lowrankUniqueId* id, double timeoutSec) {
   if (!id) return Status::Error(lowrankInvalidArgument, "makeUniqueId: null id");
   if (!(timeoutSec > 0))
@@ -106,21 +134,29 @@ Status makeUniqueId(lowrankUniqueId* id, double timeoutSec) {
   info.addr.sin_family = AF_INET;
   info.addr.sin_port = 0;
 
-  Fd fd(::socket(AF_INET, SOCK_STREAM, 0));
-  if (!fd.valid() || !setNonBlocking(fd.get()))
-    return Status::Error(lowrankSystemError, "bootstrap: socket: %s", strerror(errno));
-  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&info.addr), sizeof info.addr) != 0)
-    return Status::Error(lowrankSystemError, "bootstrap: bind %s (%s): %s",
-                         addrString(info.addr).c_str(), ifname.c_str(), strerror(errno));
-  if (::listen(fd.get(), SOMAXCONN) != 0)
-    return Status::Error(lowrankSystemError, "bootstrap: listen: %s", strerror(errno));
-  socklen_t len = sizeof info.addr;
-  if (::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&info.addr), &len) != 0)
-    return Status::Error(lowrankSystemError, "bootstrap: getsockname: %s", strerror(errno));
+  Fd fd;
+  LR_RETURN_IF_ERROR(listenOn(&info.addr, ifname, false, &fd));
   LR_INFO("bootstrap: root listening on %s (%s)", addrString(info.addr).c_str(), ifname.c_str());
 
   encodeUniqueId(info, id);
   return startServer(std::move(fd), info, timeoutSec);
+}
+
+Status socketInterfaceAddress(in_addr* addr, std::string* ifname) {
+  return chooseAddress(addr, ifname);
+}
+
+Status serveRootAt(const RootInfo& root, const sockaddr_in& bindAddr, double timeoutSec) {
+  if (!(timeoutSec > 0))
+    return Status::Error(lowrankInvalidArgument, "serveRootAt: timeout %g s, must be > 0", timeoutSec);
+  if (bindAddr.sin_family != AF_INET || bindAddr.sin_port == 0)
+    return Status::Error(lowrankInvalidArgument, "serveRootAt: the bind address needs a port");
+  sockaddr_in addr = bindAddr;
+  Fd fd;
+  LR_RETURN_IF_ERROR(listenOn(&addr, "root address " + addrString(root.addr), true, &fd));
+  LR_INFO("bootstrap: root listening on %s (comm ranks connect to %s)", addrString(addr).c_str(),
+          addrString(root.addr).c_str());
+  return startServer(std::move(fd), root, timeoutSec);
 }
 
 }  // namespace lowrank::bootstrap
