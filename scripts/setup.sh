@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Installs the Debian packages lowrank needs to build and test, only those missing.
+# Installs the Debian packages lowrank needs to build, only those missing. With --test, also what
+# the multi-process tests use: iproute2 (network namespaces as hosts) and Open MPI's mpirun.
 set -euo pipefail
 pkgs=(g++ meson ninja-build pkg-config python3 libucx-dev libgtest-dev libeigen3-dev nlohmann-json3-dev)
+[ "${1:-}" = "--test" ] && pkgs+=(iproute2 openmpi-bin)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,7 +1,11 @@
 // Every bad argument of every API function gives its documented error, and a clear message.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstring>
+#include <thread>
+#include <vector>
 #include <set>
 #include <string>
 
@@ -171,6 +175,62 @@ TEST(Api, AbortedCommunicatorIsFreedAndAbortUnblocksNothingPending) {
   lowrankComm_t c;
   ASSERT_EQ(lowrankCommInitRank(&c, 1, id, 0), lowrankSuccess);
   EXPECT_EQ(lowrankCommAbort(c), lowrankSuccess);
+}
+
+}  // namespace
+
+namespace {
+
+// A peer that never calls: the waiting rank times out, then its comm refuses further calls.
+TEST(Api, TimeoutThenTheCommunicatorRefusesCalls) {
+  lowrankConfig_t cfg = config(4);
+  cfg.timeoutSec = 1;
+  std::atomic<bool> done{false};
+  withComms(2, [&](int r, lowrankComm_t comm) {
+    if (r == 1) {  // alive, but never calls
+      while (!done) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      return;
+    }
+    std::vector<float> x(4096, 1.f);
+    const auto t0 = std::chrono::steady_clock::now();
+    EXPECT_EQ(lowrankAllReduce(x.data(), x.data(), x.size(), lowrankFloat32, lowrankSum, comm, nullptr),
+              lowrankTimeout);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_LT(s, 3.0);
+    EXPECT_NE(std::string(lowrankGetLastError(comm)).find("buffer"), std::string::npos)
+        << "the message names the buffer: " << lowrankGetLastError(comm);
+    EXPECT_EQ(lowrankAllReduce(x.data(), x.data(), x.size(), lowrankFloat32, lowrankSum, comm, nullptr),
+              lowrankInvalidUsage);
+    done = true;
+  }, cfg);
+}
+
+// lowrankCommAbort from another thread unblocks a call waiting for a peer that never comes.
+TEST(Api, AbortFromAnotherThreadUnblocksACallInProgress) {
+  lowrankUniqueId id;
+  ASSERT_EQ(lowrankGetUniqueId(&id), lowrankSuccess);
+  lowrankComm_t comms[2] = {nullptr, nullptr};
+  std::thread init1([&] { ASSERT_EQ(lowrankCommInitRank(&comms[1], 2, id, 1), lowrankSuccess); });
+  ASSERT_EQ(lowrankCommInitRank(&comms[0], 2, id, 0), lowrankSuccess);
+  init1.join();
+  std::atomic<bool> returned{false};
+  lowrankResult_t res = lowrankSuccess;
+  double waited = 0;
+  std::thread caller([&] {
+    std::vector<float> x(4096, 1.f);
+    const auto t0 = std::chrono::steady_clock::now();
+    res = lowrankAllReduce(x.data(), x.data(), x.size(), lowrankFloat32, lowrankSum, comms[0], nullptr);
+    waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    returned = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_FALSE(returned) << "the call should be waiting for comm rank 1";
+  EXPECT_EQ(lowrankCommAbort(comms[0]), lowrankSuccess);  // waits for the call to leave the comm
+  caller.join();
+  EXPECT_TRUE(returned);
+  EXPECT_EQ(res, lowrankRemoteError);
+  EXPECT_LT(waited, 5.0);  // the default timeout is 300 s: only the abort can have ended it
+  EXPECT_EQ(lowrankCommDestroy(comms[1]), lowrankSuccess);
 }
 
 }  // namespace
