@@ -235,6 +235,9 @@ typedef struct {
   size_t padded;        /* batched mode: rows*cols - count, elements of zero padding */
   int approxRank;       /* k in force for the largest compressed tensor (k clipped to min(n, m)) */
   size_t calls;         /* calls made on this buffer since its plan */
+  size_t pElements;     /* float32 elements of P (all compressed tensors) per call */
+  size_t qElements;     /* float32 elements of Q (all compressed tensors) per call */
+  size_t exactElements; /* elements allreduced exactly (1-D and incompressible tensors) per call */
 } lowrankBufferView_t;
 
 /* Reports the view of a buffer. A buffer never called has planned = 0 (lowrankSuccess).

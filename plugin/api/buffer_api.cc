@@ -62,6 +62,9 @@ LOWRANK_API lowrankResult_t lowrankBufferGetView(lowrankComm_t comm, const void*
   view->cols = p.cols;
   view->padded = p.padded;
   view->calls = st->calls;
+  view->pElements = p.pElems;
+  view->qElements = p.qElems;
+  view->exactElements = p.exactElems;
   return lowrankSuccess;
 }
 
