@@ -109,6 +109,10 @@ typedef struct {
   long long seed;       /* seed of the initial Q, the same on every comm rank; >= 0.
                            LOWRANK_SEED, default 0 */
   double timeoutSec;    /* bound on every wait for a peer, seconds, > 0. LOWRANK_TIMEOUT, default 300 */
+  int pipeline;         /* 0 or 1: overlap the factor allreduces with the compression passes, chunk
+                           by chunk (a progress thread drives the transport). LOWRANK_PIPELINE,
+                           default 1. Results agree with pipeline 0 to float rounding (the chunks
+                           change the order of the sums), and are identical on every comm rank. */
 } lowrankConfig_t;
 
 #define LOWRANK_CONFIG_INITIALIZER                                                              \
@@ -116,7 +120,7 @@ typedef struct {
     sizeof(lowrankConfig_t), LOWRANK_CONFIG_MAGIC, LOWRANK_VERSION_CODE,                        \
         LOWRANK_CONFIG_UNDEF_INT, LOWRANK_CONFIG_UNDEF_DOUBLE, LOWRANK_CONFIG_UNDEF_INT,        \
         LOWRANK_CONFIG_UNDEF_INT, LOWRANK_CONFIG_UNDEF_INT, LOWRANK_CONFIG_UNDEF_DOUBLE,        \
-        LOWRANK_CONFIG_UNDEF_SEED, LOWRANK_CONFIG_UNDEF_DOUBLE                                  \
+        LOWRANK_CONFIG_UNDEF_SEED, LOWRANK_CONFIG_UNDEF_DOUBLE, LOWRANK_CONFIG_UNDEF_INT        \
   }
 
 /* ---- Version and errors ------------------------------------------------------------------- */
@@ -238,6 +242,8 @@ typedef struct {
   size_t pElements;     /* float32 elements of P (all compressed tensors) per call */
   size_t qElements;     /* float32 elements of Q (all compressed tensors) per call */
   size_t exactElements; /* elements allreduced exactly (1-D and incompressible tensors) per call */
+  size_t chunks;        /* pipelined: chunks per phase (P by row blocks, Q by column blocks);
+                           0 when the buffer runs one phase after another */
 } lowrankBufferView_t;
 
 /* Reports the view of a buffer. A buffer never called has planned = 0 (lowrankSuccess).

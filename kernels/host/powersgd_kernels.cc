@@ -37,7 +37,7 @@ thread_local std::vector<float> tlsRows;
 template <typename T, bool add>
 inline const float* rowOfM(const T* __restrict g, float* __restrict e, const MatrixView& v,
                            size_t i, int slot, size_t* bad) {
-  const size_t len = v.rowLength(i), off = i * v.cols;
+  const size_t len = v.rowLength(i), off = i * v.stride();
   const T* gr = g + off;
   if (e) {
     float* er = e + off;
@@ -76,7 +76,7 @@ size_t pass1(const T* __restrict g, float* __restrict e, const MatrixView& v,
              const float* __restrict qt, int k, float* __restrict p) {
   size_t bad = 0;
   if (!e && !std::is_same_v<T, float>) tlsRows.resize(size_t(kBlock) * v.cols);
-  const size_t full = std::min(v.rows, v.valid / v.cols);  // rows with all their columns
+  const size_t full = v.fullRows();
   size_t i = 0;
   for (; i + kBlock <= full; i += kBlock) {
     const float* m[kBlock];
@@ -111,7 +111,7 @@ void pass2(const T* __restrict g, const float* __restrict e, const MatrixView& v
   std::memset(qt, 0, sizeof(float) * size_t(k) * v.cols);
   if (!e && !std::is_same_v<T, float>) tlsRows.resize(size_t(kBlock) * v.cols);
   float* em = const_cast<float*>(e);  // rowOfM<.., false> never writes
-  const size_t full = std::min(v.rows, v.valid / v.cols);
+  const size_t full = v.fullRows();
   size_t i = 0, none = 0;
   for (; i + kBlock <= full; i += kBlock) {
     const float* m[kBlock];
@@ -145,7 +145,7 @@ void pass3(float* __restrict e, const MatrixView& v, const float* __restrict p,
   std::vector<float>& a = tlsRows;
   a.resize(v.cols);
   for (size_t i = 0; i < v.rows; ++i) {
-    const size_t len = v.rowLength(i), off = i * v.cols;
+    const size_t len = v.rowLength(i), off = i * v.stride();
     if (len == 0) break;
     float* __restrict ar = a.data();
     const float p0 = p[i * k];

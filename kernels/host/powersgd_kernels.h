@@ -3,6 +3,8 @@
 //
 // Shapes: the matrix M is n x m, row-major, stored flat; a view may be padded (batched mode):
 // only its first `valid` elements exist, the rest count as zeros and are never read or written.
+// A view may also be a column block of a wider matrix (ld > cols): the pipelined schedule runs
+// pass 2 and 3 by column blocks, each with its own contiguous k x (block width) Qt.
 // P is n x k row-major; Q is m x k, stored transposed (Qt: k x m row-major) so that every inner
 // loop streams along a row of M. Method: Vogels et al., PowerSGD, NeurIPS 2019, Algorithm 1.
 // Memory traffic per float32 element with error feedback: pass 1 reads G, E and writes M (12 B),
@@ -16,11 +18,21 @@ namespace lowrank::host {
 
 struct MatrixView {
   size_t rows = 0, cols = 0;  // n x m
-  size_t valid = 0;           // elements that exist: n*m, or fewer when padded
+  size_t valid = 0;           // elements that exist, counted from the start: n*m, or fewer if padded
+  size_t ld = 0;              // row stride in the storage; 0 = cols. A column block of a wider
+                              // matrix has cols = block width, ld = full width.
+
+  size_t stride() const { return ld ? ld : cols; }
   // Elements of row i that exist (cols, fewer for the last valid row, 0 beyond).
   size_t rowLength(size_t i) const {
-    size_t start = i * cols;
+    size_t start = i * stride();
     return start >= valid ? 0 : (valid - start < cols ? valid - start : cols);
+  }
+  // Rows whose every column exists.
+  size_t fullRows() const {
+    if (valid < cols) return 0;
+    size_t f = (valid - cols) / stride() + 1;
+    return f < rows ? f : rows;
   }
 };
 

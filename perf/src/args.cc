@@ -65,6 +65,9 @@ namespace {
       "      --step <prefix>       file prefix in --gradients (default: the first found)\n"
       "      --rounds <n>          calls summed for cumrelerr (default 10)\n"
       "      --seed <n>            seed of the synthetic inputs (default 0)\n"
+      "      --triad-mib <n>       MiB per array of the triad measured at start (default 64;\n"
+      "                            0: no triad, no bandwidth bound)\n"
+      "      --phases <0/1>        measure compute_us and comm_us, each alone (default 1)\n"
       "  -h, --help                this help\n");
   std::exit(status);
 }
@@ -106,7 +109,7 @@ std::string flagName(char** argv, int opt) {
   return w.substr(0, w.find('='));
 }
 
-enum LongOnly { kGradients = 1000, kStep, kRounds, kSeed };
+enum LongOnly { kGradients = 1000, kStep, kRounds, kSeed, kTriadMib, kPhases };
 
 }  // namespace
 
@@ -134,6 +137,8 @@ Args parseArgs(int argc, char** argv) {
       {"step", required_argument, nullptr, kStep},
       {"rounds", required_argument, nullptr, kRounds},
       {"seed", required_argument, nullptr, kSeed},
+      {"triad-mib", required_argument, nullptr, kTriadMib},
+      {"phases", required_argument, nullptr, kPhases},
       {"help", no_argument, nullptr, 'h'},
       // nccl-tests flags accepted and ignored
       {"ngpus", required_argument, nullptr, 'g'},
@@ -221,6 +226,10 @@ Args parseArgs(int argc, char** argv) {
       case kSeed:
         a.seed = static_cast<uint64_t>(parseInt("--seed", optarg, 0, 0x7fffffffffffffffL));
         break;
+      case kTriadMib:
+        a.triadMib = static_cast<size_t>(parseInt("--triad-mib", optarg, 0, 1 << 16));
+        break;
+      case kPhases: a.phases = parseInt("--phases", optarg, 0, 1) != 0; break;
       case 'h': usage(stdout, 0);
       case 'g': case 'a': case 'm': case 'p': case 'z': case 'G': case 'C': case 'R': case 'T':
       case 'N': case 'u': case 'y': case 'r': case 'x':

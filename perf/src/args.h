@@ -31,6 +31,8 @@ struct Args {
   std::string step;  // file prefix; empty: the first <prefix>_worker0.safetensors found
   int rounds = 10;
   uint64_t seed = 0;  // synthetic inputs (not the library's LOWRANK_SEED)
+  size_t triadMib = 64;  // MiB per triad array (three arrays); 0: no triad, no bound
+  bool phases = true;    // measure compute_us and comm_us (each phase alone) per row
   std::string commandLine;
 };
 

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -18,6 +19,7 @@
 #include "metrics.h"
 #include "report.h"
 #include "safetensors.h"
+#include "triad.h"
 
 namespace perf {
 
@@ -89,6 +91,9 @@ class Bench {
   };
 
   void makeComms();
+  void measureTriad();
+  void measurePhases(const Case& c, Mode mode, Row& row);
+  double timedLoop(int warmup, int iters, const std::function<void()>& body);
   void allocateFor(size_t maxCount, size_t maxTypeSize);
   void prepareReference(const Case& c);
   Row runMode(Case& c, Mode mode);
@@ -107,6 +112,8 @@ class Bench {
   Harness& h_;
   const Args& a_;
   lowrankComm_t commExact_ = nullptr, commK_ = nullptr;
+  lowrankComm_t commSolo_ = nullptr;  // this comm rank alone (1 rank, approxRank k): compute_us
+  TriadResult triad_;
   Buffer send_, recv_, ref_, acc_, tmpSend_, tmpRecv_;
   std::optional<Gradients> grads_;
   int startIter_ = 0;
@@ -142,6 +149,7 @@ int Bench::run() {
     types_ = a_.types;
   }
   makeComms();
+  measureTriad();
 
   if (root) {
     int version = 0;
@@ -163,6 +171,16 @@ int Bench::run() {
                   "start iter %d, min compression rate %g",
                   version, h_.nranks(), h_.kind(), a_.approxRank, a_.rounds, startIter_, rate_);
     report_->note(line);
+    if (triad_.alone && triad_.shared) {
+      std::snprintf(line, sizeof line,
+                    "triad: %.2f GB/s (a = b + s*c, float32, 3 x %zu MiB, 1 thread alone, best of "
+                    "5); %.2f GB/s per comm rank with %d running it at once",
+                    *triad_.alone, a_.triadMib, *triad_.shared, triad_.concurrent);
+      report_->note(line);
+    } else {
+      report_->note("triad: not measured (--triad-mib 0): no bandwidth bound");
+    }
+    report_->setTriad(triad_);
     if (grads_) {
       size_t ncomp = 0;
       for (const auto& s : grads_->shapes) {
@@ -250,6 +268,7 @@ int Bench::run() {
     if (oob) status = 1;
   }
   h_.barrier();
+  if (commSolo_) lowrankCommDestroy(commSolo_);
   if (commK_) lowrankCommDestroy(commK_);
   if (commExact_) lowrankCommDestroy(commExact_);
   return status;
@@ -263,7 +282,134 @@ void Bench::makeComms() {
     lowrankConfig_t cfgK = LOWRANK_CONFIG_INITIALIZER;
     cfgK.approxRank = a_.approxRank;
     h_.check(h_.commInit(&cfgK, &commK_), nullptr, "lowrankCommInitRankConfig (powersgd)");
+    if (a_.phases) {
+      // compute_us: the same compressed allreduce on a communicator of this comm rank alone (the
+      // transport has nothing to do for one rank), every comm rank at once. Not collective.
+      lowrankUniqueId id;
+      h_.check(lowrankGetUniqueId(&id), nullptr, "lowrankGetUniqueId (1-rank communicator)");
+      lowrankConfig_t cfgSolo = LOWRANK_CONFIG_INITIALIZER;
+      cfgSolo.approxRank = a_.approxRank;
+      h_.check(lowrankCommInitRankConfig(&commSolo_, 1, id, 0, &cfgSolo), nullptr,
+               "lowrankCommInitRankConfig (1-rank communicator)");
+    }
   }
+}
+
+void Bench::measureTriad() {
+  if (a_.triadMib == 0) return;
+  constexpr int kRepeats = 5;
+  auto t = std::make_unique<Triad>(a_.triadMib);
+  if (h_.minU64(t->ok() ? 1 : 0) == 0) h_.fail("out of memory for the triad's arrays");
+  // Alone: one thread on an otherwise idle machine (as far as this run goes). Threads: comm rank 0
+  // measures while the others wait. Processes (maybe on one machine): each in turn.
+  const bool processes = std::string(h_.kind()) == "processes";
+  for (int r = 0; r < (processes ? h_.nranks() : 1); ++r) {
+    h_.barrier();
+    if (h_.rank() == r) {
+      double best = 1e30;
+      for (int i = 0; i < kRepeats; ++i) best = std::min(best, t->once());
+      triad_.alone = t->bytesPerPass() / best / 1e9;
+    }
+  }
+  // Shared: every comm rank at once, as their compute runs: kRepeats passes between two barriers,
+  // best of 3 such rounds; the bandwidth one comm rank gets, the smallest over the ranks.
+  double bestShared = 0;
+  for (int round = 0; round < 3; ++round) {
+    h_.barrier();
+    const auto t0 = Clock::now();
+    for (int i = 0; i < kRepeats; ++i) t->once();
+    h_.barrier();
+    bestShared = std::max(bestShared, kRepeats * t->bytesPerPass() / secondsSince(t0) / 1e9);
+  }
+  triad_.shared = -h_.maxDouble(-bestShared);
+  triad_.concurrent = h_.nranks();
+  h_.barrier();
+}
+
+double Bench::timedLoop(int warmup, int iters, const std::function<void()>& body) {
+  for (int i = 0; i < warmup; ++i) body();
+  h_.barrier();
+  const auto t0 = Clock::now();
+  for (int i = 0; i < iters; ++i) body();
+  return h_.maxDouble(secondsSince(t0) / iters);
+}
+
+void Bench::measurePhases(const Case& c, Mode mode, Row& row) {
+  const double ts = static_cast<double>(typeSize(c.type));
+  auto setBound = [&](double bytes) {
+    if (!triad_.shared || !triad_.alone || !row.computeUs) return;
+    row.boundUs = bytes / (*triad_.shared * 1e9) * 1e6;
+    row.boundAloneUs = bytes / (*triad_.alone * 1e9) * 1e6;
+    if (*row.computeUs > 0) row.computeEff = *row.boundUs / *row.computeUs;
+  };
+  const bool compressed = mode == Mode::PowerSgd && a_.approxRank > 0 &&
+                          compressible(c.type, c.op) && commSolo_;
+  if (mode == Mode::Fp16) {
+    // compute: the two casts alone; comm: the half allreduce alone
+    float* out = static_cast<float*>(recv_.get());
+    uint16_t* hs = static_cast<uint16_t*>(tmpSend_.get());
+    uint16_t* hr = static_cast<uint16_t*>(tmpRecv_.get());
+    row.computeUs = 1e6 * timedLoop(1, a_.iters, [&] {
+      floatToHalfN(static_cast<const float*>(send_.get()), hs, c.count);
+      halfToFloatN(hr, out, c.count);
+    });
+    row.commUs = 1e6 * timedLoop(1, a_.iters, [&] {
+      h_.check(lowrankAllReduce(hs, hr, c.count, lowrankFloat16, c.op, commExact_, nullptr),
+               commExact_, "lowrankAllReduce (fp16 comm phase)");
+    });
+    setBound(12.0 * static_cast<double>(c.count));  // read 4 write 2, read 2 write 4
+    return;
+  }
+  if (!compressed) {  // exact: no compute, the allreduce is all communication
+    row.computeUs = 0.0;
+    row.commUs = row.outOfPlace.timeUs;
+    return;
+  }
+  lowrankBufferView_t v{};
+  h_.check(lowrankBufferGetView(commK_, recv_.get(), &v), commK_, "lowrankBufferGetView");
+  if (h_.minU64(v.planned ? 1 : 0) == 0) return;
+  row.pElements = v.pElements;
+  row.qElements = v.qElements;
+  row.exactElements = v.exactElements;
+
+  // compute: the same call on this comm rank's own 1-rank communicator, all comm ranks at once
+  lowrankStats_t s0{}, s1{};
+  h_.check(lowrankGetStats(commSolo_, &s0), commSolo_, "lowrankGetStats");
+  const double computeSec =
+      timedLoop(std::max(a_.warmup, startIter_ + 1), a_.iters, [&] {
+        h_.check(lowrankAllReduce(send_.get(), recv_.get(), c.count, c.type, c.op, commSolo_,
+                                  nullptr),
+                 commSolo_, "lowrankAllReduce (1-rank communicator, compute phase)");
+      });
+  h_.check(lowrankGetStats(commSolo_, &s1), commSolo_, "lowrankGetStats");
+  const uint64_t needed = static_cast<uint64_t>(a_.iters);
+  if (h_.minU64(s1.compressedCalls - s0.compressedCalls) >= needed) {
+    row.computeUs = 1e6 * computeSec;
+  } else if (h_.rank() == 0) {
+    std::fprintf(stderr,
+                 "lowrank_allreduce_perf: warning: the 1-rank communicator did not compress "
+                 "every timed call: no compute_us\n");
+  }
+
+  // comm: the factor payload alone, exact float32 allreduces on the real communicator: the exact
+  // part with P (+1: the flag carried with P), then Q, back to back
+  const size_t n1 = v.pElements + v.exactElements + 1, n2 = v.qElements;
+  std::vector<float> f1(n1, 1.f), f2(std::max<size_t>(n2, 1), 1.f);
+  row.commUs = 1e6 * timedLoop(std::max(1, std::min(a_.warmup, 3)), a_.iters, [&] {
+    h_.check(lowrankAllReduce(f1.data(), f1.data(), n1, lowrankFloat32, lowrankSum, commExact_,
+                              nullptr),
+             commExact_, "lowrankAllReduce (comm phase, P + exact part)");
+    if (n2)
+      h_.check(lowrankAllReduce(f2.data(), f2.data(), n2, lowrankFloat32, lowrankSum, commExact_,
+                                nullptr),
+               commExact_, "lowrankAllReduce (comm phase, Q)");
+  });
+
+  // bound: 3 fused passes over the compressed elements (G and E read, M written; M read; M read,
+  // E and out written: 20 B of float32 state + 2 x the dtype's size), the exact part read + written
+  const double exactEl = static_cast<double>(v.exactElements);
+  const double compEl = static_cast<double>(c.count) - exactEl;
+  setBound(compEl * (20.0 + 2.0 * ts) + exactEl * 2.0 * ts);
 }
 
 void Bench::allocateFor(size_t maxCount, size_t maxTs) {
@@ -290,6 +436,10 @@ void Bench::allocateFor(size_t maxCount, size_t maxTs) {
     h_.check(lowrankBufferSetLayout(commK_, recv_.get(), static_cast<int>(ndims.size()),
                                     ndims.data(), shapes.data()),
              commK_, "lowrankBufferSetLayout");
+    if (commSolo_)
+      h_.check(lowrankBufferSetLayout(commSolo_, recv_.get(), static_cast<int>(ndims.size()),
+                                      ndims.data(), shapes.data()),
+               commSolo_, "lowrankBufferSetLayout (1-rank communicator)");
   }
 }
 
@@ -414,6 +564,9 @@ Row Bench::runMode(Case& c, Mode mode) {
     inPlaceSec += secondsSince(t0);
   }
   fill(row.inPlace, h_.maxDouble(inPlaceSec / a_.iters));
+
+  // ---- each phase alone: compute_us, comm_us, and the bandwidth bound of the compute
+  if (a_.phases) measurePhases(c, mode, row);
 
   // Rows whose answer is exact up to the tolerance: synthetic rank-k inputs, or modes that do not
   // approximate. Only those count #wrong; an approximation of real gradients shows N/A there.

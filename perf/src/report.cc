@@ -41,16 +41,20 @@ void Report::note(const std::string& line) { std::fprintf(out_, "# %s\n", line.c
 void Report::header() {
   std::fprintf(out_, "#\n");
   std::fprintf(out_,
-      "# %10s  %12s  %8s  %6s  %6s  %-31s  %-31s  %-8s %3s %8s %8s %8s %8s\n", "", "", "", "",
-      "", "            out-of-place", "              in-place", "", "", "", "", "", "");
+      "# %10s  %12s  %8s  %6s  %6s  %-31s  %-31s  %-8s %3s %8s %8s %8s %8s %9s %9s %9s %5s\n", "",
+      "", "", "", "", "            out-of-place", "              in-place", "", "", "", "", "",
+      "", "", "", "", "");
   std::fprintf(out_,
-      "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s  %-8s %3s %8s %8s %8s %8s\n",
+      "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s  %-8s %3s %8s %8s %8s "
+      "%8s %9s %9s %9s %5s\n",
       "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time",
-      "algbw", "busbw", "#wrong", "mode", "k", "ratio", "relerr", "cumrel", "opt");
+      "algbw", "busbw", "#wrong", "mode", "k", "ratio", "relerr", "cumrel", "opt", "compute",
+      "comm", "bound", "eff");
   std::fprintf(out_,
-      "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s  %-8s %3s %8s %8s %8s %8s\n",
+      "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s  %-8s %3s %8s %8s %8s "
+      "%8s %9s %9s %9s %5s\n",
       "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)",
-      "", "", "", "", "", "", "");
+      "", "", "", "", "", "", "", "(us)", "(us)", "(us)", "");
   std::fflush(out_);
 }
 
@@ -58,12 +62,14 @@ void Report::row(const Row& r) {
   rows_.push_back(r);
   std::fprintf(out_,
       "  %10zu  %12zu  %8s  %6s  %6d  %7.2f  %6.2f  %6.2f  %6s  %7.2f  %6.2f  %6.2f  %6s  %-8s %3d "
-      "%8s %8s %8s %8s\n",
+      "%8s %8s %8s %8s %9s %9s %9s %5s\n",
       r.size, r.count, typeName(r.type), opName(r.op), -1, r.outOfPlace.timeUs, r.outOfPlace.algBw,
       r.outOfPlace.busBw, fmtWrong(r.outOfPlace.nwrong).c_str(), r.inPlace.timeUs, r.inPlace.algBw,
       r.inPlace.busBw, fmtWrong(r.inPlace.nwrong).c_str(), modeName(r.mode), r.k,
       fmtOpt(r.ratio, "%.2f").c_str(), fmtOpt(r.relerr, "%.4f").c_str(),
-      fmtOpt(r.cumrelerr, "%.4f").c_str(), fmtOpt(r.relerrOpt, "%.4f").c_str());
+      fmtOpt(r.cumrelerr, "%.4f").c_str(), fmtOpt(r.relerrOpt, "%.4f").c_str(),
+      fmtOpt(r.computeUs, "%.1f").c_str(), fmtOpt(r.commUs, "%.1f").c_str(),
+      fmtOpt(r.boundUs, "%.1f").c_str(), fmtOpt(r.computeEff, "%.2f").c_str());
   std::fflush(out_);
 }
 
@@ -89,6 +95,9 @@ bool Report::writeJson(const std::string& path, const Args& args, int nranks) co
   j["command_line"] = args.commandLine;
   j["nranks"] = nranks;
   j["rounds"] = args.rounds;
+  j["triad_gbps"] = orNull(triad_.alone);
+  j["triad_shared_gbps"] = orNull(triad_.shared);
+  j["triad_concurrent_ranks"] = triad_.concurrent;
   nlohmann::ordered_json results = nlohmann::ordered_json::array();
   for (const auto& r : rows_) {
     nlohmann::ordered_json e;
@@ -108,6 +117,14 @@ bool Report::writeJson(const std::string& path, const Args& args, int nranks) co
     l["cumrelerr"] = orNull(r.cumrelerr);
     l["relerr_opt"] = orNull(r.relerrOpt);
     l["expect_exact"] = r.expectExact;
+    l["compute_us"] = orNull(r.computeUs);
+    l["comm_us"] = orNull(r.commUs);
+    l["bound_us"] = orNull(r.boundUs);
+    l["bound_alone_us"] = orNull(r.boundAloneUs);
+    l["compute_eff"] = orNull(r.computeEff);
+    l["p_elements"] = orNull(r.pElements);
+    l["q_elements"] = orNull(r.qElements);
+    l["exact_elements"] = orNull(r.exactElements);
     e["lowrank"] = l;
     results.push_back(e);
   }

@@ -30,6 +30,17 @@ struct Row {
   std::optional<uint64_t> wireBytes;
   std::optional<double> ratio, relerr, cumrelerr, relerrOpt;
   bool expectExact = false;  // #wrong counts as out of bounds (inputs with an exact answer)
+  // Each phase alone (bench.cc): compute on 1-rank communicators, comm = the payload's exact
+  // allreduces; the bandwidth bound of the compute and the fraction of it reached.
+  std::optional<double> computeUs, commUs, boundUs, boundAloneUs, computeEff;
+  std::optional<uint64_t> pElements, qElements, exactElements;
+};
+
+// The triad measured at start (GB/s, 12 B per element); nullopt when not measured.
+struct TriadResult {
+  std::optional<double> alone;   // this process's rank 0 alone on the machine (1 thread)
+  std::optional<double> shared;  // per comm rank, all comm ranks running it at once (min over ranks)
+  int concurrent = 1;            // comm ranks that ran it at once
 };
 
 class Report {
@@ -37,6 +48,7 @@ class Report {
   explicit Report(FILE* out) : out_(out) {}
   // Free-form '#' lines before the table.
   void note(const std::string& line);
+  void setTriad(const TriadResult& t) { triad_ = t; }
   void header();
   void row(const Row& r);
   // Prints the footer; returns the out-of-bounds count (#wrong of rows that expect exactness).
@@ -47,6 +59,7 @@ class Report {
  private:
   FILE* out_;
   std::vector<Row> rows_;
+  TriadResult triad_;
   uint64_t outOfBounds_ = 0;
   double avgBusBw_ = 0;
 };

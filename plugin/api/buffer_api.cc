@@ -65,6 +65,7 @@ LOWRANK_API lowrankResult_t lowrankBufferGetView(lowrankComm_t comm, const void*
   view->pElements = p.pElems;
   view->qElements = p.qElems;
   view->exactElements = p.exactElems;
+  view->chunks = p.pChunks.size();
   return lowrankSuccess;
 }
 

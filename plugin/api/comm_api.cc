@@ -33,8 +33,10 @@ LOWRANK_API lowrankResult_t lowrankCommInitRankConfig(lowrankComm_t* comm, int n
                   "lowrankCommInitRank: rank %d is not in [0, %d)", rank, nranks);
     auto c = std::make_unique<lowrankComm>();
     Status s = lowrank::api::resolveConfig(config, &c->cfg);
-    if (s.ok()) s = lowrank::createUcxTransport(uniqueId, rank, nranks, c->cfg.timeoutSec, &c->transport);
+    std::unique_ptr<lowrank::Transport> ucx;
+    if (s.ok()) s = lowrank::createUcxTransport(uniqueId, rank, nranks, c->cfg.timeoutSec, &ucx);
     if (!s.ok()) return fail(nullptr, s);
+    c->transport = std::make_unique<lowrank::AsyncTransport>(std::move(ucx));
     c->rank = rank;
     c->nranks = nranks;
     lowrank::api::logConfig(c->cfg, rank, nranks);

@@ -100,6 +100,10 @@ Status resolveConfig(const lowrankConfig_t* user, EngineConfig* out) {
   LR_RETURN_IF_ERROR(envDouble("LOWRANK_ORTHO_EPSILON", 0, false, &c.orthoEpsilon));
   LR_RETURN_IF_ERROR(envSeed("LOWRANK_SEED", &c.seed));
   LR_RETURN_IF_ERROR(envDouble("LOWRANK_TIMEOUT", 0, true, &c.timeoutSec));
+  LR_RETURN_IF_ERROR(envBool("LOWRANK_PIPELINE", &c.pipeline));
+  int chunk = int(c.pipelineChunk);
+  LR_RETURN_IF_ERROR(envInt("LOWRANK_PIPELINE_CHUNK", 1, 1 << 30, &chunk));
+  c.pipelineChunk = uint64_t(chunk);
   if (user) {
     if (user->size != sizeof(lowrankConfig_t) || user->magic != LOWRANK_CONFIG_MAGIC)
       return Status::Error(lowrankInvalidArgument,
@@ -139,6 +143,10 @@ Status resolveConfig(const lowrankConfig_t* user, EngineConfig* out) {
       if (!(u.timeoutSec > 0) || !std::isfinite(u.timeoutSec)) return argError("timeoutSec", "> 0");
       c.timeoutSec = u.timeoutSec;
     }
+    if (u.pipeline != LOWRANK_CONFIG_UNDEF_INT) {
+      if (u.pipeline != 0 && u.pipeline != 1) return argError("pipeline", "0 or 1");
+      c.pipeline = u.pipeline;
+    }
   }
   *out = c;
   return Status::Ok();
@@ -146,9 +154,11 @@ Status resolveConfig(const lowrankConfig_t* user, EngineConfig* out) {
 
 void logConfig(const EngineConfig& c, int rank, int nranks) {
   LR_INFO("comm rank %d/%d: approxRank %d, minCompressionRate %g, startIter %d, errorFeedback %d, "
-          "warmStart %d, orthoEpsilon %g, seed %llu, timeout %g s",
+          "warmStart %d, orthoEpsilon %g, seed %llu, timeout %g s, pipeline %d (chunk %llu "
+          "elements)",
           rank, nranks, c.approxRank, c.minCompressionRate, c.startIter, int(c.errorFeedback),
-          int(c.warmStart), c.orthoEpsilon, (unsigned long long)c.seed, c.timeoutSec);
+          int(c.warmStart), c.orthoEpsilon, (unsigned long long)c.seed, c.timeoutSec,
+          int(c.pipeline), (unsigned long long)c.pipelineChunk);
 }
 
 }  // namespace lowrank::api

@@ -37,8 +37,9 @@ Status planBuffer(lowrankComm* comm, BufferState& st, size_t count, lowrankDataT
                          buf, count, dtypeName(dtype), opName(op));
   try {
     if (comm->cfg.errorFeedback) st.error.assign(count, 0.f);
-    st.payload.assign(plan.pElems + plan.exactElems + 1, 0.f);
+    st.payload.assign(plan.payloadElems(), 0.f);
     st.qt.assign(plan.qElems, 0.f);
+    if (plan.pipelined) st.qwire.assign(plan.qElems, 0.f);
   } catch (const std::bad_alloc&) {
     st.reset();
     return Status::Error(lowrankSystemError, "buffer %p: cannot allocate state for %zu elements",
@@ -47,10 +48,10 @@ Status planBuffer(lowrankComm* comm, BufferState& st, size_t count, lowrankDataT
   st.plan = std::move(plan);
   st.planned = true;
   LR_INFO("buffer %p planned: count %zu %s, %s, %zu tensors (%zu compressed elements), P %zu Q %zu "
-          "exact %zu",
+          "exact %zu, %s",
           buf, count, dtypeName(dtype), st.plan.perTensor ? "per-tensor" : "batched",
           st.plan.tensors.size(), st.plan.compressedElems, st.plan.pElems, st.plan.qElems,
-          st.plan.exactElems);
+          st.plan.exactElems, st.plan.pipelined ? "pipelined" : "one phase after another");
   return Status::Ok();
 }
 
@@ -68,7 +69,9 @@ Status compressedAllReduce(lowrankComm* comm, const void* send, void* recv, size
   if (pl.compressedElems == 0 || warmup) return exactAllReduce(comm, send, recv, count, dtype, op);
 
   CompressedResult r;
-  Status s = runCompressed(st, comm->cfg, send, recv, op, *comm->transport, &r);
+  Status s = pl.pipelined
+                 ? runPipelined(st, comm->cfg, send, recv, op, *comm->transport, &r)
+                 : runCompressed(st, comm->cfg, send, recv, op, *comm->transport, &r);
   if (!s.ok()) {
     st.reset();  // E may hold M: never keep a half-updated state
     return s;

@@ -9,12 +9,13 @@ void BufferState::reset() {
   std::vector<float>().swap(error);
   std::vector<float>().swap(payload);
   std::vector<float>().swap(qt);
+  std::vector<float>().swap(qwire);
   haveQ = false;
   calls = 0;
 }
 
 size_t BufferState::bytes() const {
-  return sizeof(float) * (error.capacity() + payload.capacity() + qt.capacity());
+  return sizeof(float) * (error.capacity() + payload.capacity() + qt.capacity() + qwire.capacity());
 }
 
 BufferState* BufferRegistry::find(const void* buf) {

@@ -16,8 +16,9 @@ struct BufferState {
   bool planned = false;
   Plan plan;
   std::vector<float> error;      // E, count floats, when error feedback is on
-  std::vector<float> payload;    // allreduce #1: P of every compressed tensor | exact part | flag
+  std::vector<float> payload;    // allreduce #1: exact part | P of every compressed tensor | flag
   std::vector<float> qt;         // allreduce #2: Q^T of every compressed tensor; after the call, Qbar
+  std::vector<float> qwire;      // pipelined: Q^T by column blocks, as the Q chunks travel
   bool haveQ = false;            // qt holds a Qbar from an earlier call (warm start)
   uint64_t calls = 0;            // calls since the plan was made
 

@@ -9,11 +9,11 @@
 
 #include "engine/buffer_state.h"
 #include "engine/engine_config.h"
-#include "transport/transport.h"
+#include "transport/async_transport.h"
 
 struct lowrankComm {
   lowrank::EngineConfig cfg;
-  std::unique_ptr<lowrank::Transport> transport;
+  std::unique_ptr<lowrank::AsyncTransport> transport;
   lowrank::BufferRegistry buffers;
   int rank = 0, nranks = 1;
 

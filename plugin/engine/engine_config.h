@@ -14,6 +14,8 @@ struct EngineConfig {
   double orthoEpsilon = 0;         // Gram-Schmidt epsilon, as PyTorch's orthogonalization_epsilon
   uint64_t seed = 0;               // initial Q, the same on every comm rank
   double timeoutSec = 300;         // bound on every wait for a peer
+  bool pipeline = true;            // overlap factor allreduces with compute, chunk by chunk
+  uint64_t pipelineChunk = 1u << 21;  // elements of M per chunk (LOWRANK_PIPELINE_CHUNK)
 };
 
 }  // namespace lowrank

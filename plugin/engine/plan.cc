@@ -35,6 +35,55 @@ void addCompressed(Plan& p, TensorPlan t, const EngineConfig& cfg) {
   p.tensors.push_back(t);
 }
 
+// Splits every compressed tensor into row blocks (P) and column blocks (Q) of at most `target`
+// elements of M, and groups consecutive blocks into chunks of about `target` elements.
+void makeChunks(Plan& p, size_t target) {
+  Chunk pc, qc;
+  size_t pElems = 0, qElems = 0, wire = 0;
+  auto closeP = [&](bool force) {
+    if (pc.last > pc.first && (force || pElems >= target)) {
+      p.pChunks.push_back(pc);
+      pc = Chunk{pc.last, pc.last, pc.offset + pc.count, 0};
+      pElems = 0;
+    }
+  };
+  auto closeQ = [&](bool force) {
+    if (qc.last > qc.first && (force || qElems >= target)) {
+      p.qChunks.push_back(qc);
+      qc = Chunk{qc.last, qc.last, qc.offset + qc.count, 0};
+      qElems = 0;
+    }
+  };
+  pc.offset = p.pBase();
+  for (size_t t = 0; t < p.tensors.size(); ++t) {
+    TensorPlan& tp = p.tensors[t];
+    if (!tp.compressed) continue;
+    const size_t n = tp.view.rows, m = tp.view.cols, k = size_t(tp.k);
+    const size_t rowsPer = std::max<size_t>(1, target / m), colsPer = std::max<size_t>(1, target / n);
+    for (size_t r0 = 0; r0 < n; r0 += rowsPer) {
+      const size_t r1 = std::min(n, r0 + rowsPer);
+      p.rowBlocks.push_back({t, r0, r1});
+      ++pc.last;
+      pc.count += (r1 - r0) * k;
+      pElems += (r1 - r0) * m;
+      closeP(false);
+    }
+    tp.lastPChunk = p.pChunks.size() - (pc.last > pc.first ? 0 : 1);
+    for (size_t c0 = 0; c0 < m; c0 += colsPer) {
+      const size_t c1 = std::min(m, c0 + colsPer);
+      p.colBlocks.push_back({t, c0, c1, wire});
+      wire += (c1 - c0) * k;
+      ++qc.last;
+      qc.count += (c1 - c0) * k;
+      qElems += (c1 - c0) * n;
+      closeQ(false);
+    }
+  }
+  closeP(true);
+  closeQ(true);
+  p.pChunks.back().count += 1;  // the non-finite count rides in the last P chunk
+}
+
 }  // namespace
 
 host::MatrixView batchedView(size_t count) {
@@ -107,7 +156,14 @@ Status makePlan(size_t count, lowrankDataType_t dtype, lowrankRedOp_t op, const 
     p.padded = t.view.rows * t.view.cols - count;
     addCompressed(p, t, cfg);
   }
-  p.hash = h;
+  // Pipeline when there are at least two chunks' worth of compressed elements. The chunking
+  // decides the allreduces, so it is part of what the ranks must agree on.
+  if (cfg.pipeline && p.compressedElems >= 2 * cfg.pipelineChunk) {
+    p.pipelined = true;
+    makeChunks(p, size_t(cfg.pipelineChunk));
+    h = mix(h, cfg.pipelineChunk);
+  }
+  p.hash = mix(h, p.pipelined);
   *out = std::move(p);
   return Status::Ok();
 }

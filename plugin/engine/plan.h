@@ -22,9 +22,20 @@ struct TensorPlan {
   bool compressed = false;
   host::MatrixView view;  // compressed: (shape[0], prod(shape[1:])), or the batched view
   int k = 0;             // approximation rank, clipped to min(n, m)
-  size_t pOffset = 0;    // compressed: P at payload[pOffset .. + n k)
+  size_t pOffset = 0;    // compressed: P at payload[exactElems + pOffset .. + n k)
   size_t qOffset = 0;    // compressed: Qt at qt[qOffset .. + k m)
-  size_t exactOffset = 0;  // exact: at payload[pElems + exactOffset .. + numel)
+  size_t exactOffset = 0;  // exact: at payload[exactOffset .. + numel)
+  size_t lastPChunk = 0;   // pipelined: the P chunk that completes this tensor's P
+};
+
+// Pipelined schedule (plan.pipelined): P by row blocks, Q and decompression by column blocks,
+// grouped in chunks of about EngineConfig::pipelineChunk elements of M; each chunk's factors are
+// one contiguous slice, allreduced while the next chunk is computed.
+struct RowBlock { size_t tensor, r0, r1; };
+struct ColBlock { size_t tensor, c0, c1, wireOffset; };  // its Qt (k x (c1 - c0)) at qwire[wireOffset]
+struct Chunk {
+  size_t first = 0, last = 0;     // blocks [first, last)
+  size_t offset = 0, count = 0;   // the slice allreduced: payload (P chunks) or qwire (Q chunks)
 };
 
 struct Plan {
@@ -35,6 +46,16 @@ struct Plan {
   size_t pElems = 0, qElems = 0, exactElems = 0, compressedElems = 0;
   size_t rows = 0, cols = 0, padded = 0;  // batched view (0 in per-tensor mode)
   uint64_t hash = 0;  // of (count, dtype, op, layout, k): ranks compare it when the plan is made
+
+  // Payload of allreduce #1: [exact part | P of every compressed tensor | non-finite count].
+  size_t pBase() const { return exactElems; }
+  size_t flagIndex() const { return exactElems + pElems; }
+  size_t payloadElems() const { return exactElems + pElems + 1; }
+
+  bool pipelined = false;
+  std::vector<RowBlock> rowBlocks;
+  std::vector<ColBlock> colBlocks;
+  std::vector<Chunk> pChunks, qChunks;  // the last P chunk also carries the non-finite count
 };
 
 // The batched view of `count` elements: n x m with n * m = count, n <= m <= 4 n, n as large as

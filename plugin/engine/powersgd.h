@@ -7,6 +7,7 @@
 #pragma once
 #include "engine/buffer_state.h"
 #include "engine/engine_config.h"
+#include "transport/async_transport.h"
 #include "transport/transport.h"
 
 namespace lowrank {
@@ -15,7 +16,16 @@ struct CompressedResult {
   bool fellBack = false;  // some rank's input was non-finite: the caller must do an exact call
 };
 
+// The unpipelined schedule (LOWRANK_PIPELINE=0, or a buffer too small to chunk): two allreduces.
 Status runCompressed(BufferState& st, const EngineConfig& cfg, const void* sendbuff, void* recvbuff,
                      lowrankRedOp_t op, Transport& transport, CompressedResult* result);
+
+// The pipelined schedule of a plan with chunks (plan.pipelined), plugin/engine/pipeline.cc:
+//   exact part posted first; pass 1 by row blocks, each P chunk posted as soon as computed;
+//   each tensor orthonormalized once its last P chunk is reduced; pass 2 by column blocks, each Q
+//   chunk posted as soon as computed; then, chunk by chunk as Q arrives, Qbar and pass 3.
+// The progress thread of `transport` reduces chunk c while the caller computes chunk c + 1.
+Status runPipelined(BufferState& st, const EngineConfig& cfg, const void* sendbuff, void* recvbuff,
+                    lowrankRedOp_t op, AsyncTransport& transport, CompressedResult* result);
 
 }  // namespace lowrank

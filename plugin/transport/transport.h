@@ -35,7 +35,7 @@ class Transport {
   // Marks the transport failed; any thread may call it, any time.
   virtual void abort() = 0;
 
-  const TransportCounters& counters() const { return counters_; }
+  virtual const TransportCounters& counters() const { return counters_; }
 
  protected:
   TransportCounters counters_;

@@ -157,3 +157,39 @@ TEST(Passes, InPlaceDecompressOverwritesInput) {
 }
 
 }  // namespace
+
+namespace {
+
+// Pass 2 and 3 by column blocks (ld = full width, each block's Qt contiguous) give the same bits
+// as over the whole matrix: the pipelined schedule relies on it.
+TEST(Passes, ColumnBlocksEqualTheWholeMatrix) {
+  for (size_t valid : {size_t(37 * 53), size_t(37 * 53 - 20)}) {  // full, and padded
+    const size_t n = 37, m = 53;
+    const int k = 3;
+    const MatrixView whole{n, m, valid};
+    std::vector<float> g = randomVec(valid, 21), e0 = randomVec(valid, 22), p = randomVec(n * k, 23);
+    std::vector<float> qWhole(k * m), qBlocks(k * m);
+    computeQ(g.data(), lowrankFloat32, e0.data(), whole, p.data(), k, qWhole.data());
+    const size_t cuts[] = {0, 1, 17, 40, 53};  // blocks of width 1, 16, 23, 13
+    for (int b = 0; b + 1 < 5; ++b) {
+      const size_t c0 = cuts[b], w = cuts[b + 1] - c0;
+      const MatrixView blk{n, w, valid - c0, m};
+      computeQ(g.data() + c0, lowrankFloat32, e0.data() + c0, blk, p.data(), k, qBlocks.data() + k * c0);
+      for (int j = 0; j < k; ++j)
+        for (size_t c = 0; c < w; ++c)
+          ASSERT_EQ(qBlocks[k * c0 + j * w + c], qWhole[j * m + c0 + c]) << "block " << b;
+    }
+    std::vector<float> eW = e0, eB = e0, oW(valid), oB(valid, -7.f);
+    decompressAndUpdateError(eW.data(), whole, p.data(), qWhole.data(), k, 2.f, oW.data(), lowrankFloat32);
+    for (int b = 0; b + 1 < 5; ++b) {
+      const size_t c0 = cuts[b], w = cuts[b + 1] - c0;
+      const MatrixView blk{n, w, valid - c0, m};
+      decompressAndUpdateError(eB.data() + c0, blk, p.data(), qBlocks.data() + k * c0, k, 2.f,
+                               oB.data() + c0, lowrankFloat32);
+    }
+    EXPECT_EQ(oW, oB);
+    EXPECT_EQ(eW, eB);
+  }
+}
+
+}  // namespace

@@ -1,0 +1,58 @@
+#include "engine/phases.h"
+
+#include "kernels/host/orthonormalize.h"
+#include "kernels/host/powersgd_kernels.h"
+#include "kernels/host/random.h"
+#include "util/dtype.h"
+
+namespace lowrank::phases {
+
+void prepareQ(BufferState& st, const EngineConfig& cfg) {
+  const bool fresh = !st.haveQ || !cfg.warmStart;
+  const Plan& pl = st.plan;
+  for (size_t i = 0; i < pl.tensors.size(); ++i) {
+    const TensorPlan& t = pl.tensors[i];
+    if (!t.compressed) continue;
+    float* q = st.qt.data() + t.qOffset;
+    if (fresh) host::fillNormal(q, size_t(t.k) * t.view.cols, cfg.seed, (st.calls << 20) ^ i);
+    host::orthonormalize(q, t.view.cols, t.k, 1, t.view.cols, cfg.orthoEpsilon);
+  }
+}
+
+size_t packExact(const Plan& pl, const void* sendbuff, float* payload) {
+  const size_t es = dtypeSize(pl.dtype);
+  size_t bad = 0;
+  for (const TensorPlan& t : pl.tensors) {
+    if (t.compressed) continue;
+    float* dst = payload + t.exactOffset;
+    host::toFloat32(static_cast<const char*>(sendbuff) + t.offset * es, pl.dtype, t.numel, dst);
+    bad += host::countNonFinite(dst, t.numel, lowrankFloat32);
+  }
+  return bad;
+}
+
+void unpackExact(const Plan& pl, const float* payload, void* recvbuff, lowrankRedOp_t op, int N) {
+  const size_t es = dtypeSize(pl.dtype);
+  for (const TensorPlan& t : pl.tensors)
+    if (!t.compressed)
+      host::fromFloat32(payload + t.exactOffset, t.numel, op == lowrankAvg ? 1.f / float(N) : 1.f,
+                        static_cast<char*>(recvbuff) + t.offset * es, pl.dtype);
+}
+
+host::MatrixView rowBlock(const host::MatrixView& v, size_t r0, size_t r1) {
+  host::MatrixView b = v;
+  const size_t skip = r0 * v.stride();
+  b.rows = r1 - r0;
+  b.valid = v.valid > skip ? v.valid - skip : 0;
+  return b;
+}
+
+host::MatrixView colBlock(const host::MatrixView& v, size_t c0, size_t c1) {
+  host::MatrixView b = v;
+  b.ld = v.stride();
+  b.cols = c1 - c0;
+  b.valid = v.valid > c0 ? v.valid - c0 : 0;
+  return b;
+}
+
+}  // namespace lowrank::phases

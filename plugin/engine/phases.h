@@ -1,0 +1,27 @@
+// The steps of one compressed call that both schedules share (plugin/engine/powersgd.cc runs them
+// one after another, plugin/engine/pipeline.cc chunk by chunk), and the sub-views they run on.
+#pragma once
+#include <cstddef>
+
+#include "engine/buffer_state.h"
+#include "engine/engine_config.h"
+
+namespace lowrank::phases {
+
+// Q for this call: drawn from N(0, 1) at the first call (the same seed on every rank; a reset
+// buffer draws the same Q again), else the last call's Qbar (warm start); orthonormalized either
+// way, which keeps P = M Q well scaled without changing its span.
+void prepareQ(BufferState& st, const EngineConfig& cfg);
+
+// Packs the exact tensors of G into payload[0, exactElems) as float32; returns their non-finite count.
+size_t packExact(const Plan& pl, const void* sendbuff, float* payload);
+
+// Writes the reduced exact part to recvbuff (divided by N for avg), in the buffer's dtype.
+void unpackExact(const Plan& pl, const float* payload, void* recvbuff, lowrankRedOp_t op, int N);
+
+// Rows [r0, r1) of a tensor's view, as a view of their own (pointers offset by r0 * stride).
+host::MatrixView rowBlock(const host::MatrixView& v, size_t r0, size_t r1);
+// Columns [c0, c1) of a tensor's view: stride = the full width (pointers offset by c0).
+host::MatrixView colBlock(const host::MatrixView& v, size_t c0, size_t c1);
+
+}  // namespace lowrank::phases

@@ -1,0 +1,108 @@
+#include <algorithm>
+#include <vector>
+
+#include "engine/phases.h"
+#include "engine/powersgd.h"
+#include "kernels/host/orthonormalize.h"
+#include "kernels/host/powersgd_kernels.h"
+#include "util/dtype.h"
+
+namespace lowrank {
+
+Status runPipelined(BufferState& st, const EngineConfig& cfg, const void* sendbuff, void* recvbuff,
+                    lowrankRedOp_t op, AsyncTransport& tr, CompressedResult* result) {
+  using Ticket = AsyncTransport::Ticket;
+  const Plan& pl = st.plan;
+  const size_t es = dtypeSize(pl.dtype);
+  const int N = tr.size();
+  const auto* send = static_cast<const char*>(sendbuff);
+  auto* recv = static_cast<char*>(recvbuff);
+  float* e = cfg.errorFeedback ? st.error.data() : nullptr;
+  float* pay = st.payload.data();
+  float* p = pay + pl.pBase();
+  float* qt = st.qt.data();
+  float* wire = st.qwire.data();
+  // Posted slices must stay untouched until reduced: on any error, let the queue drain first.
+  auto failed = [&](Status s) {
+    tr.waitAll();
+    return s;
+  };
+
+  phases::prepareQ(st, cfg);
+
+  // The exact part travels first, under pass 1.
+  size_t bad = phases::packExact(pl, sendbuff, pay);
+  if (pl.exactElems) tr.post(pay, pl.exactElems, lowrankFloat32, lowrankSum);
+
+  // Pass 1 by row blocks; each P chunk is posted as soon as it is computed.
+  std::vector<Ticket> pTicket(pl.pChunks.size());
+  for (size_t c = 0; c < pl.pChunks.size(); ++c) {
+    const Chunk& ch = pl.pChunks[c];
+    for (size_t b = ch.first; b < ch.last; ++b) {
+      const RowBlock& rb = pl.rowBlocks[b];
+      const TensorPlan& t = pl.tensors[rb.tensor];
+      const size_t skip = t.offset + rb.r0 * t.view.stride();
+      bad += host::errorFeedbackAndP(send + skip * es, pl.dtype, e ? e + skip : nullptr,
+                                     phases::rowBlock(t.view, rb.r0, rb.r1), qt + t.qOffset, t.k,
+                                     p + t.pOffset + rb.r0 * size_t(t.k));
+    }
+    if (c + 1 == pl.pChunks.size()) pay[pl.flagIndex()] = float(std::min<size_t>(bad, size_t(1) << 20));
+    pTicket[c] = tr.post(pay + ch.offset, ch.count, lowrankFloat32, lowrankSum);
+  }
+
+  // Pass 2 by column blocks; a tensor is orthonormalized once its last P chunk is reduced.
+  // Speculative with respect to the non-finite count (it arrives with the last P chunk): pass 2
+  // changes no state, and pass 3 waits for Q chunks, which the transport runs after every P chunk.
+  std::vector<char> orthonormal(pl.tensors.size(), 0);
+  std::vector<Ticket> qTicket(pl.qChunks.size());
+  for (size_t c = 0; c < pl.qChunks.size(); ++c) {
+    const Chunk& ch = pl.qChunks[c];
+    for (size_t b = ch.first; b < ch.last; ++b) {
+      const ColBlock& cb = pl.colBlocks[b];
+      const TensorPlan& t = pl.tensors[cb.tensor];
+      if (!orthonormal[cb.tensor]) {
+        Status s = tr.wait(pTicket[t.lastPChunk]);
+        if (!s.ok()) return failed(s);
+        host::orthonormalize(p + t.pOffset, t.view.rows, t.k, size_t(t.k), 1, cfg.orthoEpsilon);
+        orthonormal[cb.tensor] = 1;
+      }
+      const size_t skip = t.offset + cb.c0;
+      host::computeQ(send + skip * es, pl.dtype, e ? e + skip : nullptr,
+                     phases::colBlock(t.view, cb.c0, cb.c1), p + t.pOffset, t.k,
+                     wire + cb.wireOffset);
+    }
+    qTicket[c] = tr.post(wire + ch.offset, ch.count, lowrankFloat32, lowrankSum);
+  }
+
+  Status s = tr.wait(pTicket.back());
+  if (!s.ok()) return failed(s);
+  if (pay[pl.flagIndex()] != 0.f) {
+    result->fellBack = true;
+    return failed(Status::Ok());
+  }
+  phases::unpackExact(pl, pay, recvbuff, op, N);  // the exact part was posted before every P chunk
+
+  // Pass 3 chunk by chunk as Q arrives; Qbar goes back to the whole-tensor layout for warm start.
+  const float outScale = op == lowrankSum ? float(N) : 1.f;
+  for (size_t c = 0; c < pl.qChunks.size(); ++c) {
+    const Chunk& ch = pl.qChunks[c];
+    s = tr.wait(qTicket[c]);
+    if (!s.ok()) return failed(s);
+    host::scale(wire + ch.offset, ch.count, 1.f / float(N));
+    for (size_t b = ch.first; b < ch.last; ++b) {
+      const ColBlock& cb = pl.colBlocks[b];
+      const TensorPlan& t = pl.tensors[cb.tensor];
+      const size_t skip = t.offset + cb.c0, w = cb.c1 - cb.c0;
+      host::decompressAndUpdateError(e ? e + skip : nullptr, phases::colBlock(t.view, cb.c0, cb.c1),
+                                     p + t.pOffset, wire + cb.wireOffset, t.k, outScale,
+                                     recv + skip * es, pl.dtype);
+      for (int j = 0; j < t.k; ++j)
+        std::copy_n(wire + cb.wireOffset + size_t(j) * w, w,
+                    qt + t.qOffset + size_t(j) * t.view.cols + cb.c0);
+    }
+  }
+  st.haveQ = true;
+  return Status::Ok();
+}
+
+}  // namespace lowrank
