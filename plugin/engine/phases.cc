@@ -7,6 +7,19 @@
 
 namespace lowrank::phases {
 
+CallBuffers callBuffers(BufferState& st, const EngineConfig& cfg, const void* sendbuff,
+                        void* recvbuff) {
+  float* pay = st.payload.data();
+  return CallBuffers{st.plan,
+                     dtypeSize(st.plan.dtype),
+                     static_cast<const char*>(sendbuff),
+                     static_cast<char*>(recvbuff),
+                     cfg.errorFeedback ? st.error.data() : nullptr,
+                     pay,
+                     pay + st.plan.pBase(),
+                     st.qt.data()};
+}
+
 void prepareQ(BufferState& st, const EngineConfig& cfg) {
   const bool fresh = !st.haveQ || !cfg.warmStart;
   const Plan& pl = st.plan;

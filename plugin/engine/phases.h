@@ -8,6 +8,20 @@
 
 namespace lowrank::phases {
 
+// The buffers one compressed call works on, as typed pointers.
+struct CallBuffers {
+  const Plan& pl;
+  size_t es;          // bytes per element of the caller's dtype
+  const char* send;   // G
+  char* recv;         // the output
+  float* e;           // E (holds M after pass 1); null without error feedback
+  float* pay;         // allreduce #1: exact part | P | non-finite count
+  float* p;           // P of every compressed tensor (inside pay)
+  float* qt;          // Q^T of every compressed tensor, whole-tensor layout
+};
+CallBuffers callBuffers(BufferState& st, const EngineConfig& cfg, const void* sendbuff,
+                        void* recvbuff);
+
 // Q for this call: drawn from N(0, 1) at the first call (the same seed on every rank; a reset
 // buffer draws the same Q again), else the last call's Qbar (warm start); orthonormalized either
 // way, which keeps P = M Q well scaled without changing its span.

@@ -12,15 +12,8 @@ namespace lowrank {
 Status runPipelined(BufferState& st, const EngineConfig& cfg, const void* sendbuff, void* recvbuff,
                     lowrankRedOp_t op, AsyncTransport& tr, CompressedResult* result) {
   using Ticket = AsyncTransport::Ticket;
-  const Plan& pl = st.plan;
-  const size_t es = dtypeSize(pl.dtype);
   const int N = tr.size();
-  const auto* send = static_cast<const char*>(sendbuff);
-  auto* recv = static_cast<char*>(recvbuff);
-  float* e = cfg.errorFeedback ? st.error.data() : nullptr;
-  float* pay = st.payload.data();
-  float* p = pay + pl.pBase();
-  float* qt = st.qt.data();
+  const auto [pl, es, send, recv, e, pay, p, qt] = phases::callBuffers(st, cfg, sendbuff, recvbuff);
   float* wire = st.qwire.data();
   // Posted slices must stay untouched until reduced: on any error, let the queue drain first.
   auto failed = [&](Status s) {

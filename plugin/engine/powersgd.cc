@@ -11,15 +11,8 @@ namespace lowrank {
 
 Status runCompressed(BufferState& st, const EngineConfig& cfg, const void* sendbuff, void* recvbuff,
                      lowrankRedOp_t op, Transport& transport, CompressedResult* result) {
-  const Plan& pl = st.plan;
-  const size_t es = dtypeSize(pl.dtype);
   const int N = transport.size();
-  const auto* send = static_cast<const char*>(sendbuff);
-  auto* recv = static_cast<char*>(recvbuff);
-  float* e = cfg.errorFeedback ? st.error.data() : nullptr;
-  float* pay = st.payload.data();
-  float* p = pay + pl.pBase();
-  float* qt = st.qt.data();
+  const auto [pl, es, send, recv, e, pay, p, qt] = phases::callBuffers(st, cfg, sendbuff, recvbuff);
 
   phases::prepareQ(st, cfg);
 
