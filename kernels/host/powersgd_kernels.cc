@@ -18,6 +18,20 @@ inline bool nonFinite(float x) {
   return (u & 0x7f800000u) == 0x7f800000u;
 }
 
+// |x| >= the limit whose bits are limBits, or x is NaN or Inf: on the magnitude bits of an IEEE
+// float, order is that of |x|, and NaN and Inf sit above every finite value.
+inline bool beyond(float x, uint32_t limBits) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  return (u & 0x7fffffffu) >= limBits;
+}
+
+inline uint32_t limitBits(float limit) {
+  uint32_t u;
+  std::memcpy(&u, &limit, 4);
+  return u & 0x7fffffffu;
+}
+
 inline float dot(const float* __restrict a, const float* __restrict b, size_t len) {
   float acc = 0.f;
 #pragma omp simd reduction(+ : acc)
@@ -36,7 +50,7 @@ thread_local std::vector<float> tlsRows;
 // counts non-finite values; pass 2 (add = false) reads M = E, or G without error feedback.
 template <typename T, bool add>
 inline const float* rowOfM(const T* __restrict g, float* __restrict e, const MatrixView& v,
-                           size_t i, int slot, size_t* bad) {
+                           size_t i, int slot, size_t* bad, uint32_t limBits) {
   const size_t len = v.rowLength(i), off = i * v.stride();
   const T* gr = g + off;
   if (e) {
@@ -47,7 +61,7 @@ inline const float* rowOfM(const T* __restrict g, float* __restrict e, const Mat
       for (size_t c = 0; c < len; ++c) {
         float x = toFloat(gr[c]) + er[c];
         er[c] = x;
-        b += nonFinite(x);
+        b += beyond(x, limBits);
       }
       *bad += b;
     }
@@ -65,7 +79,7 @@ inline const float* rowOfM(const T* __restrict g, float* __restrict e, const Mat
   if (add) {
     size_t b = 0;
 #pragma omp simd reduction(+ : b)
-    for (size_t c = 0; c < len; ++c) b += nonFinite(m[c]);
+    for (size_t c = 0; c < len; ++c) b += beyond(m[c], limBits);
     *bad += b;
   }
   return m;
@@ -73,14 +87,15 @@ inline const float* rowOfM(const T* __restrict g, float* __restrict e, const Mat
 
 template <typename T>
 size_t pass1(const T* __restrict g, float* __restrict e, const MatrixView& v,
-             const float* __restrict qt, int k, float* __restrict p) {
+             const float* __restrict qt, int k, float* __restrict p, float limit) {
   size_t bad = 0;
+  const uint32_t lim = limitBits(limit);
   if (!e && !std::is_same_v<T, float>) tlsRows.resize(size_t(kBlock) * v.cols);
   const size_t full = v.fullRows();
   size_t i = 0;
   for (; i + kBlock <= full; i += kBlock) {
     const float* m[kBlock];
-    for (int b = 0; b < kBlock; ++b) m[b] = rowOfM<T, true>(g, e, v, i + b, b, &bad);
+    for (int b = 0; b < kBlock; ++b) m[b] = rowOfM<T, true>(g, e, v, i + b, b, &bad, lim);
     for (int j = 0; j < k; ++j) {
       const float* __restrict q = qt + size_t(j) * v.cols;
       float a0 = 0, a1 = 0, a2 = 0, a3 = 0;
@@ -99,7 +114,7 @@ size_t pass1(const T* __restrict g, float* __restrict e, const MatrixView& v,
   }
   for (; i < v.rows; ++i) {
     const size_t len = v.rowLength(i);
-    const float* m = rowOfM<T, true>(g, e, v, i, 0, &bad);
+    const float* m = rowOfM<T, true>(g, e, v, i, 0, &bad, lim);
     for (int j = 0; j < k; ++j) p[i * k + j] = dot(m, qt + size_t(j) * v.cols, len);
   }
   return bad;
@@ -115,7 +130,7 @@ void pass2(const T* __restrict g, const float* __restrict e, const MatrixView& v
   size_t i = 0, none = 0;
   for (; i + kBlock <= full; i += kBlock) {
     const float* m[kBlock];
-    for (int b = 0; b < kBlock; ++b) m[b] = rowOfM<T, false>(g, em, v, i + b, b, &none);
+    for (int b = 0; b < kBlock; ++b) m[b] = rowOfM<T, false>(g, em, v, i + b, b, &none, 0);
     for (int j = 0; j < k; ++j) {
       const float p0 = p[i * k + j], p1 = p[(i + 1) * k + j], p2 = p[(i + 2) * k + j],
                   p3 = p[(i + 3) * k + j];
@@ -129,7 +144,7 @@ void pass2(const T* __restrict g, const float* __restrict e, const MatrixView& v
   for (; i < v.rows; ++i) {
     const size_t len = v.rowLength(i);
     if (len == 0) break;
-    const float* m = rowOfM<T, false>(g, em, v, i, 0, &none);
+    const float* m = rowOfM<T, false>(g, em, v, i, 0, &none, 0);
     for (int j = 0; j < k; ++j) {
       const float pij = p[i * k + j];
       float* __restrict q = qt + size_t(j) * v.cols;
@@ -175,11 +190,11 @@ void pass3(float* __restrict e, const MatrixView& v, const float* __restrict p,
 }  // namespace
 
 size_t errorFeedbackAndP(const void* g, lowrankDataType_t dtype, float* e, const MatrixView& v,
-                         const float* qt, int k, float* p) {
+                         const float* qt, int k, float* p, float limit) {
   switch (dtype) {
-    case lowrankFloat16: return pass1(static_cast<const half_t*>(g), e, v, qt, k, p);
-    case lowrankBfloat16: return pass1(static_cast<const bf16_t*>(g), e, v, qt, k, p);
-    default: return pass1(static_cast<const float*>(g), e, v, qt, k, p);
+    case lowrankFloat16: return pass1(static_cast<const half_t*>(g), e, v, qt, k, p, limit);
+    case lowrankBfloat16: return pass1(static_cast<const bf16_t*>(g), e, v, qt, k, p, limit);
+    default: return pass1(static_cast<const float*>(g), e, v, qt, k, p, limit);
   }
 }
 

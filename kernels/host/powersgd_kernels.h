@@ -10,6 +10,7 @@
 // Memory traffic per float32 element with error feedback: pass 1 reads G, E and writes M (12 B),
 // pass 2 reads M (4 B), pass 3 reads M, writes E and the output (12 B): 28 B in all.
 #pragma once
+#include <cmath>
 #include <cstddef>
 
 #include "lowrank/lowrank.h"
@@ -38,9 +39,10 @@ struct MatrixView {
 
 // Pass 1, fused error-feedback add and P = M Q:
 //   M = G + E (E += G in place when e != nullptr, so e then holds M), P = M Q  (P: n x k).
-// g has `dtype` (float32, float16 or bfloat16). Returns the number of non-finite elements of M.
+// g has `dtype` (float32, float16 or bfloat16). Returns the number of elements of M that are NaN,
+// Inf, or not below `limit` in magnitude (the engine's bound against overflow in P and Q).
 size_t errorFeedbackAndP(const void* g, lowrankDataType_t dtype, float* e, const MatrixView& v,
-                         const float* qt, int k, float* p);
+                         const float* qt, int k, float* p, float limit = INFINITY);
 
 // Pass 2: Q = M^T P  (written as Qt: k x m). M is e when e != nullptr (error feedback), else g.
 void computeQ(const void* g, lowrankDataType_t dtype, const float* e, const MatrixView& v,

@@ -16,16 +16,22 @@ LOWRANK_API lowrankResult_t lowrankBufferSetLayout(lowrankComm_t comm, const voi
     if (ntensors <= 0)
       return fail(comm, lowrankInvalidArgument, "lowrankBufferSetLayout: ntensors %d <= 0", ntensors);
     lowrank::Layout layout(ntensors);
+    size_t total = 0;  // checked for overflow, so that the plan can trust the layout's sums
     for (int t = 0; t < ntensors; ++t) {
       if (ndims[t] < 1 || ndims[t] > 8)
         return fail(comm, lowrankInvalidArgument,
                     "lowrankBufferSetLayout: tensor %d has %d dimensions (1..8 allowed)", t, ndims[t]);
       if (!shapes[t])
         return fail(comm, lowrankInvalidArgument, "lowrankBufferSetLayout: shapes[%d] is NULL", t);
+      size_t numel = 1;
       for (int d = 0; d < ndims[t]; ++d) {
         if (shapes[t][d] == 0)
           return fail(comm, lowrankInvalidArgument,
                       "lowrankBufferSetLayout: tensor %d has size 0 in dimension %d", t, d);
+        if (__builtin_mul_overflow(numel, shapes[t][d], &numel) ||
+            __builtin_add_overflow(total, numel, &total))
+          return fail(comm, lowrankInvalidArgument,
+                      "lowrankBufferSetLayout: the elements of tensor %d overflow size_t", t);
         layout[t].push_back(shapes[t][d]);
       }
     }

@@ -34,11 +34,11 @@ lowrankResult_t fail(lowrankComm* comm, lowrankResult_t code, const char* fmt, .
 LOWRANK_API const char* lowrankGetErrorString(lowrankResult_t r) {
   switch (r) {
     case lowrankSuccess: return "no error";
-    case lowrankUnhandledCudaError: return "unhandled cuda error (run with LOWRANK_DEBUG=INFO for details)";
-    case lowrankSystemError: return "unhandled system error (run with LOWRANK_DEBUG=INFO for details)";
+    case lowrankUnhandledCudaError: return "unhandled cuda error (lowrankGetLastError has the details)";
+    case lowrankSystemError: return "unhandled system error (lowrankGetLastError has the details)";
     case lowrankInternalError: return "internal error - please report this issue to the lowrank developers";
-    case lowrankInvalidArgument: return "invalid argument (run with LOWRANK_DEBUG=WARN for details)";
-    case lowrankInvalidUsage: return "invalid usage (run with LOWRANK_DEBUG=WARN for details)";
+    case lowrankInvalidArgument: return "invalid argument (lowrankGetLastError has the details)";
+    case lowrankInvalidUsage: return "invalid usage (lowrankGetLastError has the details)";
     case lowrankRemoteError: return "remote process exited or there was a network error";
     case lowrankInProgress: return "operation in progress";
     case lowrankTimeout: return "timeout waiting for a peer (see LOWRANK_TIMEOUT)";

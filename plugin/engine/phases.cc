@@ -1,5 +1,9 @@
 #include "engine/phases.h"
 
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+
 #include "kernels/host/orthonormalize.h"
 #include "kernels/host/powersgd_kernels.h"
 #include "kernels/host/random.h"
@@ -50,6 +54,26 @@ void unpackExact(const Plan& pl, const float* payload, void* recvbuff, lowrankRe
     if (!t.compressed)
       host::fromFloat32(payload + t.exactOffset, t.numel, op == lowrankAvg ? 1.f / float(N) : 1.f,
                         static_cast<char*>(recvbuff) + t.offset * es, pl.dtype);
+}
+
+float overflowLimit(const TensorPlan& t, int N) {
+  const double grow = 16.0 * N * t.k * std::sqrt(double(std::max(t.view.rows, t.view.cols)));
+  return float(double(FLT_MAX) / grow);
+}
+
+void setChecks(const Plan& pl, float* payload, size_t nonFinite, lowrankRedOp_t op) {
+  payload[pl.flagIndex()] = float(std::min<size_t>(nonFinite, size_t(1) << 20));  // exact in float
+  payload[pl.opIndex()] = op == lowrankSum ? 1.f : 2.f;
+}
+
+Status readChecks(const Plan& pl, const float* payload, lowrankRedOp_t op, int N, bool* fellBack) {
+  const float mine = op == lowrankSum ? 1.f : 2.f;
+  if (payload[pl.opIndex()] != mine * float(N))
+    return Status::Error(lowrankInvalidUsage,
+                         "the comm ranks called this buffer with different ops (sum and avg); this "
+                         "rank used %s", op == lowrankSum ? "sum" : "avg");
+  *fellBack = payload[pl.flagIndex()] != 0.f;
+  return Status::Ok();
 }
 
 host::MatrixView rowBlock(const host::MatrixView& v, size_t r0, size_t r1) {

@@ -33,6 +33,17 @@ size_t packExact(const Plan& pl, const void* sendbuff, float* payload);
 // Writes the reduced exact part to recvbuff (divided by N for avg), in the buffer's dtype.
 void unpackExact(const Plan& pl, const float* payload, void* recvbuff, lowrankRedOp_t op, int N);
 
+// Inputs at or above this magnitude could overflow float32 in P, Q or the output (|P|, |Q| and
+// |P Qbar^T| are at most N k sqrt(max(n, m)) max|M|): pass 1 counts them with the non-finite ones,
+// so such a call falls back to an exact allreduce on every rank, as a NaN would.
+float overflowLimit(const TensorPlan& t, int N);
+
+// Sets the two check elements of the payload: the non-finite count and this rank's op.
+void setChecks(const Plan& pl, float* payload, size_t nonFinite, lowrankRedOp_t op);
+// After allreduce #1: Ok, fellBack (some rank's input was non-finite or huge), or
+// lowrankInvalidUsage when the ranks called with different ops (every rank sees the same sums).
+Status readChecks(const Plan& pl, const float* payload, lowrankRedOp_t op, int N, bool* fellBack);
+
 // Rows [r0, r1) of a tensor's view, as a view of their own (pointers offset by r0 * stride).
 host::MatrixView rowBlock(const host::MatrixView& v, size_t r0, size_t r1);
 // Columns [c0, c1) of a tensor's view: stride = the full width (pointers offset by c0).

@@ -37,9 +37,10 @@ Status runPipelined(BufferState& st, const EngineConfig& cfg, const void* sendbu
       const size_t skip = t.offset + rb.r0 * t.view.stride();
       bad += host::errorFeedbackAndP(send + skip * es, pl.dtype, e ? e + skip : nullptr,
                                      phases::rowBlock(t.view, rb.r0, rb.r1), qt + t.qOffset, t.k,
-                                     p + t.pOffset + rb.r0 * size_t(t.k));
+                                     p + t.pOffset + rb.r0 * size_t(t.k),
+                                     phases::overflowLimit(t, N));
     }
-    if (c + 1 == pl.pChunks.size()) pay[pl.flagIndex()] = float(std::min<size_t>(bad, size_t(1) << 20));
+    if (c + 1 == pl.pChunks.size()) phases::setChecks(pl, pay, bad, op);
     pTicket[c] = tr.post(pay + ch.offset, ch.count, lowrankFloat32, lowrankSum);
   }
 
@@ -68,11 +69,8 @@ Status runPipelined(BufferState& st, const EngineConfig& cfg, const void* sendbu
   }
 
   Status s = tr.wait(pTicket.back());
-  if (!s.ok()) return failed(s);
-  if (pay[pl.flagIndex()] != 0.f) {
-    result->fellBack = true;
-    return failed(Status::Ok());
-  }
+  if (s.ok()) s = phases::readChecks(pl, pay, op, N, &result->fellBack);
+  if (!s.ok() || result->fellBack) return failed(s);
   phases::unpackExact(pl, pay, recvbuff, op, N);  // the exact part was posted before every P chunk
 
   // Pass 3 chunk by chunk as Q arrives; Qbar goes back to the whole-tensor layout for warm start.

@@ -81,7 +81,7 @@ void makeChunks(Plan& p, size_t target) {
   }
   closeP(true);
   closeQ(true);
-  p.pChunks.back().count += 1;  // the non-finite count rides in the last P chunk
+  p.pChunks.back().count += 2;  // the non-finite count and the op check ride in the last P chunk
 }
 
 }  // namespace

@@ -47,15 +47,18 @@ struct Plan {
   size_t rows = 0, cols = 0, padded = 0;  // batched view (0 in per-tensor mode)
   uint64_t hash = 0;  // of (count, dtype, op, layout, k): ranks compare it when the plan is made
 
-  // Payload of allreduce #1: [exact part | P of every compressed tensor | non-finite count].
+  // Payload of allreduce #1: [exact part | P of every compressed tensor | non-finite count | op].
+  // The last two let every rank take the same decision: fall back to exact (non-finite or huge
+  // input on some rank), or refuse the call (the ranks disagree on sum vs avg).
   size_t pBase() const { return exactElems; }
   size_t flagIndex() const { return exactElems + pElems; }
-  size_t payloadElems() const { return exactElems + pElems + 1; }
+  size_t opIndex() const { return flagIndex() + 1; }
+  size_t payloadElems() const { return exactElems + pElems + 2; }
 
   bool pipelined = false;
   std::vector<RowBlock> rowBlocks;
   std::vector<ColBlock> colBlocks;
-  std::vector<Chunk> pChunks, qChunks;  // the last P chunk also carries the non-finite count
+  std::vector<Chunk> pChunks, qChunks;  // the last P chunk also carries the two check elements
 };
 
 // The batched view of `count` elements: n x m with n * m = count, n <= m <= 4 n, n as large as

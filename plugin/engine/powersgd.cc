@@ -21,13 +21,12 @@ Status runCompressed(BufferState& st, const EngineConfig& cfg, const void* sendb
   for (const TensorPlan& t : pl.tensors)
     if (t.compressed)
       bad += host::errorFeedbackAndP(send + t.offset * es, pl.dtype, e ? e + t.offset : nullptr,
-                                     t.view, qt + t.qOffset, t.k, p + t.pOffset);
-  pay[pl.flagIndex()] = float(std::min<size_t>(bad, size_t(1) << 20));  // exact in float32
+                                     t.view, qt + t.qOffset, t.k, p + t.pOffset,
+                                     phases::overflowLimit(t, N));
+  phases::setChecks(pl, pay, bad, op);
   LR_RETURN_IF_ERROR(transport.allreduce(pay, pl.payloadElems(), lowrankFloat32, lowrankSum));
-  if (pay[pl.flagIndex()] != 0.f) {
-    result->fellBack = true;
-    return Status::Ok();
-  }
+  LR_RETURN_IF_ERROR(phases::readChecks(pl, pay, op, N, &result->fellBack));
+  if (result->fellBack) return Status::Ok();
   phases::unpackExact(pl, pay, recvbuff, op, N);
 
   // Orthonormalize P, pass 2, allreduce #2.

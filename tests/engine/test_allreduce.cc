@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 
@@ -216,6 +217,51 @@ TEST(AllReduce, NonFiniteOnOneRankGivesExactResultOnAllAndResetsState) {
   for (int r = 0; r < N; ++r) {
     EXPECT_EQ(afterNaN[r], firstOut[r]) << "rank " << r;
     for (float x : afterNaN[r]) ASSERT_TRUE(std::isfinite(x));
+  }
+}
+
+}  // namespace
+
+namespace {
+
+// Finite but huge inputs would overflow P or Q: every rank falls back to the exact allreduce.
+TEST(AllReduce, HugeFiniteInputsFallBackInsteadOfOverflowing) {
+  for (int pipeline : {0, 1}) {
+    lowrankConfig_t cfg = config(4);
+    cfg.pipeline = pipeline;
+    if (pipeline) setenv("LOWRANK_PIPELINE_CHUNK", "20000", 1);
+    withComms(2, [&](int, lowrankComm_t comm) {
+      std::vector<float> g(256 * 256, 1e37f), out(g.size());
+      ASSERT_EQ(lowrankAllReduce(g.data(), out.data(), g.size(), lowrankFloat32, lowrankAvg, comm, nullptr), lowrankSuccess);
+      for (float x : out) ASSERT_EQ(x, 1e37f);
+      lowrankStats_t st;
+      ASSERT_EQ(lowrankGetStats(comm, &st), lowrankSuccess);
+      EXPECT_EQ(st.fallbackCalls, 1u);
+      std::vector<float> small(g.size(), 1.f);  // the state was not poisoned
+      ASSERT_EQ(lowrankAllReduce(small.data(), out.data(), g.size(), lowrankFloat32, lowrankAvg, comm, nullptr), lowrankSuccess);
+      for (float x : out) ASSERT_NEAR(x, 1.f, 1e-4);
+    }, cfg);
+    unsetenv("LOWRANK_PIPELINE_CHUNK");
+  }
+}
+
+// Sum on some ranks and avg on others: refused on every rank, for both schedules.
+TEST(AllReduce, MixedSumAndAvgIsInvalidUsageOnEveryRank) {
+  for (int pipeline : {0, 1}) {
+    lowrankConfig_t cfg = config(4);
+    cfg.pipeline = pipeline;
+    if (pipeline) setenv("LOWRANK_PIPELINE_CHUNK", "2000", 1);
+    std::vector<lowrankResult_t> res(3);
+    withComms(3, [&](int r, lowrankComm_t comm) {
+      std::vector<float> g(100 * 100, 1.f);
+      res[r] = lowrankAllReduce(g.data(), g.data(), g.size(), lowrankFloat32,
+                                r == 2 ? lowrankAvg : lowrankSum, comm, nullptr);
+      // All ranks refused together, so the communicator still works.
+      EXPECT_EQ(lowrankAllReduce(g.data(), g.data(), g.size(), lowrankFloat32, lowrankSum, comm, nullptr),
+                lowrankSuccess);
+    }, cfg);
+    unsetenv("LOWRANK_PIPELINE_CHUNK");
+    for (int r = 0; r < 3; ++r) EXPECT_EQ(res[r], lowrankInvalidUsage) << "pipeline " << pipeline << " rank " << r;
   }
 }
 
