@@ -141,6 +141,10 @@ TEST_F(OneRank, BufferFunctionsBadArguments) {
   size_t sz[] = {10, 0};
   const size_t* zshapes[] = {sz};
   EXPECT_EQ(lowrankBufferSetLayout(comm, buf, 1, nd, zshapes), lowrankInvalidArgument);
+  size_t huge[] = {(size_t(1) << 62) + 1, 4};  // 2^64 + 4 elements: wraps to 4
+  const size_t* hugeShapes[] = {huge};
+  EXPECT_EQ(lowrankBufferSetLayout(comm, buf, 1, nd, hugeShapes), lowrankInvalidArgument);
+  EXPECT_NE(lastErr(comm).find("overflow"), std::string::npos);
   const size_t* nullShape[] = {nullptr};
   EXPECT_EQ(lowrankBufferSetLayout(comm, buf, 1, nd, nullShape), lowrankInvalidArgument);
   // A layout that does not cover the call's count: invalid usage at the call.
