@@ -76,7 +76,8 @@ TEST(Allreduce, EveryDtypeAndOpDirect) {
   for (auto& t : g) EXPECT_EQ(t->counters().messages.load(), uint64_t(50) * 3);
 }
 
-// 1..8 ranks, odd counts, default thresholds: direct up to 32 KiB, ring above.
+// 1..8 ranks, odd counts, default thresholds: direct while it sends at most 32 KiB per rank
+// ((N-1) x the buffer), ring above.
 TEST(Allreduce, RanksAndCountsWithDefaultAlgorithms) {
   for (int n = 1; n <= 8; ++n) {
     auto g = makeGroup(n, 30);
@@ -90,7 +91,7 @@ TEST(Allreduce, RanksAndCountsWithDefaultAlgorithms) {
         for (auto& t : g) beforeRank.push_back(t->counters().elementsSent.load());
         checkExact(g, count, dt, n % 2 ? lowrankSum : lowrankAvg, uint32_t(count + n));
         if (HasFatalFailure()) return;
-        bool direct = count * dtypeSize(dt) <= 32 * 1024;
+        bool direct = count * dtypeSize(dt) * size_t(n - 1) <= 32 * 1024;
         if (direct) {
           for (int r = 0; r < n; ++r)
             EXPECT_EQ(g[size_t(r)]->counters().elementsSent.load() - beforeRank[size_t(r)],

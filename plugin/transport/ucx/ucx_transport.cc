@@ -40,7 +40,9 @@ class UcxTransport final : public Transport {
     const int n = comm_->size();
     if (count == 0 || n == 1) return Status::Ok();  // avg over one rank is the identity
     const ucx::AllreduceArgs a{buf, count, dtype, op, es};
-    const bool direct = count * es <= opt_.directMaxBytes && n <= opt_.directMaxRanks;
+    // Direct sends (N-1) x the buffer in one step, the ring 2(N-1)/N x in 2(N-1) steps: direct
+    // only while what it sends stays small, so slow links are not charged for its latency gain.
+    const bool direct = count * es * size_t(n - 1) <= opt_.directMaxBytes && n <= opt_.directMaxRanks;
     LR_TRACE("ucx: comm rank %d: allreduce #%u of %zu %s (%s), %s", comm_->rank(), seq, count,
              dtypeName(dtype), opName(op), direct ? "direct" : "ring");
     ucx::Exchange ex(*comm_, seq, &counters_);

@@ -19,8 +19,9 @@ Status createUcxTransport(const lowrankUniqueId& id, int rank, int nranks, doubl
 // Tuning of the UCX transport (the defaults are what createUcxTransport above uses). Every comm rank
 // must use the same values (they choose the algorithm and the message layout).
 struct UcxTransportOptions {
-  // The direct algorithm serves a call when count * elemSize <= directMaxBytes and the comm has at
-  // most directMaxRanks ranks (its scratch is N * bytes); the ring serves every other call.
+  // The direct algorithm serves a call when it sends at most directMaxBytes per rank,
+  // count * elemSize * (N - 1), and the comm has at most directMaxRanks ranks (its scratch is
+  // N * bytes); the ring serves every other call.
   size_t directMaxBytes = 32 * 1024;
   int directMaxRanks = 64;
   size_t chunkBytes = 1 << 20;  // ring: largest message
