@@ -99,6 +99,7 @@ std::vector<std::string> splitComma(const std::string& s) {
   std::stringstream ss(s);
   std::string item;
   while (std::getline(ss, item, ',')) out.push_back(item);
+  if (s.empty() || s.back() == ',') out.push_back("");  // "float," names an empty item: refused
   return out;
 }
 
@@ -208,7 +209,7 @@ Args parseArgs(int argc, char** argv) {
       }
       case 't': a.nthreads = static_cast<int>(parseInt("-t", optarg, 1, 1024)); break;
       case 'J': a.jsonFile = optarg; break;
-      case 'k': a.approxRank = static_cast<int>(parseInt("-k", optarg, 0, 1 << 20)); break;
+      case 'k': a.approxRank = static_cast<int>(parseInt("-k", optarg, 0, 1 << 16)); break;  // the library's limit
       case 'M': {
         a.modes.clear();
         for (const auto& s : splitComma(optarg)) {

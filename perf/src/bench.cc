@@ -195,10 +195,12 @@ int Bench::run() {
                     a_.approxRank, grads_->count());
       report_->note(line);
     }
-    for (int r = 0; r < h_.nranks(); ++r) {
-      std::snprintf(line, sizeof line, " Rank %2d Group  0 Pid %6d on host device -1 [cpu]", r,
-                    static_cast<int>(getpid()));
-      report_->note(line);
+    if (std::string(h_.kind()) == "threads") {  // every rank is a thread of this process
+      for (int r = 0; r < h_.nranks(); ++r) {
+        std::snprintf(line, sizeof line, " Rank %2d Group  0 Pid %6d on host device -1 [cpu]", r,
+                      static_cast<int>(getpid()));
+        report_->note(line);
+      }
     }
     if (types_.size() != a_.types.size())
       report_->note("integer -d types skipped: the gradients are floating point");
@@ -230,8 +232,12 @@ int Bench::run() {
       std::vector<size_t> counts;
       if (grads_) counts.push_back(grads_->count());
       else
-        for (size_t s : sizes)
+        for (size_t s : sizes) {
           if (s / typeSize(type) > 0) counts.push_back(s / typeSize(type));
+          else if (root)
+            report_->note("size " + std::to_string(s) + " B holds no " + typeName(type) +
+                          " element: skipped");
+        }
       for (size_t count : counts) {
         Case c{type, op, count, grads_.has_value(), false, {}, std::nullopt};
         if (grads_) {

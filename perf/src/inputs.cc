@@ -68,7 +68,8 @@ double trit(const Stream& s, uint64_t i) {
 
 void rankK(float* out, size_t count, int rank, const SyntheticSpec& s) {
   const size_t n = s.view.rows, m = s.view.cols;
-  const size_t k = static_cast<size_t>(std::max(1, s.k));
+  // The sum has rank k in the view, and no view has rank above min(n, m).
+  const size_t k = std::min(static_cast<size_t>(std::max(1, s.k)), std::min(n, m));
   Stream su(s.seed, kShared, kU), sv(s.seed, kShared, kV), sc(s.seed, rank, kC);
   // W = C_i V^T (k x m)
   std::vector<double> c(k * k), w(k * m);
