@@ -35,6 +35,8 @@ void addCompressed(Plan& p, TensorPlan t, const EngineConfig& cfg) {
   p.tensors.push_back(t);
 }
 
+constexpr size_t kMinColBlock = 512;
+
 // Splits every compressed tensor into row blocks (P) and column blocks (Q) of at most `target`
 // elements of M, and groups consecutive blocks into chunks of about `target` elements.
 void makeChunks(Plan& p, size_t target) {
@@ -59,7 +61,10 @@ void makeChunks(Plan& p, size_t target) {
     TensorPlan& tp = p.tensors[t];
     if (!tp.compressed) continue;
     const size_t n = tp.view.rows, m = tp.view.cols, k = size_t(tp.k);
-    const size_t rowsPer = std::max<size_t>(1, target / m), colsPer = std::max<size_t>(1, target / n);
+    // Column blocks at least 512 wide: pass 2 and 3 read each row's block as one run of >= 2 KB,
+    // which keeps a tall matrix (an embedding, 50257 x 768) streaming at memory speed.
+    const size_t rowsPer = std::max<size_t>(1, target / m);
+    const size_t colsPer = std::max<size_t>(std::min<size_t>(m, kMinColBlock), target / n);
     for (size_t r0 = 0; r0 < n; r0 += rowsPer) {
       const size_t r1 = std::min(n, r0 + rowsPer);
       p.rowBlocks.push_back({t, r0, r1});

@@ -77,7 +77,9 @@ TEST_P(PipelineVsSerial, SameResultAndIdenticalOnEveryRank) {
     EXPECT_EQ(std::memcmp(serial[r].data(), serial[0].data(), sh.count * 4), 0) << "rank " << r;
   }
   // With two ranks a sum does not depend on its order: the schedules must agree bit for bit.
-  if (N == 2) EXPECT_EQ(piped[0], serial[0]);
+  if (N == 2) {
+    EXPECT_EQ(piped[0], serial[0]);
+  }
   expectClose(piped[0], serial[0], 1e-6);
 }
 
@@ -89,7 +91,8 @@ INSTANTIATE_TEST_SUITE_P(
         std::make_tuple(3, 2, Shape{{}, 2 * 3001}),              // batched 2 x 3001: padded
         std::make_tuple(4, 3, Shape{{{37, 53}, {11}, {5, 7, 9}, {1, 900}, {900, 1}, {3, 400}}, 37 * 53 + 11 + 315 + 900 + 900 + 1200}),
         std::make_tuple(2, 8, Shape{{{300, 41}, {2, 2}, {41, 300}}, 300 * 41 * 2 + 4}),  // k > min(n, m) for 2 x 2
-        std::make_tuple(3, 1, Shape{{{1001, 13}, {13, 1001}, {7}}, 1001 * 13 * 2 + 7})));
+        std::make_tuple(3, 1, Shape{{{1001, 13}, {13, 1001}, {7}}, 1001 * 13 * 2 + 7}),
+        std::make_tuple(3, 4, Shape{{{5, 1500}, {9}, {40, 1100}}, 5 * 1500 + 9 + 40 * 1100})));  // several column blocks per tensor
 
 TEST(Pipeline, ManyBuffersInterleavedKeepTheirOwnState) {
   ChunkEnv env("300");
