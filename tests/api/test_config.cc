@@ -53,7 +53,7 @@ bool compresses(lowrankComm_t c) {
 
 TEST(Config, ExplicitFieldsWinEnvironmentFillsTheRest) {
   EnvGuard g("LOWRANK_APPROX_RANK", "0");
-  lowrankComm_t c;
+  lowrankComm_t c = nullptr;
   ASSERT_EQ(initWith(nullptr, &c), lowrankSuccess);
   EXPECT_FALSE(compresses(c)) << "LOWRANK_APPROX_RANK=0 fills an unset field";
   lowrankCommDestroy(c);
@@ -70,7 +70,7 @@ TEST(Config, ExplicitFieldsWinEnvironmentFillsTheRest) {
 
 TEST(Config, StartIterFromEnvironment) {
   EnvGuard g("LOWRANK_START_ITER", "1");
-  lowrankComm_t c;
+  lowrankComm_t c = nullptr;
   ASSERT_EQ(initWith(nullptr, &c), lowrankSuccess);
   EXPECT_FALSE(compresses(c));
   lowrankCommDestroy(c);
