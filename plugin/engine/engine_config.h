@@ -15,7 +15,7 @@ struct EngineConfig {
   uint64_t seed = 0;               // initial Q, the same on every comm rank
   double timeoutSec = 300;         // bound on every wait for a peer
   bool pipeline = true;            // overlap factor allreduces with compute, chunk by chunk
-  uint64_t pipelineChunk = 1u << 21;  // elements of M per chunk (LOWRANK_PIPELINE_CHUNK)
+  uint64_t pipelineChunk = 1u << 23;  // elements of M per chunk (LOWRANK_PIPELINE_CHUNK)
 };
 
 }  // namespace lowrank
