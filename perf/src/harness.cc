@@ -19,6 +19,13 @@ void Harness::check(lowrankResult_t r, lowrankComm_t comm, const char* what) {
   fail(msg);
 }
 
+void exitWithError(int rank, const std::string& msg) {
+  std::fflush(stdout);
+  std::fprintf(stderr, "lowrank_allreduce_perf: comm rank %d: %s\n", rank, msg.c_str());
+  std::fflush(stderr);
+  _exit(1);  // other ranks may wait in a collective (threads) or notice us leave (processes)
+}
+
 namespace {
 
 // State shared by the threads of one run.
@@ -39,19 +46,19 @@ class ThreadHarness final : public Harness {
   void barrier() override { s_->sync.arrive_and_wait(); }
 
   double maxDouble(double v) override {
-    return reduceD(v, [](double a, double b) { return std::max(a, b); });
+    return reduce(s_->d, v, [](double a, double b) { return std::max(a, b); });
   }
   double sumDouble(double v) override {
-    return reduceD(v, [](double a, double b) { return a + b; });
+    return reduce(s_->d, v, [](double a, double b) { return a + b; });
   }
   uint64_t sumU64(uint64_t v) override {
-    return reduceU(v, [](uint64_t a, uint64_t b) { return a + b; });
+    return reduce(s_->u, v, [](uint64_t a, uint64_t b) { return a + b; });
   }
   uint64_t maxU64(uint64_t v) override {
-    return reduceU(v, [](uint64_t a, uint64_t b) { return std::max(a, b); });
+    return reduce(s_->u, v, [](uint64_t a, uint64_t b) { return std::max(a, b); });
   }
   uint64_t minU64(uint64_t v) override {
-    return reduceU(v, [](uint64_t a, uint64_t b) { return std::min(a, b); });
+    return reduce(s_->u, v, [](uint64_t a, uint64_t b) { return std::min(a, b); });
   }
 
   lowrankResult_t commInit(lowrankConfig_t* cfg, lowrankComm_t* comm) override {
@@ -73,30 +80,17 @@ class ThreadHarness final : public Harness {
     return lowrankCommInitRankConfig(comm, s_->nranks, id, rank_, cfg);
   }
 
-  [[noreturn]] void fail(const std::string& msg) override {
-    std::fflush(stdout);
-    std::fprintf(stderr, "lowrank_allreduce_perf: comm rank %d: %s\n", rank_, msg.c_str());
-    std::fflush(stderr);
-    _exit(1);  // other threads may wait in a collective: end the process now
-  }
+  [[noreturn]] void fail(const std::string& msg) override { exitWithError(rank_, msg); }
 
  private:
-  template <typename F>
-  double reduceD(double v, F f) {
-    s_->d[rank_] = v;
+  // Every rank writes its value to its slot, then reduces all slots in rank order.
+  template <typename T, typename F>
+  T reduce(std::vector<T>& slots, T v, F f) {
+    slots[rank_] = v;
     barrier();
-    double r = s_->d[0];
-    for (int i = 1; i < s_->nranks; ++i) r = f(r, s_->d[i]);
-    barrier();  // nobody overwrites d before all have read it
-    return r;
-  }
-  template <typename F>
-  uint64_t reduceU(uint64_t v, F f) {
-    s_->u[rank_] = v;
-    barrier();
-    uint64_t r = s_->u[0];
-    for (int i = 1; i < s_->nranks; ++i) r = f(r, s_->u[i]);
-    barrier();
+    T r = slots[0];
+    for (int i = 1; i < s_->nranks; ++i) r = f(r, slots[i]);
+    barrier();  // nobody overwrites a slot before all have read it
     return r;
   }
 

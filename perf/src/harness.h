@@ -38,6 +38,9 @@ class Harness {
   void check(lowrankResult_t r, lowrankComm_t comm, const char* what);
 };
 
+// Prints "comm rank R: msg" and ends the process at once (what every Harness::fail does).
+[[noreturn]] void exitWithError(int rank, const std::string& msg);
+
 using RankMain = std::function<int(Harness&)>;
 
 // Runs body on nthreads comm ranks (threads of this process) and returns the largest exit status.

@@ -52,12 +52,7 @@ class ProcessHarness final : public Harness {
     return lowrankCommInitRankConfig(comm, n_, id, rank_, cfg);
   }
 
-  [[noreturn]] void fail(const std::string& msg) override {
-    std::fflush(stdout);
-    std::fprintf(stderr, "lowrank_allreduce_perf: comm rank %d: %s\n", rank_, msg.c_str());
-    std::fflush(stderr);
-    _exit(1);  // peers see this process leave and fail in turn, within their timeout
-  }
+  [[noreturn]] void fail(const std::string& msg) override { exitWithError(rank_, msg); }
 
  private:
   template <typename T>
