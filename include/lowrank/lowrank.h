@@ -183,6 +183,11 @@ lowrankResult_t lowrankCommDestroy(lowrankComm_t comm);
  * lowrankCommDestroy does. Errors: lowrankInvalidArgument (null). */
 lowrankResult_t lowrankCommAbort(lowrankComm_t comm);
 
+/* The configuration in force on comm: every field resolved (explicit field, else LOWRANK_*
+ * variable, else default). config must come from LOWRANK_CONFIG_INITIALIZER (its header is checked).
+ * Errors: lowrankInvalidArgument (null, or a config header that does not match). */
+lowrankResult_t lowrankCommGetConfig(const lowrankComm_t comm, lowrankConfig_t* config);
+
 /* Number of comm ranks / this caller's comm rank. Errors: lowrankInvalidArgument (null). */
 lowrankResult_t lowrankCommCount(const lowrankComm_t comm, int* count);
 lowrankResult_t lowrankCommUserRank(const lowrankComm_t comm, int* rank);

@@ -50,24 +50,6 @@ Buffer allocate(size_t bytes) {
   return Buffer(p);
 }
 
-// What the library reads from the environment and the perf must mirror (explicit config fields are
-// left unset so that LOWRANK_* variables keep working).
-int envStartIter() {
-  const char* v = std::getenv("LOWRANK_START_ITER");
-  if (!v || !*v) return 0;
-  char* end = nullptr;
-  const long x = std::strtol(v, &end, 10);
-  return (end != v && *end == '\0' && x > 0 && x < 1000000) ? static_cast<int>(x) : 0;
-}
-
-double envCompressionRate() {
-  const char* v = std::getenv("LOWRANK_MIN_COMPRESSION_RATE");
-  if (!v || !*v) return 2.0;
-  char* end = nullptr;
-  const double x = std::strtod(v, &end);
-  return (end != v && *end == '\0' && x >= 1.0) ? x : 2.0;
-}
-
 bool compressible(lowrankDataType_t t, lowrankRedOp_t op) {
   return (t == lowrankFloat32 || t == lowrankFloat16 || t == lowrankBfloat16) &&
          (op == lowrankSum || op == lowrankAvg);
@@ -125,8 +107,6 @@ class Bench {
 };
 
 int Bench::run() {
-  startIter_ = envStartIter();
-  rate_ = envCompressionRate();
   const bool root = h_.localRoot();  // measures; comm rank 0 alone prints the table
   if (root) report_ = std::make_unique<Report>(h_.rank() == 0 ? stdout : devNull());
 
@@ -288,6 +268,12 @@ void Bench::makeComms() {
     lowrankConfig_t cfgK = LOWRANK_CONFIG_INITIALIZER;
     cfgK.approxRank = a_.approxRank;
     h_.check(h_.commInit(&cfgK, &commK_), nullptr, "lowrankCommInitRankConfig (powersgd)");
+    // The start iteration and compression rate in force (from LOWRANK_* when set) decide which
+    // calls are exact and which tensors are compressed: ask the library rather than re-parse.
+    lowrankConfig_t inForce = LOWRANK_CONFIG_INITIALIZER;
+    h_.check(lowrankCommGetConfig(commK_, &inForce), commK_, "lowrankCommGetConfig");
+    startIter_ = inForce.startIter;
+    rate_ = inForce.minCompressionRate;
     if (a_.phases) {
       // compute_us: the same compressed allreduce on a communicator of this comm rank alone (the
       // transport has nothing to do for one rank), every comm rank at once. Not collective.

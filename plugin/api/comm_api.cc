@@ -85,3 +85,22 @@ LOWRANK_API lowrankResult_t lowrankCommUserRank(const lowrankComm_t comm, int* r
   *rank = comm->rank;
   return lowrankSuccess;
 }
+
+LOWRANK_API lowrankResult_t lowrankCommGetConfig(const lowrankComm_t comm, lowrankConfig_t* config) {
+  if (!comm || !config)
+    return fail(nullptr, lowrankInvalidArgument, "lowrankCommGetConfig: %s is NULL", comm ? "config" : "comm");
+  if (config->size != sizeof(lowrankConfig_t) || config->magic != LOWRANK_CONFIG_MAGIC)
+    return fail(nullptr, lowrankInvalidArgument,
+                "lowrankCommGetConfig: config not initialized with LOWRANK_CONFIG_INITIALIZER");
+  const lowrank::EngineConfig& c = comm->cfg;
+  config->approxRank = c.approxRank;
+  config->minCompressionRate = c.minCompressionRate;
+  config->startIter = c.startIter;
+  config->errorFeedback = c.errorFeedback;
+  config->warmStart = c.warmStart;
+  config->orthoEpsilon = c.orthoEpsilon;
+  config->seed = (long long)c.seed;
+  config->timeoutSec = c.timeoutSec;
+  config->pipeline = c.pipeline;
+  return lowrankSuccess;
+}

@@ -68,6 +68,27 @@ TEST(Config, ExplicitFieldsWinEnvironmentFillsTheRest) {
   lowrankCommDestroy(c);
 }
 
+TEST(Config, GetConfigReportsTheValuesInForce) {
+  EnvGuard g("LOWRANK_START_ITER", "3");
+  lowrankConfig_t cfg = LOWRANK_CONFIG_INITIALIZER;
+  cfg.approxRank = 2;
+  lowrankComm_t c = nullptr;
+  ASSERT_EQ(initWith(&cfg, &c), lowrankSuccess);
+  lowrankConfig_t got = LOWRANK_CONFIG_INITIALIZER;
+  ASSERT_EQ(lowrankCommGetConfig(c, &got), lowrankSuccess);
+  EXPECT_EQ(got.approxRank, 2);           // explicit
+  EXPECT_EQ(got.startIter, 3);            // environment
+  EXPECT_EQ(got.minCompressionRate, 2.0); // default
+  EXPECT_EQ(got.errorFeedback, 1);
+  EXPECT_EQ(got.pipeline, 1);
+  EXPECT_EQ(lowrankCommGetConfig(c, nullptr), lowrankInvalidArgument);
+  lowrankConfig_t bad = LOWRANK_CONFIG_INITIALIZER;
+  bad.magic = 0;
+  EXPECT_EQ(lowrankCommGetConfig(c, &bad), lowrankInvalidArgument);
+  EXPECT_EQ(lowrankCommGetConfig(nullptr, &got), lowrankInvalidArgument);
+  lowrankCommDestroy(c);
+}
+
 TEST(Config, StartIterFromEnvironment) {
   EnvGuard g("LOWRANK_START_ITER", "1");
   lowrankComm_t c = nullptr;

@@ -206,7 +206,9 @@ TEST(AllReduce, NonFiniteOnOneRankGivesExactResultOnAllAndResetsState) {
     EXPECT_TRUE(std::isnan(out[5]));
     EXPECT_TRUE(std::isinf(out[77]));
     for (size_t i = 0; i < count; ++i)
-      if (i != 5 && i != 77) ASSERT_NEAR(out[i], ref[i], 1e-5) << i;
+      if (i != 5 && i != 77) {
+        ASSERT_NEAR(out[i], ref[i], 1e-5) << i;
+      }
     lowrankStats_t st;
     ASSERT_EQ(lowrankGetStats(comm, &st), lowrankSuccess);
     EXPECT_EQ(st.fallbackCalls, 1u);
