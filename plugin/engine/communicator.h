@@ -8,6 +8,7 @@
 #include <string>
 
 #include "engine/buffer_state.h"
+#include "engine/device_backend.h"
 #include "engine/engine_config.h"
 #include "transport/async_transport.h"
 
@@ -16,6 +17,8 @@ struct lowrankComm {
   std::unique_ptr<lowrank::AsyncTransport> transport;
   lowrank::BufferRegistry buffers;
   int rank = 0, nranks = 1;
+  void* ncclComm = nullptr;                       // lowrankCommInitFromNccl: not owned
+  std::unique_ptr<lowrank::DeviceEngine> device;  // made at the first device buffer
 
   struct Counters {
     uint64_t calls = 0, compressedCalls = 0, fallbackCalls = 0;

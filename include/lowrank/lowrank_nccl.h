@@ -1,0 +1,44 @@
+/*
+ * lowrank over an application's NCCL communicator (device buffers, CUDA streams).
+ *
+ * A communicator made here has the comm ranks and size of the NCCL communicator it is made from.
+ * Its factor allreduces (P and Q of every compressed call, the exact part, and the small plan
+ * check of a buffer's first call) are NCCL allreduces on that communicator, issued through the
+ * real NCCL library's own symbols (so an LD_PRELOAD interposer of ncclAllReduce never sees them).
+ * Device buffers (cudaMalloc'd) are compressed on the GPU by the CUDA backend, liblowrank_cuda.so,
+ * which liblowrank loads when a device buffer first appears; host buffers take the host engine,
+ * with NCCL as the transport (they must then be memory NCCL accepts).
+ *
+ * lowrankAllReduce on such a communicator with device buffers is asynchronous like ncclAllReduce:
+ * it returns once the work is queued, and `stream` (a cudaStream_t) waits for the result. The
+ * first call of a buffer blocks the host while its plan is made and checked across comm ranks.
+ * CUDA graph capture of lowrankAllReduce is refused with lowrankInvalidUsage.
+ * Errors found on the device after the call returned (non-finite input on some comm rank, comm
+ * ranks calling with different ops) make the output NaN for that call, leave the buffer's state
+ * as it was before the call, and are counted in lowrankStats (deviceRejectedCalls).
+ */
+#ifndef LOWRANK_LOWRANK_NCCL_H_
+#define LOWRANK_LOWRANK_NCCL_H_
+
+#include <nccl.h>
+
+#include "lowrank/lowrank.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Makes *comm over `nccl`. Not collective (no communication): every comm rank may call it at any
+ * time, but all must use the same configuration (the seed in particular). `nccl` is not owned:
+ * destroy *comm (lowrankCommDestroy) before the NCCL communicator.
+ * Errors: lowrankInvalidArgument (null comm or nccl, bad config), lowrankSystemError (the real
+ * NCCL library could not be loaded or lacks a symbol: see LOWRANK_NCCL_LIBRARY).
+ * Thread safety: as lowrankCommInitRank. */
+lowrankResult_t lowrankCommInitFromNccl(lowrankComm_t* comm, ncclComm_t nccl);
+lowrankResult_t lowrankCommInitFromNcclConfig(lowrankComm_t* comm, ncclComm_t nccl,
+                                              const lowrankConfig_t* config);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* LOWRANK_LOWRANK_NCCL_H_ */
