@@ -3,6 +3,7 @@
 
 #include "api/errors.h"
 #include "api/export.h"
+#include "engine/device_backend.h"
 #include "util/dtype.h"
 
 using lowrank::api::fail;
@@ -35,11 +36,20 @@ LOWRANK_API lowrankResult_t lowrankAllReduce(const void* sendbuff, void* recvbuf
     if (s != r && s < r + bytes && r < s + bytes)
       return fail(comm, lowrankInvalidArgument,
                   "lowrankAllReduce: sendbuff and recvbuff overlap without being equal");
-    if (stream)
+    // Device memory is told apart by the CUDA driver, if the process has loaded one.
+    const bool sendDev = lowrank::isDevicePointer(sendbuff);
+    const bool recvDev = s == r ? sendDev : lowrank::isDevicePointer(recvbuff);
+    if (sendDev != recvDev)
       return fail(comm, lowrankInvalidArgument,
-                  "lowrankAllReduce: a stream was given, but this build handles host buffers only "
-                  "(pass NULL)");
-    lowrank::Status st = lowrank::allReduce(comm, sendbuff, recvbuff, count, datatype, op);
+                  "lowrankAllReduce: sendbuff %p is %s memory but recvbuff %p is %s memory",
+                  sendbuff, sendDev ? "device" : "host", recvbuff, recvDev ? "device" : "host");
+    // Host buffers on an NCCL communicator: the stream goes nowhere (NCCL gets the host engine's
+    // factor buffers); elsewhere a stream with host buffers is a mistake worth reporting.
+    if (stream && !sendDev && !comm->ncclComm)
+      return fail(comm, lowrankInvalidArgument,
+                  "lowrankAllReduce: a stream was given with host buffers (pass NULL)");
+    lowrank::Status st =
+        lowrank::allReduce(comm, sendbuff, recvbuff, count, datatype, op, stream, sendDev);
     return st.ok() ? lowrankSuccess : fail(comm, st);
   });
 }

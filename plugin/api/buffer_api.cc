@@ -80,6 +80,7 @@ LOWRANK_API lowrankResult_t lowrankBufferReset(lowrankComm_t comm, const void* r
     return fail(comm, lowrankInvalidArgument, "lowrankBufferReset: %s is NULL", comm ? "recvbuff" : "comm");
   std::lock_guard<std::mutex> lock(comm->callMu);
   if (lowrank::BufferState* st = comm->buffers.find(recvbuff)) st->reset();
+  if (comm->device) comm->device->resetBuffer(recvbuff);
   return lowrankSuccess;
 }
 
@@ -88,6 +89,7 @@ LOWRANK_API lowrankResult_t lowrankBufferRelease(lowrankComm_t comm, const void*
     return fail(comm, lowrankInvalidArgument, "lowrankBufferRelease: %s is NULL", comm ? "recvbuff" : "comm");
   std::lock_guard<std::mutex> lock(comm->callMu);
   comm->buffers.erase(recvbuff);
+  if (comm->device) comm->device->releaseBuffer(recvbuff);
   return lowrankSuccess;
 }
 
@@ -111,5 +113,17 @@ LOWRANK_API lowrankResult_t lowrankGetStats(lowrankComm_t comm, lowrankStats_t* 
                      : 0.0;
   stats->stateBytes = comm->buffers.bytes();
   stats->buffers = comm->buffers.size();
+  if (comm->device) {  // device buffers' counters live in the CUDA backend
+    const lowrank::DeviceCounters d = comm->device->counters();
+    stats->compressedCalls += d.compressedCalls;
+    stats->fallbackCalls += d.fallbackCalls;
+    stats->compressedElements += d.compressedElements;
+    stats->exactElements += d.exactElements;
+    stats->payloadElements += d.payloadElements;
+    stats->stateBytes += d.stateBytes;
+    stats->buffers += d.buffers;
+    const uint64_t payload = stats->payloadElements;
+    stats->ratio = payload ? double(stats->compressedElements + stats->exactElements) / double(payload) : 0.0;
+  }
   return lowrankSuccess;
 }

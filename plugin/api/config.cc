@@ -104,6 +104,7 @@ Status resolveConfig(const lowrankConfig_t* user, EngineConfig* out) {
   int chunk = int(c.pipelineChunk);
   LR_RETURN_IF_ERROR(envInt("LOWRANK_PIPELINE_CHUNK", 1, 1 << 30, &chunk));
   c.pipelineChunk = uint64_t(chunk);
+  LR_RETURN_IF_ERROR(envInt("LOWRANK_TEST_FAIL_ALLOC", -1, 1 << 30, &c.testFailAllocRank));
   if (user) {
     if (user->size != sizeof(lowrankConfig_t) || user->magic != LOWRANK_CONFIG_MAGIC)
       return Status::Error(lowrankInvalidArgument,

@@ -2,8 +2,10 @@
 #include <cstdio>
 #include <cstring>
 #include <new>
+#include <vector>
 
 #include "engine/communicator.h"
+#include "engine/device_backend.h"
 #include "engine/powersgd.h"
 #include "util/dtype.h"
 #include "util/log.h"
@@ -20,33 +22,55 @@ Status exactAllReduce(lowrankComm* comm, const void* send, void* recv, size_t co
   return Status::Ok();
 }
 
-// Makes the plan of a buffer at its first call, checks that every rank made the same one, and
-// allocates its state. Collective (one small allreduce), so every rank must reach it together.
+// Allocates the state of a planned buffer; false if memory ran out (or the test asks for it).
+bool allocateState(const lowrankComm* comm, BufferState& st, const Plan& plan) {
+  if (comm->cfg.testFailAllocRank == comm->rank) return false;
+  try {
+    if (comm->cfg.errorFeedback) st.error.assign(plan.count, 0.f);
+    st.payload.assign(plan.payloadElems(), 0.f);
+    st.qt.assign(plan.qElems, 0.f);
+    if (plan.pipelined) st.qwire.assign(plan.qElems, 0.f);
+    return true;
+  } catch (const std::bad_alloc&) {
+    return false;
+  }
+}
+
+// Makes the plan of a buffer at its first call and allocates its state, then checks with one
+// small allreduce that every rank made the same plan and could allocate. Collective, so every
+// rank must reach it together. If any rank could not allocate, every rank marks the buffer
+// exactOnly: the decision is common, so the ranks keep issuing the same collectives.
 Status planBuffer(lowrankComm* comm, BufferState& st, size_t count, lowrankDataType_t dtype,
                   lowrankRedOp_t op, const void* buf) {
   Plan plan;
   Status s = makePlan(count, dtype, op, st.layout ? &*st.layout : nullptr, comm->cfg, &plan);
-  // A local planning error still takes part in the hash exchange, so that peers do not hang.
-  uint64_t h[2] = {s.ok() ? plan.hash : 0, s.ok() ? ~plan.hash : 0};
-  LR_RETURN_IF_ERROR(comm->transport->allreduce(h, 2, lowrankUint64, lowrankMax));
-  if (!s.ok()) return s;
-  if (h[0] != plan.hash || h[1] != ~plan.hash)
+  const bool allocated = s.ok() && allocateState(comm, st, plan);
+  // A local planning error still takes part in the exchange, so that peers do not hang.
+  uint64_t h[3] = {s.ok() ? plan.hash : 0, s.ok() ? ~plan.hash : 0, allocated ? 0u : 1u};
+  Status x = comm->transport->allreduce(h, 3, lowrankUint64, lowrankMax);
+  if (!x.ok() || !s.ok()) {
+    st.reset();
+    return x.ok() ? s : x;
+  }
+  if (h[0] != plan.hash || h[1] != ~plan.hash) {
+    st.reset();
     return Status::Error(lowrankInvalidUsage,
                          "buffer %p: comm ranks disagree on (count, dtype, op, layout, k); this "
                          "rank has count %zu, dtype %s, op %s",
                          buf, count, dtypeName(dtype), opName(op));
-  try {
-    if (comm->cfg.errorFeedback) st.error.assign(count, 0.f);
-    st.payload.assign(plan.payloadElems(), 0.f);
-    st.qt.assign(plan.qElems, 0.f);
-    if (plan.pipelined) st.qwire.assign(plan.qElems, 0.f);
-  } catch (const std::bad_alloc&) {
-    st.reset();
-    return Status::Error(lowrankSystemError, "buffer %p: cannot allocate state for %zu elements",
-                         buf, count);
   }
   st.plan = std::move(plan);
   st.planned = true;
+  if (h[2]) {
+    std::vector<float>().swap(st.error);
+    std::vector<float>().swap(st.payload);
+    std::vector<float>().swap(st.qt);
+    std::vector<float>().swap(st.qwire);
+    st.exactOnly = true;
+    LR_WARN("buffer %p (count %zu): %s could not allocate the compression state; every comm rank "
+            "allreduces this buffer exactly", buf, count, allocated ? "another comm rank" : "this comm rank");
+    return Status::Ok();
+  }
   LR_INFO("buffer %p planned: count %zu %s, %s, %zu tensors (%zu compressed elements), P %zu Q %zu "
           "exact %zu, %s",
           buf, count, dtypeName(dtype), st.plan.perTensor ? "per-tensor" : "batched",
@@ -66,7 +90,8 @@ Status compressedAllReduce(lowrankComm* comm, const void* send, void* recv, size
   const Plan& pl = st.plan;
   const bool warmup = st.calls < uint64_t(comm->cfg.startIter);
   ++st.calls;
-  if (pl.compressedElems == 0 || warmup) return exactAllReduce(comm, send, recv, count, dtype, op);
+  if (pl.compressedElems == 0 || warmup || st.exactOnly)
+    return exactAllReduce(comm, send, recv, count, dtype, op);
 
   CompressedResult r;
   Status s = pl.pipelined
@@ -89,14 +114,39 @@ Status compressedAllReduce(lowrankComm* comm, const void* send, void* recv, size
   return Status::Ok();
 }
 
+
+// Device buffers: the CUDA backend, made at the first device buffer of the communicator.
+Status deviceAllReduce(lowrankComm* comm, const void* send, void* recv, size_t count,
+                       lowrankDataType_t dtype, lowrankRedOp_t op, void* stream) {
+  if (!comm->device) {
+    if (!comm->ncclComm)
+      return Status::Error(lowrankInvalidUsage,
+                           "device buffers need a communicator made by lowrankCommInitFromNccl "
+                           "(this one moves host memory only)");
+    const DeviceBackend* backend = nullptr;
+    LR_RETURN_IF_ERROR(deviceBackend(&backend));
+    DeviceCommDesc d;
+    LR_RETURN_IF_ERROR(nccl::realNccl(&d.nccl));
+    d.ncclComm = comm->ncclComm;
+    d.rank = comm->rank;
+    d.nranks = comm->nranks;
+    d.cfg = comm->cfg;
+    LR_RETURN_IF_ERROR(backend->createEngine(d, &comm->device));
+  }
+  const BufferState* st = comm->buffers.find(recv);
+  return comm->device->allReduce(send, recv, count, dtype, op, stream,
+                                 st && st->layout ? &*st->layout : nullptr);
+}
+
 }  // namespace
 
 Status allReduce(lowrankComm* comm, const void* sendbuff, void* recvbuff, size_t count,
-                 lowrankDataType_t dtype, lowrankRedOp_t op) {
+                 lowrankDataType_t dtype, lowrankRedOp_t op, void* stream, bool device) {
   const bool compress = comm->cfg.approxRank > 0 && dtypeCompressible(dtype) &&
                         (op == lowrankSum || op == lowrankAvg);
-  Status s = compress ? compressedAllReduce(comm, sendbuff, recvbuff, count, dtype, op)
-                      : exactAllReduce(comm, sendbuff, recvbuff, count, dtype, op);
+  Status s = device    ? deviceAllReduce(comm, sendbuff, recvbuff, count, dtype, op, stream)
+             : compress ? compressedAllReduce(comm, sendbuff, recvbuff, count, dtype, op)
+                        : exactAllReduce(comm, sendbuff, recvbuff, count, dtype, op);
   if (s.ok()) {
     ++comm->counters.calls;
   } else if (s.code != lowrankInvalidArgument && s.code != lowrankInvalidUsage) {

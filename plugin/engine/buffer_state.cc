@@ -12,6 +12,7 @@ void BufferState::reset() {
   std::vector<float>().swap(qwire);
   haveQ = false;
   calls = 0;
+  exactOnly = false;
 }
 
 size_t BufferState::bytes() const {

@@ -21,6 +21,9 @@ struct BufferState {
   std::vector<float> qwire;      // pipelined: Q^T by column blocks, as the Q chunks travel
   bool haveQ = false;            // qt holds a Qbar from an earlier call (warm start)
   uint64_t calls = 0;            // calls since the plan was made
+  bool exactOnly = false;        // some comm rank could not allocate the state at plan time: every
+                                 // rank allreduces this buffer exactly until its count or dtype
+                                 // changes, or it is reset
 
   // Drops plan, residual and factors; keeps the layout. The next call plans afresh.
   void reset();

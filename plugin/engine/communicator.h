@@ -36,7 +36,8 @@ namespace lowrank {
 
 // The allreduce of lowrank.h, arguments already checked. Chooses exact or compressed, keeps the
 // buffer's state. On a transport error the buffer's state is reset and the comm marked failed.
+// device: the buffers are device memory (the CUDA backend runs the call on `stream`).
 Status allReduce(lowrankComm* comm, const void* sendbuff, void* recvbuff, size_t count,
-                 lowrankDataType_t dtype, lowrankRedOp_t op);
+                 lowrankDataType_t dtype, lowrankRedOp_t op, void* stream, bool device);
 
 }  // namespace lowrank

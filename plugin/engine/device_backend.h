@@ -25,7 +25,7 @@ struct DeviceCommDesc {
 
 // Counters a device engine adds to lowrankGetStats.
 struct DeviceCounters {
-  uint64_t calls = 0, compressedCalls = 0, fallbackCalls = 0;
+  uint64_t compressedCalls = 0, fallbackCalls = 0;  // calls are counted by the communicator
   uint64_t compressedElements = 0, exactElements = 0, payloadElements = 0;
   uint64_t stateBytes = 0, buffers = 0;
 };

@@ -16,6 +16,8 @@ struct EngineConfig {
   double timeoutSec = 300;         // bound on every wait for a peer
   bool pipeline = true;            // overlap factor allreduces with compute, chunk by chunk
   uint64_t pipelineChunk = 1u << 23;  // elements of M per chunk (LOWRANK_PIPELINE_CHUNK)
+  int testFailAllocRank = -1;      // test only: this comm rank fails its plan allocations
+                                   // (LOWRANK_TEST_FAIL_ALLOC), to test the collective fallback
 };
 
 }  // namespace lowrank

@@ -268,3 +268,39 @@ TEST(AllReduce, MixedSumAndAvgIsInvalidUsageOnEveryRank) {
 }
 
 }  // namespace
+
+namespace {
+
+// One comm rank cannot allocate a buffer's state: every rank agrees at plan time and allreduces
+// that buffer exactly, call after call, with no hang and no error.
+TEST(AllReduce, AllocationFailureOnOneRankFallsBackToExactOnEveryRank) {
+  const int N = 3;
+  const size_t n = 64, m = 96, count = n * m;
+  auto make = [&](int r) { return decayingInput(n, m, r); };
+  const std::vector<double> ref = exactSum(N, count, make);
+  setenv("LOWRANK_TEST_FAIL_ALLOC", "1", 1);
+  withComms(N, [&](int r, lowrankComm_t comm) {
+    std::vector<float> g = make(r), out(count);
+    for (int call = 0; call < 3; ++call) {
+      ASSERT_EQ(lowrankAllReduce(g.data(), out.data(), count, lowrankFloat32, lowrankSum, comm, nullptr),
+                lowrankSuccess) << lowrankGetLastError(comm);
+      for (size_t i = 0; i < count; ++i) ASSERT_NEAR(out[i], ref[i], 1e-4) << "rank " << r << " call " << call;
+    }
+    lowrankStats_t st;
+    ASSERT_EQ(lowrankGetStats(comm, &st), lowrankSuccess);
+    EXPECT_EQ(st.compressedCalls, 0u);
+    EXPECT_EQ(st.calls, 3u);
+    EXPECT_EQ(st.stateBytes, 0u) << "no rank keeps state for a buffer that is allreduced exactly";
+  });
+  unsetenv("LOWRANK_TEST_FAIL_ALLOC");
+  // Without the fault the same calls are compressed.
+  withComms(N, [&](int r, lowrankComm_t comm) {
+    std::vector<float> g = make(r), out(count);
+    ASSERT_EQ(lowrankAllReduce(g.data(), out.data(), count, lowrankFloat32, lowrankSum, comm, nullptr), lowrankSuccess);
+    lowrankStats_t st;
+    ASSERT_EQ(lowrankGetStats(comm, &st), lowrankSuccess);
+    EXPECT_EQ(st.compressedCalls, 1u);
+  });
+}
+
+}  // namespace
