@@ -37,6 +37,8 @@ void addCompressed(Plan& p, TensorPlan t, const EngineConfig& cfg) {
 
 constexpr size_t kMinColBlock = 512;
 
+}  // namespace
+
 // Splits every compressed tensor into row blocks (P) and column blocks (Q) of at most `target`
 // elements of M, and groups consecutive blocks into chunks of about `target` elements.
 void makeChunks(Plan& p, size_t target) {
@@ -88,8 +90,6 @@ void makeChunks(Plan& p, size_t target) {
   closeQ(true);
   p.pChunks.back().count += 2;  // the non-finite count and the op check ride in the last P chunk
 }
-
-}  // namespace
 
 host::MatrixView batchedView(size_t count) {
   host::MatrixView v;

@@ -69,6 +69,12 @@ host::MatrixView batchedView(size_t count);
 // (n + m) k rate < n m, as PyTorch's powerSGD_hook.
 bool shouldCompress(size_t n, size_t m, int k, double rate);
 
+// Splits every compressed tensor of p into row blocks (P) and column blocks (Q) of at most `target`
+// elements of M, grouped in chunks of about `target` elements (what makePlan does when it
+// pipelines). The device schedule calls it with a huge target on unpipelined plans, to run one
+// chunk per phase. Requires p.compressedElems > 0 and no chunks yet.
+void makeChunks(Plan& p, size_t target);
+
 // Makes the plan. layout may be null (batched mode). Errors: lowrankInvalidUsage when the layout's
 // elements do not add up to count.
 Status makePlan(size_t count, lowrankDataType_t dtype, lowrankRedOp_t op, const Layout* layout,

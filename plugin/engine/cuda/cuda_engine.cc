@@ -1,0 +1,166 @@
+#include "engine/cuda/cuda_engine.h"
+
+#include <cstring>
+
+#include "engine/cuda/cuda_status.h"
+#include "util/dtype.h"
+#include "util/log.h"
+
+namespace lowrank::cuda {
+
+Status CudaEngine::create(const DeviceCommDesc& desc, std::unique_ptr<DeviceEngine>* out) {
+  std::unique_ptr<CudaEngine> e(new CudaEngine(desc));
+  LR_CUDA(cudaGetDevice(&e->device_));
+  LR_CUDA(cudaStreamCreateWithFlags(&e->comm_.stream, cudaStreamNonBlocking));
+  LR_CUDA(cudaMalloc(reinterpret_cast<void**>(&e->planCheck_), 3 * sizeof(uint64_t)));
+  e->comm_.api = desc.nccl;
+  e->comm_.comm = desc.ncclComm;
+  e->comm_.nranks = desc.nranks;
+  LR_INFO("CUDA engine for comm rank %d/%d on device %d", desc.rank, desc.nranks, e->device_);
+  *out = std::move(e);
+  return Status::Ok();
+}
+
+CudaEngine::~CudaEngine() {
+  for (auto& kv : buffers_) kv.second.release();
+  if (comm_.stream) {
+    cudaStreamSynchronize(comm_.stream);
+    cudaStreamDestroy(comm_.stream);
+  }
+  if (planCheck_) cudaFree(planCheck_);
+}
+
+Status CudaEngine::exact(const void* send, void* recv, size_t count, lowrankDataType_t dtype,
+                         lowrankRedOp_t op, cudaStream_t s) {
+  LR_RETURN_IF_ERROR(nccl::fromNccl(*comm_.api,
+                                    comm_.api->allReduce(send, recv, count, dtype, op, comm_.comm, s),
+                                    "ncclAllReduce"));
+  counters_.exactElements += count;
+  counters_.payloadElements += count;
+  return Status::Ok();
+}
+
+// As the host engine's planBuffer: plan, allocate, then one small allreduce in which every rank
+// shows its plan's hash and whether it could allocate. Blocks the host (once per buffer).
+Status CudaEngine::plan(DeviceBuffer& b, size_t count, lowrankDataType_t dtype, lowrankRedOp_t op,
+                        const Layout* layout, const void* recv) {
+  Plan pl;
+  Status s = makePlan(count, dtype, op, layout, desc_.cfg, &pl);
+  if (s.ok() && pl.compressedElems && !pl.pipelined) makeChunks(pl, SIZE_MAX / 4);  // one chunk
+  bool allocated = false;
+  if (s.ok() && pl.compressedElems) {
+    allocated = desc_.cfg.testFailAllocRank != desc_.rank &&
+                b.allocate(pl, desc_.cfg.errorFeedback, desc_.nranks).ok();
+  } else if (s.ok()) {
+    allocated = true;  // nothing to compress: no state
+  }
+  uint64_t h[3] = {s.ok() ? pl.hash : 0, s.ok() ? ~pl.hash : 0, allocated ? 0u : 1u};
+  LR_CUDA(cudaMemcpy(planCheck_, h, sizeof h, cudaMemcpyHostToDevice));
+  LR_RETURN_IF_ERROR(nccl::fromNccl(*comm_.api,
+                                    comm_.api->allReduce(planCheck_, planCheck_, 3, lowrankUint64,
+                                                         lowrankMax, comm_.comm, comm_.stream),
+                                    "ncclAllReduce (plan check)"));
+  LR_CUDA(cudaStreamSynchronize(comm_.stream));
+  LR_CUDA(cudaMemcpy(h, planCheck_, sizeof h, cudaMemcpyDeviceToHost));
+  if (!s.ok()) {
+    b.release();
+    return s;
+  }
+  if (h[0] != pl.hash || h[1] != ~pl.hash) {
+    b.release();
+    return Status::Error(lowrankInvalidUsage,
+                         "device buffer %p: comm ranks disagree on (count, dtype, op, layout, k); "
+                         "this rank has count %zu, dtype %s, op %s",
+                         recv, count, dtypeName(dtype), opName(op));
+  }
+  if (h[2]) {
+    b.release();
+    b.exactOnly = true;
+    LR_WARN("device buffer %p (count %zu): %s could not allocate the compression state; every "
+            "comm rank allreduces this buffer exactly",
+            recv, count, allocated ? "another comm rank" : "this comm rank");
+  }
+  b.plan = std::move(pl);
+  b.planned = true;
+  LR_INFO("device buffer %p planned: count %zu %s, %zu tensors, P %zu Q %zu exact %zu, %zu+%zu "
+          "chunks, %zu bytes of state",
+          recv, count, dtypeName(dtype), b.plan.tensors.size(), b.plan.pElems, b.plan.qElems,
+          b.plan.exactElems, b.plan.pChunks.size(), b.plan.qChunks.size(), b.bytes);
+  return Status::Ok();
+}
+
+void CudaEngine::collectChecks() {
+  for (auto& kv : buffers_) {
+    DeviceBuffer& b = kv.second;
+    if (!b.checksPending || cudaEventQuery(b.checksCopied) != cudaSuccess) continue;
+    b.checksPending = false;
+    if (b.hostChecks[0] != 0.f || b.hostChecks[1] != b.expectedOp) {
+      ++counters_.fallbackCalls;
+      LR_INFO("device buffer %p: a call was rejected on the device (%s); its output is NaN",
+              kv.first, b.hostChecks[1] != b.expectedOp ? "comm ranks used different ops"
+                                                        : "non-finite or huge input on some comm rank");
+    }
+  }
+}
+
+Status CudaEngine::allReduce(const void* send, void* recv, size_t count, lowrankDataType_t dtype,
+                             lowrankRedOp_t op, void* stream, const Layout* layout) {
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  collectChecks();
+  const bool compressible = desc_.cfg.approxRank > 0 && dtypeCompressible(dtype) &&
+                            (op == lowrankSum || op == lowrankAvg);
+  if (!compressible) return exact(send, recv, count, dtype, op, s);
+
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  LR_CUDA(cudaStreamIsCapturing(s, &capture));
+  if (capture != cudaStreamCaptureStatusNone)
+    return Status::Error(lowrankInvalidUsage,
+                         "lowrankAllReduce of device buffer %p during CUDA graph capture: not "
+                         "supported (per-buffer state changes at every call); call it outside "
+                         "the graph", recv);
+
+  DeviceBuffer& b = buffers_[recv];
+  if (b.planned && (b.plan.count != count || b.plan.dtype != dtype)) {
+    LR_INFO("device buffer %p: count or dtype changed, state reset", recv);
+    b.release();
+  }
+  if (!b.planned) LR_RETURN_IF_ERROR(plan(b, count, dtype, op, layout, recv));
+  const bool warmup = b.calls < uint64_t(desc_.cfg.startIter);
+  ++b.calls;
+  if (b.plan.compressedElems == 0 || warmup || b.exactOnly)
+    return exact(send, recv, count, dtype, op, s);
+
+  LR_CUDA(cudaStreamWaitEvent(s, b.done, 0));  // the buffer's last call, on whatever stream
+  Status st = runCompressedOnDevice(b, desc_.cfg, comm_, send, recv, op, s);
+  if (!st.ok()) {
+    b.release();  // never keep a half-updated state
+    return st;
+  }
+  ++counters_.compressedCalls;
+  counters_.compressedElements += b.plan.compressedElems;
+  counters_.exactElements += b.plan.exactElems;
+  counters_.payloadElements += b.plan.pElems + b.plan.qElems + b.plan.exactElems;
+  return Status::Ok();
+}
+
+void CudaEngine::resetBuffer(const void* recv) {
+  auto it = buffers_.find(recv);
+  if (it != buffers_.end()) it->second.release();
+}
+
+void CudaEngine::releaseBuffer(const void* recv) {
+  auto it = buffers_.find(recv);
+  if (it == buffers_.end()) return;
+  it->second.release();
+  buffers_.erase(it);
+}
+
+DeviceCounters CudaEngine::counters() {
+  collectChecks();
+  DeviceCounters c = counters_;
+  for (const auto& kv : buffers_) c.stateBytes += kv.second.bytes;
+  c.buffers = buffers_.size();
+  return c;
+}
+
+}  // namespace lowrank::cuda

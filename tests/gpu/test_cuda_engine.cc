@@ -1,0 +1,235 @@
+// The CUDA backend through the C API on one GPU, one comm rank over NCCL: the device engine agrees
+// with the host engine call after call (error feedback, warm start, pipelining, dtypes, layouts),
+// is exact on rank-k input, handles non-finite input without poisoning its state, passes
+// ineligible calls to NCCL unchanged, and refuses graph capture. Skips without a device.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "engine/data.h"
+#include "gpu/device_support.h"
+#include "support/ranks.h"
+
+using namespace lowrank::testing;
+
+namespace {
+
+// (dtype, per-tensor layout, pipelined, approximation rank, error feedback)
+using Case = std::tuple<lowrankDataType_t, bool, bool, int, bool>;
+
+class DeviceVsHost : public ::testing::TestWithParam<Case> {};
+
+// Three tensors (two compressed, one bias) in one bucket, or one batched matrix.
+const std::vector<std::vector<size_t>> kShapes = {{96, 200}, {300}, {128, 3, 3, 17}};
+
+void setLayout(lowrankComm_t comm, const void* buf) {
+  std::vector<int> ndims;
+  std::vector<const size_t*> shapes;
+  for (const auto& s : kShapes) {
+    ndims.push_back(int(s.size()));
+    shapes.push_back(s.data());
+  }
+  ASSERT_EQ(lowrankBufferSetLayout(comm, buf, int(kShapes.size()), ndims.data(), shapes.data()),
+            lowrankSuccess);
+}
+
+TEST_P(DeviceVsHost, AgreeCallAfterCall) {
+  LR_SKIP_WITHOUT_DEVICE();
+  const auto [dtype, perTensor, pipelined, k, ef] = GetParam();
+  size_t count = 0;
+  for (const auto& s : kShapes) {
+    size_t n = 1;
+    for (size_t d : s) n *= d;
+    count += n;
+  }
+  // Several chunks per phase when pipelined (both engines read the same variable).
+  setenv("LOWRANK_PIPELINE_CHUNK", "4096", 1);
+  lowrankConfig_t cfg = config(k);
+  cfg.pipeline = pipelined;
+  cfg.errorFeedback = ef;
+  cfg.seed = 11;
+
+  const int calls = 4;
+  std::vector<std::vector<float>> inputs, hostOut(calls);
+  for (int c = 0; c < calls; ++c) inputs.push_back(decayingInput(1, count, 0, 100 + c));
+  // The host engine, one comm rank: the reference, rounded to dtype as the device input is.
+  withComms(1, [&](int, lowrankComm_t comm) {
+    std::vector<char> raw(count * dtypeBytes(dtype)), out(raw.size());
+    if (perTensor) setLayout(comm, out.data());
+    for (int c = 0; c < calls; ++c) {
+      lowrank::host::fromFloat32(inputs[c].data(), count, 1.f, raw.data(), dtype);
+      ASSERT_EQ(lowrankAllReduce(raw.data(), out.data(), count, dtype, lowrankAvg, comm, nullptr),
+                lowrankSuccess);
+      hostOut[c].resize(count);
+      lowrank::host::toFloat32(out.data(), dtype, count, hostOut[c].data());
+    }
+  }, cfg);
+
+  OneRankNccl one(cfg);
+  void* out = nullptr;
+  ASSERT_EQ(cudaMalloc(&out, count * dtypeBytes(dtype)), cudaSuccess);
+  if (perTensor) setLayout(one.comm, out);
+  cudaStream_t s;
+  ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
+  const double tol = dtype == lowrankFloat32 ? 1e-4 : 1e-2;
+  for (int c = 0; c < calls; ++c) {
+    void* g = toDevice(inputs[c], dtype);
+    ASSERT_EQ(lowrankAllReduce(g, out, count, dtype, lowrankAvg, one.comm, s), lowrankSuccess)
+        << lowrankGetLastError(one.comm);
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    const std::vector<float> dev = fromDevice(out, count, dtype);
+    EXPECT_LT(relErr(dev, hostOut[c]), tol) << "call " << c;
+    cudaFree(g);
+  }
+  lowrankStats_t st;
+  ASSERT_EQ(lowrankGetStats(one.comm, &st), lowrankSuccess);
+  EXPECT_EQ(st.compressedCalls, uint64_t(calls));
+  EXPECT_GT(st.stateBytes, 0u);
+  lowrankBufferView_t view;
+  ASSERT_EQ(lowrankBufferGetView(one.comm, out, &view), lowrankSuccess);
+  cudaStreamDestroy(s);
+  cudaFree(out);
+  unsetenv("LOWRANK_PIPELINE_CHUNK");
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Gpu, DeviceVsHost,
+    ::testing::Values(Case{lowrankFloat32, false, false, 4, true}, Case{lowrankFloat32, true, false, 4, true},
+                      Case{lowrankFloat32, true, true, 4, true}, Case{lowrankFloat32, false, true, 1, true},
+                      Case{lowrankFloat32, true, true, 2, false}, Case{lowrankFloat32, true, true, 8, true},
+                      Case{lowrankFloat32, false, false, 40, true}, Case{lowrankBfloat16, true, true, 4, true},
+                      Case{lowrankFloat16, false, true, 4, true}));
+
+// Rank-k input on one comm rank: P Q^T reproduces it (the sum over ranks is the input itself).
+TEST(DeviceEngine, ExactOnRankKInput) {
+  LR_SKIP_WITHOUT_DEVICE();
+  const size_t n = 300, m = 500;
+  for (int k : {1, 4, 8}) {
+    const std::vector<float> x = rankKInput(n, m, k, 0);
+    OneRankNccl one(config(k));
+    size_t shape[2] = {n, m};
+    const size_t* shapes[1] = {shape};
+    int nd = 2;
+    void* g = toDevice(x, lowrankFloat32);
+    ASSERT_EQ(lowrankBufferSetLayout(one.comm, g, 1, &nd, shapes), lowrankSuccess);
+    for (lowrankRedOp_t op : {lowrankSum, lowrankAvg}) {
+      ASSERT_EQ(lowrankAllReduce(g, g, n * m, lowrankFloat32, op, one.comm, nullptr), lowrankSuccess);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      EXPECT_LT(relErr(fromDevice(g, n * m, lowrankFloat32), x), 1e-4) << "k " << k;
+    }
+    cudaFree(g);
+  }
+}
+
+// A NaN makes that call's output NaN; the state is not poisoned: the next call is finite again
+// and the rejected call is counted.
+TEST(DeviceEngine, NonFiniteInputIsRejectedWithoutPoisoningState) {
+  LR_SKIP_WITHOUT_DEVICE();
+  const size_t n = 64, m = 128, count = n * m;
+  OneRankNccl one(config(4));
+  std::vector<float> x = rankKInput(n, m, 4, 0), bad = x;
+  bad[17] = NAN;
+  void* out = nullptr;
+  ASSERT_EQ(cudaMalloc(&out, count * 4), cudaSuccess);
+  void* g = toDevice(x, lowrankFloat32);
+  void* b = toDevice(bad, lowrankFloat32);
+  ASSERT_EQ(lowrankAllReduce(g, out, count, lowrankFloat32, lowrankSum, one.comm, nullptr), lowrankSuccess);
+  ASSERT_EQ(lowrankAllReduce(b, out, count, lowrankFloat32, lowrankSum, one.comm, nullptr), lowrankSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<float> r = fromDevice(out, count, lowrankFloat32);
+  EXPECT_TRUE(std::isnan(r[17]));
+  ASSERT_EQ(lowrankAllReduce(g, out, count, lowrankFloat32, lowrankSum, one.comm, nullptr), lowrankSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  r = fromDevice(out, count, lowrankFloat32);
+  for (float v : r) ASSERT_TRUE(std::isfinite(v));
+  EXPECT_LT(relErr(r, x), 1e-4);
+  lowrankStats_t st;
+  ASSERT_EQ(lowrankGetStats(one.comm, &st), lowrankSuccess);
+  EXPECT_EQ(st.fallbackCalls, 1u);
+  cudaFree(g);
+  cudaFree(b);
+  cudaFree(out);
+}
+
+// Calls that are not compressed (int32, max, k = 0) are NCCL's allreduce as is: bit-exact.
+TEST(DeviceEngine, IneligibleCallsAreNcclsOwn) {
+  LR_SKIP_WITHOUT_DEVICE();
+  OneRankNccl one(config(4));
+  const size_t count = 4096;
+  std::vector<int> xi(count);
+  for (size_t i = 0; i < count; ++i) xi[i] = int(i * 7919 % 1000) - 500;
+  int* di = nullptr;
+  ASSERT_EQ(cudaMalloc(&di, count * 4), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(di, xi.data(), count * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(lowrankAllReduce(di, di, count, lowrankInt32, lowrankSum, one.comm, nullptr), lowrankSuccess);
+  std::vector<int> ri(count);
+  ASSERT_EQ(cudaMemcpy(ri.data(), di, count * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(ri, xi);
+  const std::vector<float> xf = decayingInput(64, 64, 0);
+  void* df = toDevice(xf, lowrankFloat32);
+  ASSERT_EQ(lowrankAllReduce(df, df, xf.size(), lowrankFloat32, lowrankMax, one.comm, nullptr), lowrankSuccess);
+  EXPECT_EQ(fromDevice(df, xf.size(), lowrankFloat32), xf);
+  lowrankStats_t st;
+  ASSERT_EQ(lowrankGetStats(one.comm, &st), lowrankSuccess);
+  EXPECT_EQ(st.compressedCalls, 0u);
+  EXPECT_EQ(st.calls, 2u);
+  cudaFree(di);
+  cudaFree(df);
+}
+
+TEST(DeviceEngine, GraphCaptureIsRefused) {
+  LR_SKIP_WITHOUT_DEVICE();
+  OneRankNccl one(config(4));
+  const std::vector<float> x = decayingInput(64, 64, 0);
+  void* g = toDevice(x, lowrankFloat32);
+  cudaStream_t s;
+  ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
+  ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  EXPECT_EQ(lowrankAllReduce(g, g, x.size(), lowrankFloat32, lowrankSum, one.comm, s), lowrankInvalidUsage);
+  EXPECT_NE(std::string(lowrankGetLastError(one.comm)).find("graph capture"), std::string::npos);
+  cudaGraph_t graph;
+  cudaStreamEndCapture(s, &graph);
+  if (graph) cudaGraphDestroy(graph);
+  cudaStreamDestroy(s);
+  cudaFree(g);
+}
+
+// Release frees the device state; a changed count re-plans (the view follows).
+TEST(DeviceEngine, ReleaseFreesStateAndCountChangeReplans) {
+  LR_SKIP_WITHOUT_DEVICE();
+  OneRankNccl one(config(4));
+  const std::vector<float> x = decayingInput(128, 128, 0);
+  void* g = toDevice(x, lowrankFloat32);
+  ASSERT_EQ(lowrankAllReduce(g, g, x.size(), lowrankFloat32, lowrankSum, one.comm, nullptr), lowrankSuccess);
+  ASSERT_EQ(lowrankAllReduce(g, g, x.size() / 2, lowrankFloat32, lowrankSum, one.comm, nullptr), lowrankSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  lowrankStats_t st;
+  ASSERT_EQ(lowrankGetStats(one.comm, &st), lowrankSuccess);
+  EXPECT_EQ(st.compressedCalls, 2u);
+  EXPECT_EQ(st.buffers, 1u);
+  EXPECT_GT(st.stateBytes, x.size() / 2 * 4) << "the residual of the re-planned buffer";
+  EXPECT_LT(st.stateBytes, x.size() * 4) << "the first plan's residual was freed";
+  ASSERT_EQ(lowrankBufferRelease(one.comm, g), lowrankSuccess);
+  ASSERT_EQ(lowrankGetStats(one.comm, &st), lowrankSuccess);
+  EXPECT_EQ(st.stateBytes, 0u);
+  EXPECT_EQ(st.buffers, 0u);
+  cudaFree(g);
+}
+
+// Mixed host and device buffers are refused before anything runs.
+TEST(DeviceEngine, MixedHostAndDeviceBuffersAreRefused) {
+  LR_SKIP_WITHOUT_DEVICE();
+  OneRankNccl one(config(4));
+  std::vector<float> h(1024, 1.f);
+  void* d = toDevice(h, lowrankFloat32);
+  EXPECT_EQ(lowrankAllReduce(h.data(), d, h.size(), lowrankFloat32, lowrankSum, one.comm, nullptr),
+            lowrankInvalidArgument);
+  cudaFree(d);
+}
+
+}  // namespace
