@@ -1,0 +1,82 @@
+// Internals of the NCCL test double: a host-memory NCCL for tests only, never installed.
+//
+// An ncclComm here is a lowrank communicator (lowrank's public C API, UCX underneath) made with
+// approxRank = 0 set explicitly in its config, so that every call is an exact allreduce whatever
+// LOWRANK_APPROX_RANK says; ncclUniqueId carries a lowrankUniqueId (both 128 bytes). Other
+// LOWRANK_* variables (LOWRANK_TIMEOUT, LOWRANK_DEBUG) apply to it, and a malformed one makes
+// ncclCommInitRank fail with ncclInvalidUsage.
+// Buffers are host memory and streams are ignored: every call has finished when it returns.
+#pragma once
+#include <nccl.h>
+
+#include <atomic>
+#include <cstddef>
+#include <mutex>
+#include <vector>
+
+#include "lowrank/lowrank.h"
+
+struct ncclComm {
+  lowrankComm_t lr = nullptr;
+  int rank = 0, nranks = 1;
+  std::atomic<int> asyncError{ncclSuccess};  // the first collective failure, for GetAsyncError
+
+  // ncclRedOpCreatePreMulSum: op ncclNumOps + i is preMul[i].
+  struct PreMul {
+    bool live = false;
+    ncclDataType_t dtype = ncclFloat32;
+    ncclScalarResidence_t residence = ncclScalarHostImmediate;
+    const void* ptr = nullptr;             // ncclScalarDevice: read at every call
+    unsigned char value[8] = {};           // ncclScalarHostImmediate: read at creation
+  };
+  std::mutex opsMu;
+  std::vector<PreMul> preMul;
+};
+
+namespace nccl_double {
+
+// Records `msg` as this thread's last error (ncclGetLastError) and returns r.
+ncclResult_t fail(ncclResult_t r, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
+// Maps a lowrank result to NCCL's (the codes 0..7 are shared; lowrankTimeout -> ncclRemoteError)
+// and records lowrank's message, prefixed by `what`.
+ncclResult_t fromLowrank(lowrankResult_t r, lowrankComm_t lr, const char* what);
+
+// Element size of an NCCL dtype the double handles (all but the fp8 types); 0 otherwise.
+size_t dtypeSize(ncclDataType_t t);
+// Checks a dtype (and names `what` in the error): ncclSuccess or ncclInvalidArgument.
+ncclResult_t checkDtype(ncclDataType_t t, const char* what);
+
+// The implementations behind both exported names (ncclX and pncclX) of each entry point.
+ncclResult_t getVersion(int* version);
+ncclResult_t getUniqueId(ncclUniqueId* id);
+ncclResult_t commInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank,
+                                ncclConfig_t* config);
+ncclResult_t commInitAll(ncclComm_t* comms, int ndev, const int* devlist);
+ncclResult_t commFinalize(ncclComm_t comm);
+ncclResult_t commDestroy(ncclComm_t comm);
+ncclResult_t commAbort(ncclComm_t comm);
+ncclResult_t commCount(const ncclComm_t comm, int* count);
+ncclResult_t commUserRank(const ncclComm_t comm, int* rank);
+ncclResult_t commCuDevice(const ncclComm_t comm, int* device);
+ncclResult_t commGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError);
+const char* getErrorString(ncclResult_t r);
+const char* getLastError(ncclComm_t comm);
+ncclResult_t groupStart();
+ncclResult_t groupEnd();
+
+ncclResult_t redOpCreatePreMulSum(ncclRedOp_t* op, void* scalar, ncclDataType_t dtype,
+                                  ncclScalarResidence_t residence, ncclComm_t comm);
+ncclResult_t redOpDestroy(ncclRedOp_t op, ncclComm_t comm);
+
+ncclResult_t allReduce(const void* send, void* recv, size_t count, ncclDataType_t dtype,
+                       ncclRedOp_t op, ncclComm_t comm);
+ncclResult_t broadcast(const void* send, void* recv, size_t count, ncclDataType_t dtype, int root,
+                       ncclComm_t comm);
+ncclResult_t allGather(const void* send, void* recv, size_t sendcount, ncclDataType_t dtype,
+                       ncclComm_t comm);
+ncclResult_t reduceScatter(const void* send, void* recv, size_t recvcount, ncclDataType_t dtype,
+                           ncclRedOp_t op, ncclComm_t comm);
+ncclResult_t reduce(const void* send, void* recv, size_t count, ncclDataType_t dtype,
+                    ncclRedOp_t op, int root, ncclComm_t comm);
+
+}  // namespace nccl_double

@@ -1,0 +1,83 @@
+// Every entry point the NCCL test double exports, each under its NCCL name and its p-prefixed
+// profiling twin (what lowrank's NCCL transport calls). The two are separate functions over one
+// implementation so that ncclDoubleCallCount can tell them apart. Streams are ignored.
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "double.h"
+#include "nccl_double.h"
+
+namespace {
+
+std::mutex countMu;
+std::map<std::string, unsigned long long>& counts() {
+  static auto* m = new std::map<std::string, unsigned long long>;  // never destroyed: used at exit
+  return *m;
+}
+
+void count(const char* entry) {
+  std::lock_guard<std::mutex> lock(countMu);
+  ++counts()[entry];
+}
+
+}  // namespace
+
+#define NCCL_EXPORT extern "C" __attribute__((visibility("default")))
+#define NCCL_ENTRY(ret, name, impl, params, args)               \
+  NCCL_EXPORT ret name params {                                 \
+    count(#name);                                               \
+    return nccl_double::impl args;                               \
+  }                                                             \
+  NCCL_EXPORT ret p##name params {                              \
+    count("p" #name);                                           \
+    return nccl_double::impl args;                               \
+  }
+
+NCCL_ENTRY(ncclResult_t, ncclGetVersion, getVersion, (int* v), (v))
+NCCL_ENTRY(ncclResult_t, ncclGetUniqueId, getUniqueId, (ncclUniqueId* id), (id))
+NCCL_ENTRY(ncclResult_t, ncclCommInitRank, commInitRankConfig,
+           (ncclComm_t* c, int n, ncclUniqueId id, int r), (c, n, id, r, nullptr))
+NCCL_ENTRY(ncclResult_t, ncclCommInitRankConfig, commInitRankConfig,
+           (ncclComm_t* c, int n, ncclUniqueId id, int r, ncclConfig_t* cfg), (c, n, id, r, cfg))
+NCCL_ENTRY(ncclResult_t, ncclCommInitAll, commInitAll, (ncclComm_t* c, int n, const int* d), (c, n, d))
+NCCL_ENTRY(ncclResult_t, ncclCommFinalize, commFinalize, (ncclComm_t c), (c))
+NCCL_ENTRY(ncclResult_t, ncclCommDestroy, commDestroy, (ncclComm_t c), (c))
+NCCL_ENTRY(ncclResult_t, ncclCommAbort, commAbort, (ncclComm_t c), (c))
+NCCL_ENTRY(ncclResult_t, ncclCommCount, commCount, (const ncclComm_t c, int* n), (c, n))
+NCCL_ENTRY(ncclResult_t, ncclCommUserRank, commUserRank, (const ncclComm_t c, int* r), (c, r))
+NCCL_ENTRY(ncclResult_t, ncclCommCuDevice, commCuDevice, (const ncclComm_t c, int* d), (c, d))
+NCCL_ENTRY(ncclResult_t, ncclCommGetAsyncError, commGetAsyncError, (ncclComm_t c, ncclResult_t* e), (c, e))
+NCCL_ENTRY(const char*, ncclGetErrorString, getErrorString, (ncclResult_t r), (r))
+NCCL_ENTRY(const char*, ncclGetLastError, getLastError, (ncclComm_t c), (c))
+NCCL_ENTRY(ncclResult_t, ncclGroupStart, groupStart, (), ())
+NCCL_ENTRY(ncclResult_t, ncclGroupEnd, groupEnd, (), ())
+NCCL_ENTRY(ncclResult_t, ncclRedOpCreatePreMulSum, redOpCreatePreMulSum,
+           (ncclRedOp_t* op, void* s, ncclDataType_t t, ncclScalarResidence_t res, ncclComm_t c),
+           (op, s, t, res, c))
+NCCL_ENTRY(ncclResult_t, ncclRedOpDestroy, redOpDestroy, (ncclRedOp_t op, ncclComm_t c), (op, c))
+NCCL_ENTRY(ncclResult_t, ncclAllReduce, allReduce,
+           (const void* s, void* r, size_t n, ncclDataType_t t, ncclRedOp_t op, ncclComm_t c,
+            cudaStream_t), (s, r, n, t, op, c))
+NCCL_ENTRY(ncclResult_t, ncclBroadcast, broadcast,
+           (const void* s, void* r, size_t n, ncclDataType_t t, int root, ncclComm_t c, cudaStream_t),
+           (s, r, n, t, root, c))
+NCCL_ENTRY(ncclResult_t, ncclBcast, broadcast,
+           (void* b, size_t n, ncclDataType_t t, int root, ncclComm_t c, cudaStream_t),
+           (b, b, n, t, root, c))
+NCCL_ENTRY(ncclResult_t, ncclAllGather, allGather,
+           (const void* s, void* r, size_t n, ncclDataType_t t, ncclComm_t c, cudaStream_t),
+           (s, r, n, t, c))
+NCCL_ENTRY(ncclResult_t, ncclReduceScatter, reduceScatter,
+           (const void* s, void* r, size_t n, ncclDataType_t t, ncclRedOp_t op, ncclComm_t c,
+            cudaStream_t), (s, r, n, t, op, c))
+NCCL_ENTRY(ncclResult_t, ncclReduce, reduce,
+           (const void* s, void* r, size_t n, ncclDataType_t t, ncclRedOp_t op, int root,
+            ncclComm_t c, cudaStream_t), (s, r, n, t, op, root, c))
+
+NCCL_EXPORT unsigned long long ncclDoubleCallCount(const char* entry) {
+  if (!entry) return 0;
+  std::lock_guard<std::mutex> lock(countMu);
+  auto it = counts().find(entry);
+  return it == counts().end() ? 0 : it->second;
+}
