@@ -211,7 +211,11 @@ lowrankResult_t lowrankCommUserRank(const lowrankComm_t comm, int* rank);
  * If any comm rank's input has a NaN or Inf, every comm rank does an exact allreduce for this call
  * (NaN/Inf propagate as in NCCL) and the buffer's state is reset.
  *
- * `stream` is a cudaStream_t for device buffers (a later backend); host buffers: pass NULL.
+ * `stream` is a cudaStream_t for device buffers, which need a communicator made by
+ * lowrankCommInitFromNccl (lowrank_nccl.h); the call is then asynchronous on that stream. Host
+ * buffers: pass NULL (on an NCCL communicator a stream is accepted and ignored). Device memory is
+ * recognised through the CUDA driver when the process has loaded one; otherwise every buffer is
+ * host memory. Host and device buffers in one call: lowrankInvalidArgument.
  * Buffers must be aligned to their element size.
  * Errors: lowrankInvalidArgument (null or misaligned buffer, count 0, unknown datatype or op,
  * null comm), lowrankInvalidUsage (comm failed or aborted; counts differ across comm ranks),

@@ -13,9 +13,12 @@
  * it returns once the work is queued, and `stream` (a cudaStream_t) waits for the result. The
  * first call of a buffer blocks the host while its plan is made and checked across comm ranks.
  * CUDA graph capture of lowrankAllReduce is refused with lowrankInvalidUsage.
- * Errors found on the device after the call returned (non-finite input on some comm rank, comm
- * ranks calling with different ops) make the output NaN for that call, leave the buffer's state
- * as it was before the call, and are counted in lowrankStats (deviceRejectedCalls).
+ * Decisions that need the reduced P (non-finite or huge input on some comm rank, comm ranks
+ * calling with different ops) are taken on the device, so the host never waits: such a call's
+ * compressed tensors come out NaN (the exact tensors are exact sums, NaN/Inf where the inputs had
+ * them), its residual is dropped and its warm-start Q kept, and it is counted in
+ * lowrankStats_t.fallbackCalls once the device has got there. (The host engine instead redoes such
+ * a call exactly.) AMP's inf checks see the NaN and skip the step, as with NCCL.
  */
 #ifndef LOWRANK_LOWRANK_NCCL_H_
 #define LOWRANK_LOWRANK_NCCL_H_

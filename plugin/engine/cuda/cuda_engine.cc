@@ -106,6 +106,15 @@ void CudaEngine::collectChecks() {
 Status CudaEngine::allReduce(const void* send, void* recv, size_t count, lowrankDataType_t dtype,
                              lowrankRedOp_t op, void* stream, const Layout* layout) {
   cudaStream_t s = static_cast<cudaStream_t>(stream);
+  // Work goes to the communicator's device whatever the calling thread's current device is.
+  int current = device_;
+  LR_CUDA(cudaGetDevice(&current));
+  if (current != device_) LR_CUDA(cudaSetDevice(device_));
+  struct Restore {
+    int dev;
+    bool on;
+    ~Restore() { if (on) cudaSetDevice(dev); }
+  } restore{current, current != device_};
   collectChecks();
   const bool compressible = desc_.cfg.approxRank > 0 && dtypeCompressible(dtype) &&
                             (op == lowrankSum || op == lowrankAvg);
