@@ -1,0 +1,64 @@
+// Small element-wise launches: scale (host twin host::scale), setFloat, and scatterQ, the warm
+// start's copy of the wire Qbar of each column block into the whole-tensor Qt (host twin: the
+// engine's copy loop; nothing is written when the call is not trusted).
+#include <algorithm>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/tables.cuh"
+
+namespace lowrank::cuda {
+namespace {
+
+using namespace detail;
+
+__global__ void __launch_bounds__(kThreads) scaleKernel(float* __restrict x, uint64_t n, float s) {
+  const uint64_t stride = uint64_t(gridDim.x) * kThreads;
+  for (uint64_t i = uint64_t(blockIdx.x) * kThreads + threadIdx.x; i < n; i += stride) x[i] *= s;
+}
+
+__global__ void setFloatKernel(float* x, float v) { *x = v; }
+
+__global__ void __launch_bounds__(kThreads)
+    scatterQKernel(const ScatterTable::Dev* __restrict blocks, const uint64_t* __restrict prefix,
+                   uint32_t nBlocks, const float* __restrict wire, float* __restrict qt,
+                   const float* __restrict checks, float expectedOp) {
+  if (checks && (checks[0] != 0.f || checks[1] != expectedOp)) return;
+  const uint64_t tile = blockIdx.x;
+  const uint32_t b = findBlock(prefix, nBlocks, tile);
+  const ScatterTable::Dev& x = blocks[b];
+  const uint64_t cols = x.d.cols, size = cols * x.d.k;
+  const uint64_t first = (tile - prefix[b]) * kElemsPerCta;
+#pragma unroll
+  for (int u = 0; u < kElemsPerCta / kThreads; ++u) {
+    const uint64_t idx = first + u * kThreads + threadIdx.x;  // c * cols + j
+    if (idx < size) {
+      const uint64_t c = idx / cols, j = idx % cols;
+      qt[x.dstOffset + c * x.dstLd + j] = wire[x.d.qt + c * x.d.qld + j];
+    }
+  }
+}
+
+}  // namespace
+
+cudaError_t scale(float* x, size_t n, float s, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  const uint64_t blocks = std::min<uint64_t>(ceilDiv(n, kThreads), 65536);
+  scaleKernel<<<unsigned(blocks), kThreads, 0, stream>>>(x, n, s);
+  return cudaGetLastError();
+}
+
+cudaError_t setFloat(float* x, float v, cudaStream_t stream) {
+  setFloatKernel<<<1, 1, 0, stream>>>(x, v);
+  return cudaGetLastError();
+}
+
+cudaError_t scatterQ(const ScatterTable* t, const float* wire, float* qt, const float* checks,
+                     float expectedOp, cudaStream_t stream) {
+  if (!t) return cudaErrorInvalidValue;
+  if (t->tiles == 0) return cudaSuccess;
+  scatterQKernel<<<unsigned(t->tiles), kThreads, 0, stream>>>(t->blocks, t->prefix, t->n, wire, qt,
+                                                             checks, expectedOp);
+  return cudaGetLastError();
+}
+
+}  // namespace lowrank::cuda

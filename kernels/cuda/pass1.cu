@@ -1,0 +1,149 @@
+// Pass 1: fused error-feedback add and P = M Q over every row block of a table.
+// Host twin: host::errorFeedbackAndP (kernels/host/powersgd_kernels.cc).
+//
+// A CUDA block takes a tile of kWarps * RW rows x ct1 columns of one block; each warp owns RW rows
+// and streams them along the columns (coalesced G / E), with RW x K accumulators per lane, so each
+// Qt element (read through L1: the tile's warps share it) serves RW rows. The lanes' partial dot
+// products are summed by a transposed warp reduction; a row split into several column chunks
+// leaves one partial P per chunk in the workspace, summed in chunk order by reduce1 (deterministic,
+// no float atomics). k > 32 loops over groups of 32 columns of Qt, re-reading M (from E once it
+// holds M): the slow path.
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/tables.cuh"
+
+namespace lowrank::cuda {
+namespace {
+
+using namespace detail;
+
+template <typename T, bool kFeedback, int K>
+__global__ void __launch_bounds__(kThreads, minBlocks1(K))
+    pass1Kernel(const DevBlock* __restrict blocks, const uint64_t* __restrict prefix,
+                uint32_t nBlocks, uint64_t ct, const T* __restrict g, float* __restrict e,
+                const float* __restrict qt, float* __restrict p, float* __restrict ws,
+                float* nonFinite) {
+  constexpr int RW = rowsPerWarp1(K);
+  constexpr int kLanesPerSum = 32 / K;
+  const uint64_t tile = blockIdx.x;
+  const uint32_t b = findBlock(prefix, nBlocks, tile);
+  const DevBlock& x = blocks[b];
+  const uint64_t offset = x.d.offset, valid = x.d.valid, ld = x.d.ld, qld = x.d.qld;
+  const uint64_t rows = x.d.rows, cols = x.d.cols;
+  const uint32_t k = x.d.k;
+  const uint64_t chunks = x.chunks1;
+  const uint64_t local = tile - prefix[b];
+  const uint64_t rowTile = local / chunks, chunk = local % chunks;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const uint64_t i0 = rowTile * (kWarps * RW) + uint64_t(warp) * RW;
+  const uint32_t limBits = __float_as_uint(x.d.limit) & 0x7fffffffu;
+
+  // Row r of the warp: its elements at gRow[r][j], eRow[r][j] for j < len[r] (0: no row).
+  const T* gRow[RW];
+  float* eRow[RW];
+  uint32_t len[RW];
+#pragma unroll
+  for (int r = 0; r < RW; ++r) {
+    const uint64_t i = i0 + r;
+    len[r] = i < rows ? uint32_t(rowLength(i, ld, cols, valid)) : 0;
+    const uint64_t o = len[r] ? offset + i * ld : 0;
+    gRow[r] = g + o;
+    eRow[r] = kFeedback ? e + o : nullptr;
+  }
+  const uint32_t j0 = uint32_t(chunk * ct), j1 = uint32_t(min(cols, chunk * ct + ct));
+  unsigned bad = 0;
+  for (uint32_t c0 = 0; c0 < k; c0 += K) {
+    const bool first = c0 == 0;  // E += G and the count happen once, in the first group
+    const float* q = qt + x.d.qt + uint64_t(c0) * qld;
+    float acc[RW][K];
+#pragma unroll
+    for (int r = 0; r < RW; ++r)
+#pragma unroll
+      for (int c = 0; c < K; ++c) acc[r][c] = 0.f;
+
+    for (uint32_t j = j0 + lane; j < j1; j += 32) {
+      float m[RW];
+#pragma unroll
+      for (int r = 0; r < RW; ++r) {
+        float v = 0.f;  // missing elements count as zeros
+        if (j < len[r]) {
+          if (kFeedback) {
+            if (first) {
+              v = toF(gRow[r][j]) + eRow[r][j];
+              eRow[r][j] = v;
+            } else {
+              v = eRow[r][j];
+            }
+          } else {
+            v = toF(gRow[r][j]);
+          }
+          if (first) bad += beyond(v, limBits);
+        }
+        m[r] = v;
+      }
+#pragma unroll
+      for (int c = 0; c < K; ++c) {
+        const float qv = c0 + c < k ? __ldg(q + c * qld + j) : 0.f;
+#pragma unroll
+        for (int r = 0; r < RW; ++r) acc[r][c] = fmaf(m[r], qv, acc[r][c]);
+      }
+    }
+
+#pragma unroll
+    for (int r = 0; r < RW; ++r) {
+      const float v = warpTransposeSum<K>(acc[r], lane);
+      const uint64_t i = i0 + r;
+      const uint32_t c = c0 + lane / kLanesPerSum;
+      if (lane % kLanesPerSum == 0 && c < k && i < rows) {
+        if (chunks == 1) p[x.d.p + i * k + c] = v;
+        else ws[x.ws1 + (chunk * rows + i) * k + c] = v;
+      }
+    }
+  }
+  addBlockCount(bad, nonFinite);
+}
+
+// P = the sum of a row's chunk partials, in chunk order. Element idx = i * k + c of the block's P.
+__global__ void __launch_bounds__(kReduceThreads)
+    reduce1Kernel(const DevBlock* __restrict blocks, const uint64_t* __restrict prefix,
+                  uint32_t nBlocks, const float* __restrict ws, float* __restrict p) {
+  const uint64_t tile = blockIdx.x;
+  const uint32_t b = findBlock(prefix, nBlocks, tile);
+  const DevBlock& x = blocks[b];
+  const uint64_t size = uint64_t(x.d.rows) * x.d.k;
+  const uint64_t idx = (tile - prefix[b]) * kReduceThreads + threadIdx.x;
+  if (idx >= size) return;
+  const float* src = ws + x.ws1 + idx;
+  float s = 0.f;
+  for (uint64_t t = 0; t < x.chunks1; ++t) s += src[t * size];
+  p[x.d.p + idx] = s;
+}
+
+}  // namespace
+
+cudaError_t errorFeedbackAndP(const BlockTable* t, const void* g, lowrankDataType_t dtype, float* e,
+                              const float* qt, float* p, float* nonFinite, cudaStream_t stream) {
+  if (!t) return cudaErrorInvalidValue;
+  if (t->total[kTiles1] == 0) return cudaSuccess;
+  cudaError_t err = withDtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    return withBucket(t->bucket, [&](auto bucket) {
+      constexpr int K = decltype(bucket)::value;
+      const dim3 grid(unsigned(t->total[kTiles1]));
+      if (e)
+        pass1Kernel<T, true, K><<<grid, kThreads, 0, stream>>>(
+            t->blocks, t->pre(kTiles1), t->n, t->ct1, static_cast<const T*>(g), e, qt, p, t->ws,
+            nonFinite);
+      else
+        pass1Kernel<T, false, K><<<grid, kThreads, 0, stream>>>(
+            t->blocks, t->pre(kTiles1), t->n, t->ct1, static_cast<const T*>(g), e, qt, p, t->ws,
+            nonFinite);
+      return cudaGetLastError();
+    });
+  });
+  if (err != cudaSuccess || t->total[kReduce1] == 0) return err;
+  reduce1Kernel<<<unsigned(t->total[kReduce1]), kReduceThreads, 0, stream>>>(
+      t->blocks, t->pre(kReduce1), t->n, t->ws, p);
+  return cudaGetLastError();
+}
+
+}  // namespace lowrank::cuda

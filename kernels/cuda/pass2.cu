@@ -1,0 +1,157 @@
+// Pass 2: Q = M^T P over every column block of a table, written as Qt (k x cols, row stride qld).
+// Host twin: host::computeQ (kernels/host/powersgd_kernels.cc).
+//
+// A CUDA block takes a tile of kCols2 columns x sr2 rows (a slab) of one block: each lane owns two
+// columns (coalesced reads of M along a row), the rows are dealt to the warps, and the slab's P
+// rows are staged in shared memory kChunk2 rows at a time (every lane reads the same P row:
+// a broadcast). Each thread keeps 2 x K accumulators; the warps' sums are added in shared memory in
+// warp order. A block cut into several slabs leaves one partial Qt per slab in the workspace,
+// summed in slab order by reduce2: deterministic, no float atomics. k > 32 loops over groups of 32
+// columns of P, re-reading M: the slow path.
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/tables.cuh"
+
+namespace lowrank::cuda {
+namespace {
+
+using namespace detail;
+
+// Row r of a K-wide shared array into registers, 16 bytes at a time where K allows.
+template <int K>
+__device__ __forceinline__ void loadRow(const float* row, float (&v)[K]) {
+  if constexpr (K % 4 == 0) {
+#pragma unroll
+    for (int c = 0; c < K; c += 4) {
+      const float4 f = *reinterpret_cast<const float4*>(row + c);
+      v[c] = f.x, v[c + 1] = f.y, v[c + 2] = f.z, v[c + 3] = f.w;
+    }
+  } else {
+#pragma unroll
+    for (int c = 0; c < K; ++c) v[c] = row[c];
+  }
+}
+
+// TM: the element type of M (float when M is E, else the gradient's dtype).
+template <typename TM, int K>
+__global__ void __launch_bounds__(kThreads)
+    pass2Kernel(const DevBlock* __restrict blocks, const uint64_t* __restrict prefix,
+                uint32_t nBlocks, uint64_t sr, const TM* __restrict m, const float* __restrict p,
+                float* __restrict qt, float* __restrict ws) {
+  constexpr int kGroup = K < 8 ? K : 8;  // Qt rows per round of the cross-warp sum
+  __shared__ __align__(16) float sP[kChunk2][K];
+  __shared__ float sSum[kWarps][kGroup][kCols2];
+
+  const uint64_t tile = blockIdx.x;
+  const uint32_t b = findBlock(prefix, nBlocks, tile);
+  const DevBlock& x = blocks[b];
+  const uint64_t offset = x.d.offset, valid = x.d.valid, ld = x.d.ld, qld = x.d.qld;
+  const uint64_t rows = x.d.rows, cols = x.d.cols;
+  const uint32_t k = x.d.k;
+  const uint64_t local = tile - prefix[b];
+  const uint64_t colTile = local % x.colTiles2, slab = local / x.colTiles2;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const uint32_t j0 = uint32_t(colTile * kCols2), jA = j0 + lane, jB = jA + 32;
+  const uint64_t rBegin = slab * sr, rEnd = min(rows, rBegin + sr);
+
+  for (uint32_t c0 = 0; c0 < k; c0 += K) {
+    float acc[2][K];
+#pragma unroll
+    for (int c = 0; c < K; ++c) acc[0][c] = acc[1][c] = 0.f;
+
+    for (uint64_t ch = rBegin; ch < rEnd; ch += kChunk2) {
+      const int nr = int(min(uint64_t(kChunk2), rEnd - ch));
+      __syncthreads();  // the previous chunk's readers are done
+      for (int idx = threadIdx.x; idx < kChunk2 * K; idx += kThreads) {
+        const int r = idx / K, c = idx % K;
+        sP[r][c] = r < nr && c0 + c < k ? p[x.d.p + (ch + r) * k + c0 + c] : 0.f;
+      }
+      __syncthreads();
+#pragma unroll
+      for (int rr = 0; rr < kChunk2 / kWarps; ++rr) {
+        const int r = warp + rr * kWarps;
+        if (r < nr) {
+          const uint64_t i = ch + r;
+          const uint64_t len = rowLength(i, ld, cols, valid);
+          const TM* row = m + offset + i * ld;
+          const float a = jA < len ? toF(row[jA]) : 0.f;  // missing elements count as zeros
+          const float a2 = jB < len ? toF(row[jB]) : 0.f;
+          float pr[K];
+          loadRow<K>(sP[r], pr);
+#pragma unroll
+          for (int c = 0; c < K; ++c) {
+            acc[0][c] = fmaf(pr[c], a, acc[0][c]);
+            acc[1][c] = fmaf(pr[c], a2, acc[1][c]);
+          }
+        }
+      }
+    }
+
+    // The warps' partial sums, added in warp order.
+#pragma unroll
+    for (int cg = 0; cg < K; cg += kGroup) {
+      __syncthreads();  // sSum free
+#pragma unroll
+      for (int g = 0; g < kGroup; ++g) {
+        sSum[warp][g][lane] = acc[0][cg + g];
+        sSum[warp][g][lane + 32] = acc[1][cg + g];
+      }
+      __syncthreads();
+      for (int idx = threadIdx.x; idx < kGroup * kCols2; idx += kThreads) {
+        const int g = idx / kCols2, col = idx % kCols2;
+        float s = 0.f;
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) s += sSum[w][g][col];
+        const uint32_t c = c0 + cg + g;
+        const uint64_t j = j0 + col;
+        if (c < k && j < cols) {
+          if (x.slabs2 == 1) qt[x.d.qt + c * qld + j] = s;
+          else ws[x.ws2 + (slab * k + c) * cols + j] = s;
+        }
+      }
+    }
+  }
+}
+
+// Qt = the sum of the slabs' partial Qt, in slab order. Element idx = c * cols + j.
+__global__ void __launch_bounds__(kReduceThreads)
+    reduce2Kernel(const DevBlock* __restrict blocks, const uint64_t* __restrict prefix,
+                  uint32_t nBlocks, const float* __restrict ws, float* __restrict qt) {
+  const uint64_t tile = blockIdx.x;
+  const uint32_t b = findBlock(prefix, nBlocks, tile);
+  const DevBlock& x = blocks[b];
+  const uint64_t cols = x.d.cols, size = cols * x.d.k;
+  const uint64_t idx = (tile - prefix[b]) * kReduceThreads + threadIdx.x;
+  if (idx >= size) return;
+  const float* src = ws + x.ws2 + idx;
+  float s = 0.f;
+  for (uint64_t t = 0; t < x.slabs2; ++t) s += src[t * size];
+  qt[x.d.qt + (idx / cols) * x.d.qld + idx % cols] = s;
+}
+
+}  // namespace
+
+cudaError_t computeQ(const BlockTable* t, const void* g, lowrankDataType_t dtype, const float* e,
+                     const float* p, float* qt, cudaStream_t stream) {
+  if (!t) return cudaErrorInvalidValue;
+  if (t->total[kTiles2] == 0) return cudaSuccess;
+  cudaError_t err = withDtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    return withBucket(t->bucket, [&](auto bucket) {
+      constexpr int K = decltype(bucket)::value;
+      const dim3 grid(unsigned(t->total[kTiles2]));
+      if (e)
+        pass2Kernel<float, K><<<grid, kThreads, 0, stream>>>(t->blocks, t->pre(kTiles2), t->n,
+                                                             t->sr2, e, p, qt, t->ws);
+      else
+        pass2Kernel<T, K><<<grid, kThreads, 0, stream>>>(t->blocks, t->pre(kTiles2), t->n, t->sr2,
+                                                         static_cast<const T*>(g), p, qt, t->ws);
+      return cudaGetLastError();
+    });
+  });
+  if (err != cudaSuccess || t->total[kReduce2] == 0) return err;
+  reduce2Kernel<<<unsigned(t->total[kReduce2]), kReduceThreads, 0, stream>>>(
+      t->blocks, t->pre(kReduce2), t->n, t->ws, qt);
+  return cudaGetLastError();
+}
+
+}  // namespace lowrank::cuda

@@ -1,0 +1,168 @@
+// Pass 3: fused decompress and error update over every column block of a table, A = P Qbar^T:
+// out = scale * A (cast to the dtype), E = M - A (E holds M). Host twin:
+// host::decompressAndUpdateError (kernels/host/powersgd_kernels.cc). The `checks` path (a call not
+// to be trusted: out = NaN, E = 0) is the engine's, done here to save a pass.
+//
+// A CUDA block takes a tile of kCols3 columns (one per thread, its K values of Qbar in registers)
+// x kRows3 rows (their P rows in shared memory, read as broadcasts): every element of E and out is
+// read / written once, coalesced. k > 32 takes a plain loop over k from global memory (slow path).
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/tables.cuh"
+
+namespace lowrank::cuda {
+namespace {
+
+using namespace detail;
+
+template <int K>
+__device__ __forceinline__ float dotRow(const float* row, const float (&qb)[K]) {
+  float a = 0.f;
+  if constexpr (K % 4 == 0) {
+#pragma unroll
+    for (int c = 0; c < K; c += 4) {
+      const float4 f = *reinterpret_cast<const float4*>(row + c);
+      a = fmaf(f.x, qb[c], a);
+      a = fmaf(f.y, qb[c + 1], a);
+      a = fmaf(f.z, qb[c + 2], a);
+      a = fmaf(f.w, qb[c + 3], a);
+    }
+  } else {
+#pragma unroll
+    for (int c = 0; c < K; ++c) a = fmaf(row[c], qb[c], a);
+  }
+  return a;
+}
+
+// True when the call must not be trusted (a rank saw a non-finite input, or the ops differ).
+__device__ __forceinline__ bool poisoned(const float* checks, float expectedOp) {
+  return checks && (checks[0] != 0.f || checks[1] != expectedOp);
+}
+
+// The tile of a CUDA block: column j of this thread, rows [i0, i0 + nr).
+struct Tile3 {
+  const DevBlock* x;
+  uint64_t i0;
+  int nr;
+  uint32_t j;
+};
+__device__ __forceinline__ Tile3 tile3(const DevBlock* blocks, const uint64_t* prefix,
+                                       uint32_t nBlocks) {
+  const uint64_t tile = blockIdx.x;
+  const uint32_t b = findBlock(prefix, nBlocks, tile);
+  const DevBlock* x = blocks + b;
+  const uint64_t local = tile - prefix[b];
+  const uint64_t colTile = local % x->colTiles3, rowTile = local / x->colTiles3;
+  const uint64_t i0 = rowTile * kRows3;
+  return {x, i0, int(min(uint64_t(kRows3), x->d.rows - i0)), uint32_t(colTile * kCols3 + threadIdx.x)};
+}
+
+// out = NaN, E = 0 over the tile's elements.
+template <typename TO, bool kFeedback>
+__device__ void poisonTile(const Tile3& t, float* __restrict e, TO* __restrict out) {
+  const BlockDesc& d = t.x->d;
+  const TO nan = fromF<TO>(__int_as_float(0x7fffffff));
+  for (int r = 0; r < t.nr; ++r) {
+    const uint64_t i = t.i0 + r;
+    if (t.j < rowLength(i, d.ld, d.cols, d.valid)) {
+      const uint64_t o = d.offset + i * d.ld + t.j;
+      out[o] = nan;
+      if (kFeedback) e[o] = 0.f;
+    }
+  }
+}
+
+template <typename TO, bool kFeedback, int K>
+__global__ void __launch_bounds__(kThreads)
+    pass3Kernel(const DevBlock* __restrict blocks, const uint64_t* __restrict prefix,
+                uint32_t nBlocks, float* __restrict e, const float* __restrict p,
+                const float* __restrict qbart, float scale, TO* __restrict out,
+                const float* __restrict checks, float expectedOp) {
+  __shared__ __align__(16) float sP[kRows3][K];
+  const Tile3 t = tile3(blocks, prefix, nBlocks);
+  const BlockDesc& d = t.x->d;
+  if (poisoned(checks, expectedOp)) {  // the same for every thread: no barrier is skipped
+    poisonTile<TO, kFeedback>(t, e, out);
+    return;
+  }
+  const uint32_t k = d.k;
+  float qb[K];
+#pragma unroll
+  for (int c = 0; c < K; ++c)
+    qb[c] = t.j < d.cols && c < int(k) ? qbart[d.qt + c * d.qld + t.j] : 0.f;
+  for (int idx = threadIdx.x; idx < kRows3 * K; idx += kThreads) {
+    const int r = idx / K, c = idx % K;
+    sP[r][c] = r < t.nr && c < int(k) ? p[d.p + (t.i0 + r) * k + c] : 0.f;
+  }
+  __syncthreads();
+#pragma unroll 4
+  for (int r = 0; r < t.nr; ++r) {
+    const uint64_t i = t.i0 + r;
+    if (t.j < rowLength(i, d.ld, d.cols, d.valid)) {
+      const float a = dotRow<K>(sP[r], qb);
+      const uint64_t o = d.offset + i * d.ld + t.j;
+      out[o] = fromF<TO>(scale * a);
+      if (kFeedback) e[o] = e[o] - a;
+    }
+  }
+}
+
+// k > 32: the same tiles, A summed over k straight from global memory.
+template <typename TO, bool kFeedback>
+__global__ void __launch_bounds__(kThreads)
+    pass3GenericKernel(const DevBlock* __restrict blocks, const uint64_t* __restrict prefix,
+                       uint32_t nBlocks, float* __restrict e, const float* __restrict p,
+                       const float* __restrict qbart, float scale, TO* __restrict out,
+                       const float* __restrict checks, float expectedOp) {
+  const Tile3 t = tile3(blocks, prefix, nBlocks);
+  const BlockDesc& d = t.x->d;
+  if (poisoned(checks, expectedOp)) {
+    poisonTile<TO, kFeedback>(t, e, out);
+    return;
+  }
+  for (int r = 0; r < t.nr; ++r) {
+    const uint64_t i = t.i0 + r;
+    if (t.j < rowLength(i, d.ld, d.cols, d.valid)) {
+      const float* pr = p + d.p + i * d.k;
+      float a = 0.f;
+      for (uint32_t c = 0; c < d.k; ++c) a = fmaf(pr[c], qbart[d.qt + c * d.qld + t.j], a);
+      const uint64_t o = d.offset + i * d.ld + t.j;
+      out[o] = fromF<TO>(scale * a);
+      if (kFeedback) e[o] = e[o] - a;
+    }
+  }
+}
+
+template <typename TO, bool kFeedback>
+cudaError_t launch3(const BlockTable* t, float* e, const float* p, const float* qbart, float scale,
+                    TO* out, const float* checks, float expectedOp, cudaStream_t stream) {
+  const dim3 grid(unsigned(t->total[kTiles3]));
+  if (t->kmax > kBucketMax) {
+    pass3GenericKernel<TO, kFeedback><<<grid, kThreads, 0, stream>>>(
+        t->blocks, t->pre(kTiles3), t->n, e, p, qbart, scale, out, checks, expectedOp);
+    return cudaGetLastError();
+  }
+  return withBucket(t->bucket, [&](auto bucket) {
+    constexpr int K = decltype(bucket)::value;
+    pass3Kernel<TO, kFeedback, K><<<grid, kThreads, 0, stream>>>(
+        t->blocks, t->pre(kTiles3), t->n, e, p, qbart, scale, out, checks, expectedOp);
+    return cudaGetLastError();
+  });
+}
+
+}  // namespace
+
+cudaError_t decompressAndUpdateError(const BlockTable* t, float* e, const float* p,
+                                     const float* qbart, float scale, void* out,
+                                     lowrankDataType_t dtype, const float* checks,
+                                     float expectedOp, cudaStream_t stream) {
+  if (!t) return cudaErrorInvalidValue;
+  if (t->total[kTiles3] == 0) return cudaSuccess;
+  return withDtype(dtype, [&](auto tag) {
+    using TO = decltype(tag);
+    TO* o = static_cast<TO*>(out);
+    return e ? launch3<TO, true>(t, e, p, qbart, scale, o, checks, expectedOp, stream)
+             : launch3<TO, false>(t, e, p, qbart, scale, o, checks, expectedOp, stream);
+  });
+}
+
+}  // namespace lowrank::cuda

@@ -1,0 +1,239 @@
+// Plan-time creation of the device tables: tile counts, prefix arrays and workspaces, uploaded once
+// (synchronous cudaMalloc / cudaMemcpy).
+#include <algorithm>
+#include <new>
+#include <vector>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/tables.cuh"
+
+namespace lowrank::cuda {
+namespace {
+
+using namespace detail;
+
+// Uploads `count` elements of `src` into a fresh device allocation (nothing for count 0).
+template <typename T>
+cudaError_t upload(const T* src, size_t count, T** dst) {
+  *dst = nullptr;
+  if (count == 0) return cudaSuccess;
+  cudaError_t err = cudaMalloc(reinterpret_cast<void**>(dst), count * sizeof(T));
+  if (err != cudaSuccess) {
+    *dst = nullptr;
+    return err;
+  }
+  err = cudaMemcpy(*dst, src, count * sizeof(T), cudaMemcpyHostToDevice);
+  if (err != cudaSuccess) {
+    cudaFree(*dst);
+    *dst = nullptr;
+  }
+  return err;
+}
+
+// Pass 1 tiles of a block for chunk width ct: every row of P is written, so a block with rows but
+// no columns still has one (zero-writing) chunk per row tile.
+uint64_t rowTiles1(const BlockDesc& d, int bucket) {
+  return d.k == 0 ? 0 : ceilDiv(d.rows, uint64_t(kWarps) * rowsPerWarp1(bucket));
+}
+uint64_t chunks1(const BlockDesc& d, uint64_t ct) { return std::max<uint64_t>(1, ceilDiv(d.cols, ct)); }
+// Pass 2 likewise writes every column of Qt, rows or not.
+uint64_t colTiles2(const BlockDesc& d) { return d.k == 0 ? 0 : ceilDiv(d.cols, kCols2); }
+uint64_t slabs2(const BlockDesc& d, uint64_t sr) { return std::max<uint64_t>(1, ceilDiv(d.rows, sr)); }
+
+}  // namespace
+
+cudaError_t createBlockTable(const BlockDesc* blocks, size_t n, BlockTable** out) {
+  if (!out || (n && !blocks) || n >= UINT32_MAX) return cudaErrorInvalidValue;
+  *out = nullptr;
+  auto* t = new (std::nothrow) BlockTable;
+  if (!t) return cudaErrorMemoryAllocation;
+  t->n = uint32_t(n);
+  std::vector<DevBlock> dev(n);
+  for (size_t b = 0; b < n; ++b) {
+    dev[b].d = blocks[b];
+    if (dev[b].d.ld == 0) dev[b].d.ld = dev[b].d.cols;  // as host MatrixView::stride()
+    if (dev[b].d.qld == 0) dev[b].d.qld = dev[b].d.cols;
+    t->kmax = std::max(t->kmax, blocks[b].k);
+  }
+  t->bucket = kBucket(t->kmax);
+
+  // Widest pass 1 chunks / tallest pass 2 slabs that still give kTargetCtas tiles: fewer partial
+  // sums to write and reduce, enough CUDA blocks to fill the GPU.
+  auto total1 = [&](uint64_t ct) {
+    uint64_t s = 0;
+    for (const DevBlock& x : dev) s += rowTiles1(x.d, t->bucket) * chunks1(x.d, ct);
+    return s;
+  };
+  auto total2 = [&](uint64_t sr) {
+    uint64_t s = 0;
+    for (const DevBlock& x : dev) s += colTiles2(x.d) * slabs2(x.d, sr);
+    return s;
+  };
+  t->ct1 = kMaxChunk1;
+  while (t->ct1 > kMinChunk1 && total1(t->ct1) < kTargetCtas) t->ct1 /= 2;
+  t->sr2 = kMaxSlab2;
+  while (t->sr2 > kMinSlab2 && total2(t->sr2) < kTargetCtas) t->sr2 /= 2;
+
+  std::vector<uint64_t> pre(size_t(kPrefixes) * (n + 1), 0);
+  uint64_t ws1 = 0, ws2 = 0;
+  for (size_t b = 0; b < n; ++b) {
+    DevBlock& x = dev[b];
+    const BlockDesc& d = x.d;
+    x.rowTiles1 = rowTiles1(d, t->bucket);
+    x.chunks1 = chunks1(d, t->ct1);
+    x.colTiles2 = colTiles2(d);
+    x.slabs2 = slabs2(d, t->sr2);
+    x.colTiles3 = d.k == 0 ? 0 : ceilDiv(d.cols, kCols3);
+    const uint64_t rowTiles3 = ceilDiv(d.rows, kRows3);
+    uint64_t tiles[kPrefixes] = {};
+    tiles[kTiles1] = x.rowTiles1 * x.chunks1;
+    if (x.rowTiles1 && x.chunks1 > 1) {
+      x.ws1 = ws1;
+      ws1 += x.chunks1 * d.rows * d.k;
+      tiles[kReduce1] = ceilDiv(uint64_t(d.rows) * d.k, kReduceThreads);
+    }
+    tiles[kTiles2] = x.colTiles2 * x.slabs2;
+    if (x.colTiles2 && x.slabs2 > 1) {
+      x.ws2 = ws2;
+      ws2 += x.slabs2 * d.k * d.cols;
+      tiles[kReduce2] = ceilDiv(uint64_t(d.cols) * d.k, kReduceThreads);
+    }
+    tiles[kTiles3] = rowTiles3 * x.colTiles3;
+    for (int w = 0; w < kPrefixes; ++w) {
+      uint64_t* p = pre.data() + size_t(w) * (n + 1);
+      p[b + 1] = p[b] + tiles[w];
+    }
+  }
+  for (int w = 0; w < kPrefixes; ++w) {
+    t->total[w] = pre[size_t(w) * (n + 1) + n];
+    if (t->total[w] > kMaxGrid) {
+      delete t;
+      return cudaErrorInvalidValue;
+    }
+  }
+
+  cudaError_t err = upload(dev.data(), n, &t->blocks);
+  if (err == cudaSuccess) err = upload(pre.data(), pre.size(), &t->prefix);
+  const uint64_t wsFloats = std::max(ws1, ws2);  // pass 1 and 2 never run at once on a table
+  if (err == cudaSuccess && wsFloats)
+    err = cudaMalloc(reinterpret_cast<void**>(&t->ws), wsFloats * sizeof(float));
+  if (err != cudaSuccess) {
+    t->ws = nullptr;
+    destroy(t);
+    return err;
+  }
+  *out = t;
+  return cudaSuccess;
+}
+
+void destroy(BlockTable* t) {
+  if (!t) return;
+  cudaFree(t->blocks);
+  cudaFree(t->prefix);
+  cudaFree(t->ws);
+  delete t;
+}
+
+cudaError_t createExactTable(const ExactDesc* runs, size_t n, ExactTable** out) {
+  if (!out || (n && !runs) || n >= UINT32_MAX) return cudaErrorInvalidValue;
+  *out = nullptr;
+  auto* t = new (std::nothrow) ExactTable;
+  if (!t) return cudaErrorMemoryAllocation;
+  t->n = uint32_t(n);
+  std::vector<uint64_t> pre(n + 1, 0);
+  for (size_t i = 0; i < n; ++i) pre[i + 1] = pre[i] + ceilDiv(runs[i].numel, kElemsPerCta);
+  t->tiles = pre[n];
+  if (t->tiles > kMaxGrid) {
+    delete t;
+    return cudaErrorInvalidValue;
+  }
+  cudaError_t err = upload(runs, n, &t->runs);
+  if (err == cudaSuccess) err = upload(pre.data(), pre.size(), &t->prefix);
+  if (err != cudaSuccess) {
+    destroy(t);
+    return err;
+  }
+  *out = t;
+  return cudaSuccess;
+}
+
+void destroy(ExactTable* t) {
+  if (!t) return;
+  cudaFree(t->runs);
+  cudaFree(t->prefix);
+  delete t;
+}
+
+cudaError_t createOrthoTable(const OrthoDesc* mats, size_t n, OrthoTable** out) {
+  if (!out || (n && !mats) || n >= UINT32_MAX || n > kMaxGrid) return cudaErrorInvalidValue;
+  *out = nullptr;
+  auto* t = new (std::nothrow) OrthoTable;
+  if (!t) return cudaErrorMemoryAllocation;
+  t->n = uint32_t(n);
+  std::vector<uint64_t> off(n);
+  uint64_t ws = 0;
+  for (size_t i = 0; i < n; ++i) {
+    off[i] = ws;
+    ws += 2 * mats[i].n * mats[i].k + mats[i].k;  // the matrix, the reflectors, their flags
+  }
+  cudaError_t err = upload(mats, n, &t->mats);
+  if (err == cudaSuccess) err = upload(off.data(), n, &t->wsOff);
+  if (err == cudaSuccess && ws)
+    err = cudaMalloc(reinterpret_cast<void**>(&t->ws), ws * sizeof(double));
+  if (err != cudaSuccess) {
+    t->ws = nullptr;
+    destroy(t);
+    return err;
+  }
+  *out = t;
+  return cudaSuccess;
+}
+
+void destroy(OrthoTable* t) {
+  if (!t) return;
+  cudaFree(t->mats);
+  cudaFree(t->wsOff);
+  cudaFree(t->ws);
+  delete t;
+}
+
+cudaError_t createScatterTable(const BlockDesc* blocks, const uint64_t* dstOffset,
+                               const uint64_t* dstLd, size_t n, ScatterTable** out) {
+  if (!out || (n && (!blocks || !dstOffset || !dstLd)) || n >= UINT32_MAX)
+    return cudaErrorInvalidValue;
+  *out = nullptr;
+  auto* t = new (std::nothrow) ScatterTable;
+  if (!t) return cudaErrorMemoryAllocation;
+  t->n = uint32_t(n);
+  std::vector<ScatterTable::Dev> dev(n);
+  std::vector<uint64_t> pre(n + 1, 0);
+  for (size_t i = 0; i < n; ++i) {
+    dev[i].d = blocks[i];
+    if (dev[i].d.qld == 0) dev[i].d.qld = dev[i].d.cols;
+    dev[i].dstOffset = dstOffset[i];
+    dev[i].dstLd = dstLd[i];
+    pre[i + 1] = pre[i] + ceilDiv(uint64_t(blocks[i].k) * blocks[i].cols, kElemsPerCta);
+  }
+  t->tiles = pre[n];
+  if (t->tiles > kMaxGrid) {
+    delete t;
+    return cudaErrorInvalidValue;
+  }
+  cudaError_t err = upload(dev.data(), n, &t->blocks);
+  if (err == cudaSuccess) err = upload(pre.data(), pre.size(), &t->prefix);
+  if (err != cudaSuccess) {
+    destroy(t);
+    return err;
+  }
+  *out = t;
+  return cudaSuccess;
+}
+
+void destroy(ScatterTable* t) {
+  if (!t) return;
+  cudaFree(t->blocks);
+  cudaFree(t->prefix);
+  delete t;
+}
+
+}  // namespace lowrank::cuda

@@ -1,0 +1,98 @@
+// The device tables behind the opaque handles of powersgd_kernels.h, and the tile shapes they are
+// planned for. A batched launch indexes its CUDA blocks (tiles) through a prefix array: tiles of
+// block b are [prefix[b], prefix[b + 1]).
+#pragma once
+#include <cstdint>
+
+#include "kernels/cuda/powersgd_kernels.h"
+
+namespace lowrank::cuda {
+namespace detail {
+
+constexpr int kThreads = 256;  // every batched pass kernel
+constexpr int kWarps = kThreads / 32;
+// Tiles are sized so a launch has at least this many CUDA blocks where the shapes allow
+// (several waves on any current GPU). A constant, not the device's SM count: the partial sums,
+// hence the rounding, must not depend on which GPU runs the plan.
+constexpr uint64_t kTargetCtas = 2048;
+
+// k bucket of the templated fast path: the next power of two >= k, at most 32 (k > 32 loops over
+// groups of 32).
+constexpr int kBucketMax = 32;
+inline int kBucket(uint32_t k) {
+  int b = 1;
+  while (b < int(k) && b < kBucketMax) b *= 2;
+  return b;
+}
+
+// Pass 1: a tile is kWarps * rowsPerWarp1(K) rows x ct1 columns; each warp keeps rowsPerWarp1 rows x
+// K accumulators in registers, so each Qt element loaded serves several rows.
+__host__ __device__ constexpr int rowsPerWarp1(int K) { return K >= 16 ? 2 : 4; }
+// Register budget of pass 1 (CUDA blocks per SM asked of ptxas): enough warps in flight to cover
+// memory latency without spilling the accumulators.
+__host__ __device__ constexpr int minBlocks1(int K) { return K >= 8 ? 2 : 3; }
+constexpr uint64_t kMinChunk1 = 512, kMaxChunk1 = uint64_t(1) << 20;
+// Pass 2: a tile is kCols2 columns (2 per lane, a warp spans them) x sr2 rows, the rows dealt to the
+// warps, P staged in shared memory kChunk2 rows at a time.
+constexpr int kCols2 = 64;
+constexpr int kChunk2 = 64;
+constexpr uint64_t kMinSlab2 = 256, kMaxSlab2 = uint64_t(1) << 20;
+// Pass 3: a tile is kCols3 columns (one per thread, Qbar in registers) x kRows3 rows (P in shared).
+constexpr int kCols3 = kThreads;
+constexpr int kRows3 = 64;
+// Deterministic second reductions: one thread per output element.
+constexpr int kReduceThreads = 256;
+// Element-wise kernels (exact part, scatterQ): elements per CUDA block.
+constexpr int kElemsPerCta = 4 * kThreads;
+
+struct DevBlock {
+  BlockDesc d;
+  uint64_t rowTiles1 = 0, chunks1 = 0;  // pass 1 tiles: rowTiles1 x chunks1
+  uint64_t ws1 = 0;                     // pass 1 partial P (chunks1 x rows x k) when chunks1 > 1
+  uint64_t colTiles2 = 0, slabs2 = 0;   // pass 2 tiles: colTiles2 x slabs2
+  uint64_t ws2 = 0;                     // pass 2 partial Qt (slabs2 x k x cols) when slabs2 > 1
+  uint64_t colTiles3 = 0;               // pass 3 tiles: rowTiles3 x colTiles3
+};
+
+enum Prefix { kTiles1, kReduce1, kTiles2, kReduce2, kTiles3, kPrefixes };
+
+}  // namespace detail
+
+struct BlockTable {
+  uint32_t n = 0;
+  uint32_t kmax = 0;
+  int bucket = 1;                      // kBucket(kmax)
+  uint64_t ct1 = 0, sr2 = 0;           // pass 1 chunk width, pass 2 slab height
+  uint64_t total[detail::kPrefixes] = {};
+  detail::DevBlock* blocks = nullptr;  // device, n
+  uint64_t* prefix = nullptr;          // device, kPrefixes arrays of n + 1
+  float* ws = nullptr;                 // device workspace of pass 1 and pass 2 partial sums
+  const uint64_t* pre(int which) const { return prefix + uint64_t(which) * (n + 1); }
+};
+
+struct ExactTable {
+  uint32_t n = 0;
+  uint64_t tiles = 0;
+  ExactDesc* runs = nullptr;   // device, n
+  uint64_t* prefix = nullptr;  // device, n + 1 (tiles of kElemsPerCta elements)
+};
+
+struct OrthoTable {
+  uint32_t n = 0;
+  OrthoDesc* mats = nullptr;  // device, n
+  uint64_t* wsOff = nullptr;  // device, n: each matrix's float64 workspace, 2 n k + k doubles
+  double* ws = nullptr;
+};
+
+struct ScatterTable {
+  struct Dev {
+    BlockDesc d;
+    uint64_t dstOffset = 0, dstLd = 0;
+  };
+  uint32_t n = 0;
+  uint64_t tiles = 0;
+  Dev* blocks = nullptr;       // device, n
+  uint64_t* prefix = nullptr;  // device, n + 1 (tiles of kElemsPerCta elements of k x cols)
+};
+
+}  // namespace lowrank::cuda
