@@ -1,0 +1,54 @@
+// The transport over an application's NCCL communicator (lowrankCommInitFromNccl): every
+// allreduce is one in-place ncclAllReduce on the legacy default stream, issued through the real
+// library's own symbols (nccl::Api, so an LD_PRELOAD interposer never sees it), then waited for.
+//
+// Waiting: NCCL queues work on a CUDA stream. When a CUDA runtime is loaded in the process
+// (cudaStreamQuery found in the global scope or in an already-loaded libcudart), the call polls the
+// null stream on the communicator's device, and ncclCommGetAsyncError beside it, until the work is
+// done; that wait is bounded by timeoutSec (lowrankTimeout) and returns promptly after abort().
+// Without a CUDA runtime there is nothing asynchronous to wait for (NCCL's test double computes on
+// the host and has finished when ncclAllReduce returns). The ncclAllReduce call itself is NCCL's
+// own: NCCL has no timeout of its own there, so a peer that never joins can hold it (NCCL's way out
+// is ncclCommAbort by the application, which owns the communicator).
+//
+// The NCCL communicator is not owned: abort() only marks this transport failed, and destruction
+// leaves the NCCL communicator alone.
+// Counters: NCCL does not say what it sent, so each call counts what the ring algorithm sends,
+// 2 (N-1)/N x the buffer, in 2 (N-1) messages.
+#pragma once
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include "transport/nccl/nccl_api.h"
+#include "transport/transport.h"
+
+namespace lowrank {
+
+class NcclTransport final : public Transport {
+ public:
+  // `comm` is an ncclComm_t; rank and size come from ncclCommUserRank / ncclCommCount.
+  // Errors: lowrankInvalidArgument (null api or comm), NCCL's errors (nccl::fromNccl).
+  static Status create(const nccl::Api* api, void* comm, double timeoutSec,
+                       std::unique_ptr<NcclTransport>* out);
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  Status allreduce(void* buf, size_t count, lowrankDataType_t dtype, lowrankRedOp_t op) override;
+  void abort() override { aborted_ = true; }
+
+ private:
+  NcclTransport(const nccl::Api* api, void* comm, int rank, int size, int device, double timeoutSec)
+      : api_(api), comm_(comm), rank_(rank), size_(size), device_(device), timeoutSec_(timeoutSec) {}
+  Status waitDone();  // the queued ncclAllReduce has finished, failed, timed out or been aborted
+  Status failWith(Status s);  // marks the transport failed; returns s
+
+  const nccl::Api* api_;
+  void* comm_;
+  int rank_, size_, device_;  // device_: ncclCommCuDevice, -1 if unknown
+  double timeoutSec_;
+  std::atomic<bool> aborted_{false}, failed_{false};
+  std::string failure_;  // written once before failed_ is set
+};
+
+}  // namespace lowrank

@@ -1,0 +1,116 @@
+// NcclTransport (plugin/transport/nccl) over the NCCL test double, resolved as lowrank resolves
+// the real library (nccl::realNccl: libnccl.so.2 from LD_LIBRARY_PATH). The double's own
+// entry points (init, destroy, call counts) are looked up in the same handle, so this binary
+// links neither the double nor liblowrank.so: only lowrank's internals, statically.
+#include <gtest/gtest.h>
+#include <dlfcn.h>
+
+#include <thread>
+#include <vector>
+
+#include "transport/nccl/nccl_transport.h"
+
+namespace lowrank {
+namespace {
+
+struct UniqueId { char internal[128]; };  // ncclUniqueId
+struct Double {
+  int (*getUniqueId)(UniqueId*);
+  int (*commInitRank)(void**, int, UniqueId, int);
+  int (*commDestroy)(void*);
+  unsigned long long (*callCount)(const char*);
+};
+
+const nccl::Api& api() {
+  const nccl::Api* a = nullptr;
+  Status s = nccl::realNccl(&a);
+  EXPECT_TRUE(s.ok()) << s.msg;
+  return *a;
+}
+
+const Double& dbl() {
+  static Double d = [] {
+    void* h = api().handle;
+    Double x;
+    x.getUniqueId = reinterpret_cast<int (*)(UniqueId*)>(dlsym(h, "ncclGetUniqueId"));
+    x.commInitRank = reinterpret_cast<int (*)(void**, int, UniqueId, int)>(dlsym(h, "ncclCommInitRank"));
+    x.commDestroy = reinterpret_cast<int (*)(void*)>(dlsym(h, "ncclCommDestroy"));
+    x.callCount = reinterpret_cast<unsigned long long (*)(const char*)>(dlsym(h, "ncclDoubleCallCount"));
+    return x;
+  }();
+  return d;
+}
+
+// Runs body(rank, transport) on n threads, each over its own NCCL communicator of the double.
+template <typename F>
+void withTransports(int n, F body) {
+  ASSERT_NE(dbl().callCount, nullptr) << "libnccl.so.2 is not the test double: " << api().path;
+  UniqueId id;
+  ASSERT_EQ(dbl().getUniqueId(&id), 0);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      void* comm = nullptr;
+      ASSERT_EQ(dbl().commInitRank(&comm, n, id, r), 0);
+      std::unique_ptr<NcclTransport> t;
+      Status s = NcclTransport::create(&api(), comm, 30, &t);
+      ASSERT_TRUE(s.ok()) << s.msg;
+      body(r, *t);
+      t.reset();  // the NCCL comm is not the transport's: it is still there to destroy
+      EXPECT_EQ(dbl().commDestroy(comm), 0);
+    });
+  for (auto& t : threads) t.join();
+}
+
+TEST(NcclTransport, RankAndSizeFromTheComm) {
+  withTransports(3, [](int rank, NcclTransport& t) {
+    EXPECT_EQ(t.rank(), rank);
+    EXPECT_EQ(t.size(), 3);
+  });
+  std::unique_ptr<NcclTransport> t;
+  EXPECT_EQ(NcclTransport::create(&api(), nullptr, 30, &t).code, lowrankInvalidArgument);
+}
+
+TEST(NcclTransport, AllreducesInPlaceAndCountsTheRing) {
+  const int n = 3;
+  withTransports(n, [&](int rank, NcclTransport& t) {
+    std::vector<double> x(301);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = double(i) * (rank + 1);
+    ASSERT_TRUE(t.allreduce(x.data(), x.size(), lowrankFloat64, lowrankAvg).ok());
+    for (size_t i = 0; i < x.size(); ++i) EXPECT_EQ(x[i], double(i) * 6 / 3);
+    // 301 = 3 x 100 + 1: 2 (N-1) blocks of 100 elements, and 2 (N-1)/N of the remainder (rounded down)
+    EXPECT_EQ(t.counters().elementsSent.load(), 100u * 4 + 4 / 3);
+    EXPECT_EQ(t.counters().bytesSent.load(), 8u * (100 * 4 + 4 / 3));
+    EXPECT_EQ(t.counters().messages.load(), 4u);
+  });
+}
+
+TEST(NcclTransport, CountZeroMakesNoNcclCall) {
+  ASSERT_NE(dbl().callCount, nullptr);
+  const unsigned long long before = dbl().callCount("pncclAllReduce");
+  withTransports(2, [&](int, NcclTransport& t) {
+    EXPECT_TRUE(t.allreduce(nullptr, 0, lowrankFloat32, lowrankSum).ok());
+    EXPECT_EQ(t.counters().messages.load(), 0u);
+    float x = 1;
+    ASSERT_TRUE(t.allreduce(&x, 1, lowrankFloat32, lowrankSum).ok());
+    EXPECT_EQ(x, 2.f);
+  });
+  EXPECT_EQ(dbl().callCount("pncclAllReduce"), before + 2);  // one real call per comm rank
+  EXPECT_EQ(dbl().callCount("ncclAllReduce"), 0u);           // never the interposable name
+}
+
+TEST(NcclTransport, AbortRefusesLaterCallsAndBadInputIsRefused) {
+  withTransports(1, [&](int, NcclTransport& t) {
+    float x = 1;
+    EXPECT_EQ(t.allreduce(&x, 1, lowrankNumTypes, lowrankSum).code, lowrankInvalidArgument);
+    EXPECT_EQ(t.allreduce(nullptr, 4, lowrankFloat32, lowrankSum).code, lowrankInvalidArgument);
+    EXPECT_TRUE(t.allreduce(&x, 1, lowrankFloat32, lowrankSum).ok());
+    t.abort();
+    Status s = t.allreduce(&x, 1, lowrankFloat32, lowrankSum);
+    EXPECT_EQ(s.code, lowrankInvalidUsage);
+    EXPECT_NE(s.msg.find("aborted"), std::string::npos) << s.msg;
+  });
+}
+
+}  // namespace
+}  // namespace lowrank
