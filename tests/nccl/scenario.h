@@ -94,6 +94,8 @@ inline lowrankResult_t run(lowrankComm_t comm, int rank, std::string* out, std::
       out->append(reinterpret_cast<const char*>(recv[b].data()), recv[b].size());
     }
   }
+  // The memory is freed next: its address may come back for another buffer (with a layout left).
+  for (const auto& r : recv) lowrankBufferRelease(comm, r.data());
   return lowrankSuccess;
 }
 

@@ -4,12 +4,14 @@
 #include <gtest/gtest.h>
 #include <nccl.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kernels/host/convert.h"
@@ -324,6 +326,32 @@ TEST(NcclDouble, InitAllOfOneDeviceAndConfigInit) {
   cfg.blocking = 0;
   ASSERT_EQ(ncclCommInitRankConfig(&comm, 1, id, 0, &cfg), ncclSuccess) << ncclGetLastError(nullptr);
   EXPECT_EQ(ncclCommDestroy(comm), ncclSuccess);
+}
+
+TEST(NcclDouble, AbortFromAnotherThreadEndsAWaitingCall) {
+  setenv("LOWRANK_TIMEOUT", "60", 1);
+  ncclUniqueId id;
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  ncclComm_t comms[2] = {nullptr, nullptr};
+  {
+    std::thread other([&] { EXPECT_EQ(ncclCommInitRank(&comms[1], 2, id, 1), ncclSuccess); });
+    EXPECT_EQ(ncclCommInitRank(&comms[0], 2, id, 0), ncclSuccess);
+    other.join();
+  }
+  unsetenv("LOWRANK_TIMEOUT");
+  ASSERT_TRUE(comms[0] && comms[1]);
+  // Comm rank 1 never joins the call: comm rank 0 waits until its comm is aborted.
+  std::vector<float> x(1000, 1.f);
+  ncclResult_t r = ncclSuccess;
+  std::thread waiting([&] { r = ncclAllReduce(x.data(), x.data(), x.size(), ncclFloat32, ncclSum, comms[0], nullptr); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(ncclCommAbort(comms[0]), ncclSuccess);
+  waiting.join();
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(r, ncclRemoteError);
+  EXPECT_LT(waited, 10.0) << "the call should end soon after the abort, not at the 60 s timeout";
+  EXPECT_EQ(ncclCommDestroy(comms[1]), ncclSuccess);
 }
 
 TEST(NcclDouble, CountsEachEntryPointApart) {

@@ -36,7 +36,14 @@ const CudaRuntime& cudaRuntime() {
         if ((h = dlopen(so, RTLD_LAZY | RTLD_NOLOAD))) break;
     }
     if (!h) {
-      LR_INFO("NCCL transport: no CUDA runtime in this process; NCCL calls are taken as synchronous");
+      // The CUDA driver without a runtime we can reach: a program linked with the static cudart.
+      if (void* driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD)) {
+        dlclose(driver);
+        LR_WARN("NCCL transport: CUDA is in use but no CUDA runtime is reachable (static cudart?); "
+                "host-buffer allreduces over NCCL cannot wait for the stream");
+      } else {
+        LR_INFO("NCCL transport: no CUDA runtime in this process; NCCL calls are taken as synchronous");
+      }
       return;
     }
     rt.streamQuery = reinterpret_cast<int (*)(void*)>(dlsym(h, "cudaStreamQuery"));
@@ -56,7 +63,7 @@ int commDevice(const nccl::Api& api, void* comm) {
   return dev;
 }
 
-// Makes `device` current on this thread for the wait, and restores the caller's device after.
+// Makes `device` current on this thread, and restores the caller's device after.
 class DeviceGuard {
  public:
   DeviceGuard(const CudaRuntime& rt, int device) : rt_(rt) {
@@ -102,7 +109,6 @@ Status NcclTransport::failWith(Status s) {
 Status NcclTransport::waitDone() {
   const CudaRuntime& rt = cudaRuntime();
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeoutSec_);
-  DeviceGuard device(rt, device_);
   for (;;) {
     nccl::Result async = nccl::kSuccess;
     nccl::Result q = api_->commGetAsyncError(comm_, &async);
@@ -141,6 +147,9 @@ Status NcclTransport::allreduce(void* buf, size_t count, lowrankDataType_t dtype
   // One comm rank: the buffer already holds the result (avg over one rank is the identity).
   if (count == 0 || size_ == 1) return Status::Ok();
   LR_TRACE("nccl: comm rank %d: allreduce of %zu %s (%s)", rank_, count, dtypeName(dtype), opName(op));
+  // The null stream is the current device's: make it the communicator's for the call and the
+  // wait (the progress thread has no device of its own; the caller's is restored).
+  DeviceGuard device(cudaRuntime(), device_);
   // lowrank's dtype and op numbers are NCCL's.
   nccl::Result r = api_->allReduce(buf, buf, count, int(dtype), int(op), comm_, nullptr);
   if (r != nccl::kSuccess && r != nccl::kInProgress) return failWith(nccl::fromNccl(*api_, r, "ncclAllReduce"));

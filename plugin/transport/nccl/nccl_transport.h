@@ -7,12 +7,15 @@
 // null stream on the communicator's device, and ncclCommGetAsyncError beside it, until the work is
 // done; that wait is bounded by timeoutSec (lowrankTimeout) and returns promptly after abort().
 // Without a CUDA runtime there is nothing asynchronous to wait for (NCCL's test double computes on
-// the host and has finished when ncclAllReduce returns). The ncclAllReduce call itself is NCCL's
+// the host and has finished when ncclAllReduce returns); a program with the CUDA driver but only a
+// static cudart cannot be waited for (logged at WARN). The ncclAllReduce call itself is NCCL's
 // own: NCCL has no timeout of its own there, so a peer that never joins can hold it (NCCL's way out
 // is ncclCommAbort by the application, which owns the communicator).
 //
 // The NCCL communicator is not owned: abort() only marks this transport failed, and destruction
 // leaves the NCCL communicator alone.
+// Threads: each call goes out from whichever thread runs the allreduce (the caller or
+// AsyncTransport's progress thread), with the communicator's device made current for the call.
 // Counters: NCCL does not say what it sent, so each call counts what the ring algorithm sends,
 // 2 (N-1)/N x the buffer, in 2 (N-1) messages.
 #pragma once

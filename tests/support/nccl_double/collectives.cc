@@ -34,10 +34,22 @@ ncclResult_t byteCount(size_t count, ncclDataType_t dtype, size_t mult, const ch
   return ncclSuccess;
 }
 
+// Counts a collective in flight, so that ncclCommAbort frees the comm only after it returned.
+struct InFlight {
+  explicit InFlight(ncclComm_t c) : comm(c) { ++comm->inflight; }
+  ~InFlight() { --comm->inflight; }  // the call's last touch of *comm
+  ncclComm_t comm;
+};
+
 ncclResult_t lrAllReduce(const void* send, void* recv, size_t count, lowrankDataType_t dtype,
                          lowrankRedOp_t op, ncclComm_t comm, const char* what) {
   lowrankResult_t r = lowrankAllReduce(send, recv, count, dtype, op, comm->lr, nullptr);
-  ncclResult_t n = fromLowrank(r, comm->lr, what);
+  ncclResult_t n;
+  {
+    std::lock_guard<std::mutex> lock(comm->abortMu);  // lr may be freed once aborting is set
+    n = comm->aborting ? fail(ncclRemoteError, "%s: the communicator was aborted", what)
+                       : fromLowrank(r, comm->lr, what);
+  }
   if (r != lowrankSuccess && r != lowrankInvalidArgument && r != lowrankInvalidUsage) {
     int none = ncclSuccess;  // a broken collective: what ncclCommGetAsyncError reports
     comm->asyncError.compare_exchange_strong(none, n);
@@ -45,7 +57,7 @@ ncclResult_t lrAllReduce(const void* send, void* recv, size_t count, lowrankData
   return n;
 }
 
-// Byte-wise "max against zeros": the data of `data` lands unchanged on every rank.
+// Byte-wise max against zeros: the bytes one rank holds land unchanged on every rank.
 ncclResult_t spreadBytes(void* buf, size_t bytes, ncclComm_t comm, const char* what) {
   if (bytes == 0) return ncclSuccess;
   return lrAllReduce(buf, buf, bytes, lowrankUint8, lowrankMax, comm, what);
@@ -146,6 +158,7 @@ ncclResult_t redOpDestroy(ncclRedOp_t op, ncclComm_t comm) {
 ncclResult_t allReduce(const void* send, void* recv, size_t count, ncclDataType_t dtype,
                        ncclRedOp_t op, ncclComm_t comm) {
   if (ncclResult_t r = checkComm(comm, "ncclAllReduce")) return r;
+  InFlight guard(comm);
   if (ncclResult_t r = checkDtype(dtype, "ncclAllReduce")) return r;
   if (int(op) < 0) return fail(ncclInvalidArgument, "ncclAllReduce: unknown op %d", int(op));
   if (count == 0) return ncclSuccess;  // NCCL accepts it; lowrank refuses count 0
@@ -159,6 +172,7 @@ ncclResult_t allReduce(const void* send, void* recv, size_t count, ncclDataType_
 ncclResult_t broadcast(const void* send, void* recv, size_t count, ncclDataType_t dtype, int root,
                        ncclComm_t comm) {
   if (ncclResult_t r = checkComm(comm, "ncclBroadcast")) return r;
+  InFlight guard(comm);
   if (ncclResult_t r = checkDtype(dtype, "ncclBroadcast")) return r;
   if (root < 0 || root >= comm->nranks)
     return fail(ncclInvalidArgument, "ncclBroadcast: root %d is not in [0, %d)", root, comm->nranks);
@@ -174,6 +188,7 @@ ncclResult_t broadcast(const void* send, void* recv, size_t count, ncclDataType_
 ncclResult_t allGather(const void* send, void* recv, size_t sendcount, ncclDataType_t dtype,
                        ncclComm_t comm) {
   if (ncclResult_t r = checkComm(comm, "ncclAllGather")) return r;
+  InFlight guard(comm);
   if (ncclResult_t r = checkDtype(dtype, "ncclAllGather")) return r;
   size_t block = 0, total = 0;
   if (ncclResult_t r = byteCount(sendcount, dtype, 1, "ncclAllGather", &block)) return r;
@@ -192,6 +207,7 @@ ncclResult_t allGather(const void* send, void* recv, size_t sendcount, ncclDataT
 ncclResult_t reduceScatter(const void* send, void* recv, size_t recvcount, ncclDataType_t dtype,
                            ncclRedOp_t op, ncclComm_t comm) {
   if (ncclResult_t r = checkComm(comm, "ncclReduceScatter")) return r;
+  InFlight guard(comm);
   if (ncclResult_t r = checkDtype(dtype, "ncclReduceScatter")) return r;
   size_t block = 0, total = 0;
   if (ncclResult_t r = byteCount(recvcount, dtype, 1, "ncclReduceScatter", &block)) return r;
@@ -207,6 +223,7 @@ ncclResult_t reduceScatter(const void* send, void* recv, size_t recvcount, ncclD
 ncclResult_t reduce(const void* send, void* recv, size_t count, ncclDataType_t dtype, ncclRedOp_t op,
                     int root, ncclComm_t comm) {
   if (ncclResult_t r = checkComm(comm, "ncclReduce")) return r;
+  InFlight guard(comm);
   if (ncclResult_t r = checkDtype(dtype, "ncclReduce")) return r;
   if (root < 0 || root >= comm->nranks)
     return fail(ncclInvalidArgument, "ncclReduce: root %d is not in [0, %d)", root, comm->nranks);

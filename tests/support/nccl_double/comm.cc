@@ -1,9 +1,11 @@
 // The NCCL test double: communicators, errors, groups and the version (see double.h).
+#include <chrono>
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "double.h"
 
@@ -117,7 +119,12 @@ ncclResult_t commDestroy(ncclComm_t comm) {
 
 ncclResult_t commAbort(ncclComm_t comm) {
   if (!comm) return ncclSuccess;
-  lowrankResult_t r = lowrankCommAbort(comm->lr);
+  {
+    std::lock_guard<std::mutex> lock(comm->abortMu);
+    comm->aborting = true;
+  }
+  lowrankResult_t r = lowrankCommAbort(comm->lr);  // a call in progress returns promptly
+  while (comm->inflight.load() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   delete comm;
   return fromLowrank(r, nullptr, "ncclCommAbort");
 }

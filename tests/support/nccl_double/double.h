@@ -21,6 +21,13 @@ struct ncclComm {
   int rank = 0, nranks = 1;
   std::atomic<int> asyncError{ncclSuccess};  // the first collective failure, for GetAsyncError
 
+  // ncclCommAbort from another thread while a collective runs (NCCL's way to end a hang): abort
+  // sets `aborting` under abortMu (after which collectives no longer touch `lr`), aborts `lr`
+  // (which makes the running call return), and frees this struct once `inflight` is back to 0.
+  std::mutex abortMu;
+  bool aborting = false;
+  std::atomic<int> inflight{0};
+
   // ncclRedOpCreatePreMulSum: op ncclNumOps + i is preMul[i].
   struct PreMul {
     bool live = false;
