@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
 #include "lowrank/lowrank.h"
 
@@ -131,6 +132,21 @@ cudaError_t withBucket(int bucket, F&& f) {
     case 32: return f(std::integral_constant<int, 32>{});
     default: return cudaErrorInvalidValue;
   }
+}
+
+// Launches kernel k on `grid` CUDA blocks of `block` threads on stream s; returns the launch error.
+// Every launch goes through here. LOWRANK_CUDA_EMULATION (tests/gpu/emu) runs the kernel on the
+// CPU instead, so that kernels and tests can be checked on machines without a GPU.
+template <typename... P, typename... A>
+cudaError_t launch(void (*k)(P...), uint64_t grid, unsigned block, cudaStream_t s, A&&... args) {
+  if (grid == 0) return cudaSuccess;
+#ifdef LOWRANK_CUDA_EMULATION
+  (void)s;
+  return ::emu::launch(unsigned(grid), block, [&] { k(args...); });
+#else
+  k<<<unsigned(grid), block, 0, s>>>(std::forward<A>(args)...);
+  return cudaGetLastError();
+#endif
 }
 
 // Largest grid the kernels take in x (they index tiles by blockIdx.x).

@@ -56,9 +56,8 @@ cudaError_t packExact(const ExactTable* t, const void* g, lowrankDataType_t dtyp
   if (t->tiles == 0) return cudaSuccess;
   return withDtype(dtype, [&](auto tag) {
     using T = decltype(tag);
-    packKernel<T><<<unsigned(t->tiles), kThreads, 0, stream>>>(
-        t->runs, t->prefix, t->n, static_cast<const T*>(g), payload, nonFinite);
-    return cudaGetLastError();
+    return launch(packKernel<T>, t->tiles, kThreads, stream, t->runs, t->prefix, t->n,
+                  static_cast<const T*>(g), payload, nonFinite);
   });
 }
 
@@ -68,10 +67,8 @@ cudaError_t unpackExact(const ExactTable* t, const float* payload, float scale, 
   if (t->tiles == 0) return cudaSuccess;
   return withDtype(dtype, [&](auto tag) {
     using T = decltype(tag);
-    unpackKernel<T><<<unsigned(t->tiles), kThreads, 0, stream>>>(t->runs, t->prefix, t->n,
-                                                                 payload, scale,
-                                                                 static_cast<T*>(out));
-    return cudaGetLastError();
+    return launch(unpackKernel<T>, t->tiles, kThreads, stream, t->runs, t->prefix, t->n, payload,
+                  scale, static_cast<T*>(out));
   });
 }
 

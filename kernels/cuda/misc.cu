@@ -43,22 +43,19 @@ __global__ void __launch_bounds__(kThreads)
 cudaError_t scale(float* x, size_t n, float s, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   const uint64_t blocks = std::min<uint64_t>(ceilDiv(n, kThreads), 65536);
-  scaleKernel<<<unsigned(blocks), kThreads, 0, stream>>>(x, n, s);
-  return cudaGetLastError();
+  return launch(scaleKernel, blocks, kThreads, stream, x, uint64_t(n), s);
 }
 
 cudaError_t setFloat(float* x, float v, cudaStream_t stream) {
-  setFloatKernel<<<1, 1, 0, stream>>>(x, v);
-  return cudaGetLastError();
+  return launch(setFloatKernel, 1, 1, stream, x, v);
 }
 
 cudaError_t scatterQ(const ScatterTable* t, const float* wire, float* qt, const float* checks,
                      float expectedOp, cudaStream_t stream) {
   if (!t) return cudaErrorInvalidValue;
   if (t->tiles == 0) return cudaSuccess;
-  scatterQKernel<<<unsigned(t->tiles), kThreads, 0, stream>>>(t->blocks, t->prefix, t->n, wire, qt,
-                                                             checks, expectedOp);
-  return cudaGetLastError();
+  return launch(scatterQKernel, t->tiles, kThreads, stream, t->blocks, t->prefix, t->n, wire, qt,
+                checks, expectedOp);
 }
 
 }  // namespace lowrank::cuda

@@ -183,8 +183,7 @@ __global__ void __launch_bounds__(kOrthoThreads)
 cudaError_t orthonormalize(const OrthoTable* t, float* base, double eps, cudaStream_t stream) {
   if (!t) return cudaErrorInvalidValue;
   if (t->n == 0) return cudaSuccess;
-  orthoKernel<<<t->n, kOrthoThreads, 0, stream>>>(t->mats, t->wsOff, base, t->ws, eps);
-  return cudaGetLastError();
+  return launch(orthoKernel, t->n, kOrthoThreads, stream, t->mats, t->wsOff, base, t->ws, eps);
 }
 
 }  // namespace lowrank::cuda

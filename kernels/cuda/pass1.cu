@@ -128,22 +128,16 @@ cudaError_t errorFeedbackAndP(const BlockTable* t, const void* g, lowrankDataTyp
     using T = decltype(tag);
     return withBucket(t->bucket, [&](auto bucket) {
       constexpr int K = decltype(bucket)::value;
-      const dim3 grid(unsigned(t->total[kTiles1]));
-      if (e)
-        pass1Kernel<T, true, K><<<grid, kThreads, 0, stream>>>(
-            t->blocks, t->pre(kTiles1), t->n, t->ct1, static_cast<const T*>(g), e, qt, p, t->ws,
-            nonFinite);
-      else
-        pass1Kernel<T, false, K><<<grid, kThreads, 0, stream>>>(
-            t->blocks, t->pre(kTiles1), t->n, t->ct1, static_cast<const T*>(g), e, qt, p, t->ws,
-            nonFinite);
-      return cudaGetLastError();
+      const auto* gt = static_cast<const T*>(g);
+      return e ? launch(pass1Kernel<T, true, K>, t->total[kTiles1], kThreads, stream, t->blocks,
+                        t->pre(kTiles1), t->n, t->ct1, gt, e, qt, p, t->ws, nonFinite)
+               : launch(pass1Kernel<T, false, K>, t->total[kTiles1], kThreads, stream, t->blocks,
+                        t->pre(kTiles1), t->n, t->ct1, gt, e, qt, p, t->ws, nonFinite);
     });
   });
-  if (err != cudaSuccess || t->total[kReduce1] == 0) return err;
-  reduce1Kernel<<<unsigned(t->total[kReduce1]), kReduceThreads, 0, stream>>>(
-      t->blocks, t->pre(kReduce1), t->n, t->ws, p);
-  return cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  return launch(reduce1Kernel, t->total[kReduce1], kReduceThreads, stream, t->blocks,
+                t->pre(kReduce1), t->n, t->ws, p);
 }
 
 }  // namespace lowrank::cuda

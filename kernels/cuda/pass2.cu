@@ -138,20 +138,15 @@ cudaError_t computeQ(const BlockTable* t, const void* g, lowrankDataType_t dtype
     using T = decltype(tag);
     return withBucket(t->bucket, [&](auto bucket) {
       constexpr int K = decltype(bucket)::value;
-      const dim3 grid(unsigned(t->total[kTiles2]));
-      if (e)
-        pass2Kernel<float, K><<<grid, kThreads, 0, stream>>>(t->blocks, t->pre(kTiles2), t->n,
-                                                             t->sr2, e, p, qt, t->ws);
-      else
-        pass2Kernel<T, K><<<grid, kThreads, 0, stream>>>(t->blocks, t->pre(kTiles2), t->n, t->sr2,
-                                                         static_cast<const T*>(g), p, qt, t->ws);
-      return cudaGetLastError();
+      return e ? launch(pass2Kernel<float, K>, t->total[kTiles2], kThreads, stream, t->blocks,
+                        t->pre(kTiles2), t->n, t->sr2, e, p, qt, t->ws)
+               : launch(pass2Kernel<T, K>, t->total[kTiles2], kThreads, stream, t->blocks,
+                        t->pre(kTiles2), t->n, t->sr2, static_cast<const T*>(g), p, qt, t->ws);
     });
   });
-  if (err != cudaSuccess || t->total[kReduce2] == 0) return err;
-  reduce2Kernel<<<unsigned(t->total[kReduce2]), kReduceThreads, 0, stream>>>(
-      t->blocks, t->pre(kReduce2), t->n, t->ws, qt);
-  return cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  return launch(reduce2Kernel, t->total[kReduce2], kReduceThreads, stream, t->blocks,
+                t->pre(kReduce2), t->n, t->ws, qt);
 }
 
 }  // namespace lowrank::cuda

@@ -135,17 +135,13 @@ __global__ void __launch_bounds__(kThreads)
 template <typename TO, bool kFeedback>
 cudaError_t launch3(const BlockTable* t, float* e, const float* p, const float* qbart, float scale,
                     TO* out, const float* checks, float expectedOp, cudaStream_t stream) {
-  const dim3 grid(unsigned(t->total[kTiles3]));
-  if (t->kmax > kBucketMax) {
-    pass3GenericKernel<TO, kFeedback><<<grid, kThreads, 0, stream>>>(
-        t->blocks, t->pre(kTiles3), t->n, e, p, qbart, scale, out, checks, expectedOp);
-    return cudaGetLastError();
-  }
+  if (t->kmax > kBucketMax)
+    return launch(pass3GenericKernel<TO, kFeedback>, t->total[kTiles3], kThreads, stream,
+                  t->blocks, t->pre(kTiles3), t->n, e, p, qbart, scale, out, checks, expectedOp);
   return withBucket(t->bucket, [&](auto bucket) {
     constexpr int K = decltype(bucket)::value;
-    pass3Kernel<TO, kFeedback, K><<<grid, kThreads, 0, stream>>>(
-        t->blocks, t->pre(kTiles3), t->n, e, p, qbart, scale, out, checks, expectedOp);
-    return cudaGetLastError();
+    return launch(pass3Kernel<TO, kFeedback, K>, t->total[kTiles3], kThreads, stream, t->blocks,
+                  t->pre(kTiles3), t->n, e, p, qbart, scale, out, checks, expectedOp);
   });
 }
 
