@@ -41,6 +41,24 @@ lowrankResult_t lowrankCommInitFromNccl(lowrankComm_t* comm, ncclComm_t nccl);
 lowrankResult_t lowrankCommInitFromNcclConfig(lowrankComm_t* comm, ncclComm_t nccl,
                                               const lowrankConfig_t* config);
 
+/* ---- The NCCL shim (liblowrank_nccl.so, LD_PRELOAD; or the drop-in libnccl.so.2) -------------
+ * Defined by the shim, not by liblowrank: look it up in the process (dlsym(RTLD_DEFAULT, ...), or
+ * ctypes.CDLL(None) from Python) when the shim is loaded. See docs/nccl_shim.md.
+ *
+ * Declares the tensors packed in the bucket buffer `recvbuff` (e.g. a DDP gradient bucket), so
+ * that the shim compresses it per tensor (lowrankBufferSetLayout) instead of as one matrix:
+ * tensor t has ndims[t] dimensions (1 to 8) whose sizes are the next ndims[t] entries of `shapes`
+ * (all tensors' sizes concatenated). Kept for every communicator and applied at the buffer's next
+ * compressed call (which resets its state); the same layout given again changes nothing;
+ * ntensors 0 forgets the hint (the buffer's state is released); a hint whose elements do not add up
+ * to the count of the buffer's call is ignored there (stale: the address holds another buffer now).
+ * Give the same layout on every comm rank at the same point of the program. Local, not
+ * collective; thread-safe.
+ * Errors: lowrankInvalidArgument (null recvbuff, ndims or shapes; ntensors < 0; a tensor with 0 or
+ * more than 8 dimensions or a size <= 0), with a message at WARN. */
+lowrankResult_t lowrankNcclSetBucketLayout(const void* recvbuff, int ntensors, const int* ndims,
+                                           const int64_t* shapes);
+
 #ifdef __cplusplus
 }
 #endif

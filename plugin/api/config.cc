@@ -153,6 +153,16 @@ Status resolveConfig(const lowrankConfig_t* user, EngineConfig* out) {
   return Status::Ok();
 }
 
+Status shimEnvFromEnv(ShimEnv* out) {
+  ShimEnv e;
+  LR_RETURN_IF_ERROR(checkDebugEnv());
+  LR_RETURN_IF_ERROR(envBool("LOWRANK_ENABLE", &e.enable));
+  LR_RETURN_IF_ERROR(envSeed("LOWRANK_MIN_BYTES", &e.minBytes));  // any non-negative integer
+  LR_RETURN_IF_ERROR(envInt("LOWRANK_START_ITER", 0, 1 << 30, &e.startIter));
+  *out = e;
+  return Status::Ok();
+}
+
 void logConfig(const EngineConfig& c, int rank, int nranks) {
   LR_INFO("comm rank %d/%d: approxRank %d, minCompressionRate %g, startIter %d, errorFeedback %d, "
           "warmStart %d, orthoEpsilon %g, seed %llu, timeout %g s, pipeline %d (chunk %llu "

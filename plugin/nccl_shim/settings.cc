@@ -1,0 +1,24 @@
+#include "nccl_shim/settings.h"
+
+#include "nccl_shim/real_nccl.h"
+#include "nccl_shim/shim_log.h"
+
+namespace lowrank::shim {
+
+const Settings& settings() {
+  static const Settings s = [] {
+    Settings x;
+    Status st = api::shimEnvFromEnv(&x.env);
+    x.ok = st.ok();
+    if (!x.ok)
+      SHIM_ERROR("%s: %s; every ncclAllReduce returns ncclInvalidUsage until it is fixed",
+                 shimMode(), st.msg.c_str());
+    else
+      SHIM_INFO("%s: LOWRANK_ENABLE %d, LOWRANK_MIN_BYTES %llu, LOWRANK_START_ITER %d", shimMode(),
+                int(x.env.enable), (unsigned long long)x.env.minBytes, x.env.startIter);
+    return x;
+  }();
+  return s;
+}
+
+}  // namespace lowrank::shim
