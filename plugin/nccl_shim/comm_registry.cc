@@ -1,5 +1,7 @@
 #include "nccl_shim/comm_registry.h"
 
+#include <unistd.h>
+
 #include <cstdlib>
 #include <vector>
 
@@ -20,8 +22,11 @@ Registry& registry() {
   return *r;
 }
 
+pid_t armedBy = 0;  // the process that registered reportAtExit (a forked child inherits it)
+
 // One line per communicator still alive when the process exits.
 void reportAtExit() {
+  if (getpid() != armedBy) return;  // a forked child that calls exit(): not its communicators
   std::vector<std::shared_ptr<ShimComm>> all;
   {
     std::lock_guard<std::mutex> lock(registry().mu);
@@ -51,7 +56,10 @@ std::shared_ptr<ShimComm> commFor(ncclComm_t comm, int startIter) {
   auto c = std::make_shared<ShimComm>(comm, startIter);
   queryRanks(*c);
   static std::once_flag armed;
-  std::call_once(armed, [] { atexit(reportAtExit); });
+  std::call_once(armed, [] {
+    armedBy = getpid();
+    atexit(reportAtExit);
+  });
   std::lock_guard<std::mutex> lock(r.mu);
   auto [it, inserted] = r.comms.emplace(comm, c);
   return it->second;
