@@ -1,5 +1,6 @@
 // CPU emulation of the CUDA runtime API subset used by kernels/cuda and its tests (see emu.h).
 #pragma once
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -16,7 +17,10 @@ enum cudaError_t {
 };
 typedef cudaError_t cudaError;
 typedef struct CUstream_st* cudaStream_t;
-typedef struct CUevent_st* cudaEvent_t;
+struct CUevent_st {
+  std::chrono::steady_clock::time_point t;
+};
+typedef CUevent_st* cudaEvent_t;
 enum cudaMemcpyKind {
   cudaMemcpyHostToHost = 0,
   cudaMemcpyHostToDevice = 1,
@@ -63,6 +67,39 @@ inline cudaError_t cudaGetDeviceCount(int* n) {
   *n = 1;
   return cudaSuccess;
 }
+// Events time the host (where emulated kernels run).
+inline cudaError_t cudaEventCreate(cudaEvent_t* e) {
+  *e = new CUevent_st;
+  return cudaSuccess;
+}
+inline cudaError_t cudaEventDestroy(cudaEvent_t e) {
+  delete e;
+  return cudaSuccess;
+}
+inline cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t = nullptr) {
+  e->t = std::chrono::steady_clock::now();
+  return cudaSuccess;
+}
+inline cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
+inline cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b) {
+  *ms = std::chrono::duration<float, std::milli>(b->t - a->t).count();
+  return cudaSuccess;
+}
+
+struct cudaDeviceProp {
+  char name[256] = "CPU emulation";
+  int multiProcessorCount = 1;
+  size_t totalGlobalMem = size_t(1) << 34;
+};
+inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int) {
+  *p = cudaDeviceProp{};
+  return cudaSuccess;
+}
+inline cudaError_t cudaMemGetInfo(size_t* freeBytes, size_t* total) {
+  *freeBytes = *total = size_t(1) << 34;
+  return cudaSuccess;
+}
+
 inline const char* cudaGetErrorString(cudaError_t e) {
   switch (e) {
     case cudaSuccess: return "no error (emulated)";
