@@ -23,6 +23,7 @@ __global__ void __launch_bounds__(kThreads, minBlocks1(K))
                 const float* __restrict qt, float* __restrict p, float* __restrict ws,
                 float* nonFinite) {
   constexpr int RW = rowsPerWarp1(K);
+  constexpr int U = stepsPerLoad1(K);
   constexpr int kLanesPerSum = 32 / K;
   const uint64_t tile = blockIdx.x;
   const uint32_t b = findBlock(prefix, nBlocks, tile);
@@ -37,22 +38,22 @@ __global__ void __launch_bounds__(kThreads, minBlocks1(K))
   const uint64_t i0 = rowTile * (kWarps * RW) + uint64_t(warp) * RW;
   const uint32_t limBits = __float_as_uint(x.d.limit) & 0x7fffffffu;
 
-  // Row r of the warp: its elements at gRow[r][j], eRow[r][j] for j < len[r] (0: no row).
-  const T* gRow[RW];
-  float* eRow[RW];
-  uint32_t len[RW];
+  // Row r of the warp: its elements at g / e [row[r] + j] for j0 <= j < lim[r] (the row's length,
+  // cut at the chunk's end; 0: no row).
+  const uint32_t j0 = uint32_t(chunk * ct), j1 = uint32_t(min(cols, chunk * ct + ct));
+  uint64_t row[RW];  // buffer offset of the row's element 0
+  uint32_t lim[RW];
 #pragma unroll
   for (int r = 0; r < RW; ++r) {
     const uint64_t i = i0 + r;
-    len[r] = i < rows ? uint32_t(rowLength(i, ld, cols, valid)) : 0;
-    const uint64_t o = len[r] ? offset + i * ld : 0;
-    gRow[r] = g + o;
-    eRow[r] = kFeedback ? e + o : nullptr;
+    const uint32_t len = i < rows ? uint32_t(rowLength(i, ld, cols, valid)) : 0;
+    lim[r] = min(len, j1);
+    row[r] = len ? offset + i * ld : 0;
   }
-  const uint32_t j0 = uint32_t(chunk * ct), j1 = uint32_t(min(cols, chunk * ct + ct));
   unsigned bad = 0;
   for (uint32_t c0 = 0; c0 < k; c0 += K) {
     const bool first = c0 == 0;  // E += G and the count happen once, in the first group
+    const bool readG = !kFeedback || first;  // later groups read M from E
     const float* q = qt + x.d.qt + uint64_t(c0) * qld;
     float acc[RW][K];
 #pragma unroll
@@ -60,32 +61,59 @@ __global__ void __launch_bounds__(kThreads, minBlocks1(K))
 #pragma unroll
       for (int c = 0; c < K; ++c) acc[r][c] = 0.f;
 
-    for (uint32_t j = j0 + lane; j < j1; j += 32) {
-      float m[RW];
+    // Pointers at this lane's column of each row, advanced 32 U columns a step; rem[r]: elements
+    // of row r left from there (<= 0: none), qrem: columns of the chunk left.
+    const T* gp[RW];
+    float* ep[RW];
+    int32_t rem[RW];
+#pragma unroll
+    for (int r = 0; r < RW; ++r) {
+      gp[r] = g + row[r] + j0 + lane;
+      if constexpr (kFeedback) ep[r] = e + row[r] + j0 + lane;
+      rem[r] = int32_t(lim[r]) - int32_t(j0 + lane);
+    }
+    const float* qp = q + j0 + lane;
+    for (int32_t qrem = int32_t(j1) - int32_t(j0 + lane); qrem > 0; qrem -= 32 * U) {
+      // Every load of M for the step is issued before anything is stored: E is read and written
+      // through one pointer, so the compiler would not move a later load above a store. (Qt is
+      // read where it is used: it comes from L1.)
+      float gv[U][RW], ev[U][RW];
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int r = 0; r < RW; ++r) {
+          const bool in = 32 * u < rem[r];
+          gv[u][r] = readG && in ? toF(gp[r][32 * u]) : 0.f;  // missing elements count as zeros
+          if constexpr (kFeedback) ev[u][r] = in ? ep[r][32 * u] : 0.f;
+        }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        float v[RW];
+#pragma unroll
+        for (int r = 0; r < RW; ++r) {
+          if constexpr (kFeedback) v[r] = first ? gv[u][r] + ev[u][r] : ev[u][r];
+          else v[r] = gv[u][r];
+          if (first && 32 * u < rem[r]) {
+            if constexpr (kFeedback) ep[r][32 * u] = v[r];
+            bad += beyond(v[r], limBits);
+          }
+        }
+        const float* qc = qp + 32 * u;
+        const bool qin = 32 * u < qrem;
+#pragma unroll
+        for (int c = 0; c < K; ++c, qc += qld) {
+          const float qv = qin && c0 + c < k ? __ldg(qc) : 0.f;
+#pragma unroll
+          for (int r = 0; r < RW; ++r) acc[r][c] = fmaf(v[r], qv, acc[r][c]);
+        }
+      }
 #pragma unroll
       for (int r = 0; r < RW; ++r) {
-        float v = 0.f;  // missing elements count as zeros
-        if (j < len[r]) {
-          if (kFeedback) {
-            if (first) {
-              v = toF(gRow[r][j]) + eRow[r][j];
-              eRow[r][j] = v;
-            } else {
-              v = eRow[r][j];
-            }
-          } else {
-            v = toF(gRow[r][j]);
-          }
-          if (first) bad += beyond(v, limBits);
-        }
-        m[r] = v;
+        gp[r] += 32 * U;
+        if constexpr (kFeedback) ep[r] += 32 * U;
+        rem[r] -= 32 * U;
       }
-#pragma unroll
-      for (int c = 0; c < K; ++c) {
-        const float qv = c0 + c < k ? __ldg(q + c * qld + j) : 0.f;
-#pragma unroll
-        for (int r = 0; r < RW; ++r) acc[r][c] = fmaf(m[r], qv, acc[r][c]);
-      }
+      qp += 32 * U;
     }
 
 #pragma unroll

@@ -33,7 +33,7 @@ __device__ __forceinline__ void loadRow(const float* row, float (&v)[K]) {
 
 // TM: the element type of M (float when M is E, else the gradient's dtype).
 template <typename TM, int K>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, 2)
     pass2Kernel(const DevBlock* __restrict blocks, const uint64_t* __restrict prefix,
                 uint32_t nBlocks, uint64_t sr, const TM* __restrict m, const float* __restrict p,
                 float* __restrict qt, float* __restrict ws) {
@@ -66,22 +66,27 @@ __global__ void __launch_bounds__(kThreads)
         sP[r][c] = r < nr && c0 + c < k ? p[x.d.p + (ch + r) * k + c0 + c] : 0.f;
       }
       __syncthreads();
+      // Every load of the chunk first (branch-free, so the compiler issues them together), then
+      // the arithmetic. Rows past the chunk's end have P = 0 in sP and M = 0 here.
+      constexpr int kRowsPerWarp = kChunk2 / kWarps;
+      float ma[kRowsPerWarp], mb[kRowsPerWarp];
 #pragma unroll
-      for (int rr = 0; rr < kChunk2 / kWarps; ++rr) {
+      for (int rr = 0; rr < kRowsPerWarp; ++rr) {
         const int r = warp + rr * kWarps;
-        if (r < nr) {
-          const uint64_t i = ch + r;
-          const uint64_t len = rowLength(i, ld, cols, valid);
-          const TM* row = m + offset + i * ld;
-          const float a = jA < len ? toF(row[jA]) : 0.f;  // missing elements count as zeros
-          const float a2 = jB < len ? toF(row[jB]) : 0.f;
-          float pr[K];
-          loadRow<K>(sP[r], pr);
+        const uint64_t i = ch + r;
+        const uint64_t len = r < nr ? rowLength(i, ld, cols, valid) : 0;
+        const TM* row = m + offset + i * ld;
+        ma[rr] = jA < len ? toF(row[jA]) : 0.f;  // missing elements count as zeros
+        mb[rr] = jB < len ? toF(row[jB]) : 0.f;
+      }
 #pragma unroll
-          for (int c = 0; c < K; ++c) {
-            acc[0][c] = fmaf(pr[c], a, acc[0][c]);
-            acc[1][c] = fmaf(pr[c], a2, acc[1][c]);
-          }
+      for (int rr = 0; rr < kRowsPerWarp; ++rr) {
+        float pr[K];
+        loadRow<K>(sP[warp + rr * kWarps], pr);
+#pragma unroll
+        for (int c = 0; c < K; ++c) {
+          acc[0][c] = fmaf(pr[c], ma[rr], acc[0][c]);
+          acc[1][c] = fmaf(pr[c], mb[rr], acc[1][c]);
         }
       }
     }

@@ -94,14 +94,26 @@ __global__ void __launch_bounds__(kThreads)
     sP[r][c] = r < t.nr && c < int(k) ? p[d.p + (t.i0 + r) * k + c] : 0.f;
   }
   __syncthreads();
-#pragma unroll 4
-  for (int r = 0; r < t.nr; ++r) {
-    const uint64_t i = t.i0 + r;
-    if (t.j < rowLength(i, d.ld, d.cols, d.valid)) {
-      const float a = dotRow<K>(sP[r], qb);
-      const uint64_t o = d.offset + i * d.ld + t.j;
-      out[o] = fromF<TO>(scale * a);
-      if (kFeedback) e[o] = e[o] - a;
+  // kStep3 rows at a time: their E loads first (branch-free), then the arithmetic and the stores
+  // (a load of E after a store to E would wait for it: the same pointer).
+  for (int r0 = 0; r0 < t.nr; r0 += kStep3) {
+    uint64_t o[kStep3];
+    bool in[kStep3];
+    float m[kStep3];
+#pragma unroll
+    for (int s = 0; s < kStep3; ++s) {
+      const uint64_t i = t.i0 + r0 + s;
+      in[s] = r0 + s < t.nr && t.j < rowLength(i, d.ld, d.cols, d.valid);
+      o[s] = d.offset + i * d.ld + t.j;
+      m[s] = kFeedback && in[s] ? e[o[s]] : 0.f;
+    }
+#pragma unroll
+    for (int s = 0; s < kStep3; ++s) {
+      if (in[s]) {
+        const float a = dotRow<K>(sP[r0 + s], qb);
+        out[o[s]] = fromF<TO>(scale * a);
+        if (kFeedback) e[o[s]] = m[s] - a;
+      }
     }
   }
 }

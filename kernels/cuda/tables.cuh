@@ -30,7 +30,9 @@ inline int kBucket(uint32_t k) {
 __host__ __device__ constexpr int rowsPerWarp1(int K) { return K >= 16 ? 2 : 4; }
 // Register budget of pass 1 (CUDA blocks per SM asked of ptxas): enough warps in flight to cover
 // memory latency without spilling the accumulators.
-__host__ __device__ constexpr int minBlocks1(int K) { return K >= 8 ? 2 : 3; }
+__host__ __device__ constexpr int minBlocks1(int) { return 2; }
+// Column steps of 32 whose loads pass 1 issues together (RW x U loads of G and of E in flight).
+__host__ __device__ constexpr int stepsPerLoad1(int K) { return K == 16 ? 4 : 2; }
 constexpr uint64_t kMinChunk1 = 512, kMaxChunk1 = uint64_t(1) << 20;
 // Pass 2: a tile is kCols2 columns (2 per lane, a warp spans them) x sr2 rows, the rows dealt to the
 // warps, P staged in shared memory kChunk2 rows at a time.
@@ -40,6 +42,8 @@ constexpr uint64_t kMinSlab2 = 256, kMaxSlab2 = uint64_t(1) << 20;
 // Pass 3: a tile is kCols3 columns (one per thread, Qbar in registers) x kRows3 rows (P in shared).
 constexpr int kCols3 = kThreads;
 constexpr int kRows3 = 64;
+constexpr int kStep3 = 8;  // rows whose loads are issued together (divides kRows3)
+static_assert(kRows3 % kStep3 == 0, "pass 3 steps cover the tile");
 // Deterministic second reductions: one thread per output element.
 constexpr int kReduceThreads = 256;
 // Element-wise kernels (exact part, scatterQ): elements per CUDA block.

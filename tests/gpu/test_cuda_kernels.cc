@@ -680,6 +680,56 @@ TEST_P(Pass3, MatchesHostTwin) {
 
 INSTANTIATE_TEST_SUITE_P(Kernels, Pass3, ::testing::ValuesIn(passCases()), passCaseName);
 
+class Pass3RowBlocks : public ::testing::TestWithParam<PassCase> {};
+
+// Pass 3 over row blocks (a block's rows end before its valid elements do): no row past the
+// block's end is touched.
+TEST_P(Pass3RowBlocks, MatchesHostTwin) {
+  SKIP_WITHOUT_DEVICE();
+  const PassCase c = GetParam();
+  const Buffer b = makeBuffer(standardTensors(), ksFor(c.k, 6));
+  const size_t es = dtypeSize(c.dtype);
+  std::vector<cu::BlockDesc> blocks = rowBlocks(b, INFINITY);
+  // Every other tensor's second row block left out: its rows must stay as they were.
+  std::vector<cu::BlockDesc> some;
+  for (size_t i = 0; i < blocks.size(); ++i)
+    if (i % 4 != 1) some.push_back(blocks[i]);
+  const std::vector<float> e0 = fillElements(b, normal(b.count, 27), kNaN);
+  const std::vector<float> p = normal(b.pCount, 28, 0.3f), qt = normal(b.qCount, 29, 0.3f);
+  const std::vector<uint8_t> out0 = toBytes(std::vector<float>(b.count, 777.f), c.dtype);
+
+  std::vector<float> he = e0;
+  std::vector<uint8_t> ho = out0;
+  for (const cu::BlockDesc& d : some)
+    host::decompressAndUpdateError(c.feedback ? he.data() + d.offset : nullptr, viewOf(d),
+                                   p.data() + d.p, qt.data() + d.qt, int(d.k), 2.f,
+                                   ho.data() + d.offset * es, c.dtype);
+  DeviceArray<float> de(e0), dp(p), dq(qt);
+  DeviceArray<uint8_t> dout(out0);
+  BlockTableHolder tbl;
+  CUDA_OK(cu::createBlockTable(some.data(), some.size(), &tbl.t));
+  CUDA_OK(cu::decompressAndUpdateError(tbl.t, c.feedback ? de.get() : nullptr, dp.get(), dq.get(),
+                                       2.f, dout.get(), c.dtype, nullptr, 0.f, nullptr));
+  const std::vector<float> ed = de.download(), od = toFloats(dout.download(), c.dtype),
+                           oh = toFloats(ho, c.dtype);
+  int reported = 0;
+  for (uint64_t pos = 0; pos < b.count; ++pos) {
+    const bool same = sameFloat(ed[pos], he[pos]) && sameFloat(od[pos], oh[pos]);
+    const bool close = std::fabs(double(ed[pos]) - he[pos]) <= 1e-5 * (1 + std::fabs(he[pos])) &&
+                       std::fabs(double(od[pos]) - oh[pos]) <=
+                           1e-5 * (1 + std::fabs(oh[pos])) + 2 * dtypeEps(c.dtype) * std::fabs(oh[pos]);
+    if (!same && !close && reported++ < 10)
+      ADD_FAILURE() << "position " << pos << ": E device " << ed[pos] << " host " << he[pos]
+                    << ", out device " << od[pos] << " host " << oh[pos];
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Kernels, Pass3RowBlocks,
+    ::testing::Values(PassCase{lowrankFloat32, 3, true}, PassCase{lowrankBfloat16, 32, false},
+                      PassCase{lowrankFloat16, kMixedLarge, true}, PassCase{lowrankFloat32, 40, true}),
+    passCaseName);
+
 class Pass3Checks : public ::testing::TestWithParam<PassCase> {};
 
 // A call not to be trusted: every element of out is NaN and of E zero; nothing else is touched.
