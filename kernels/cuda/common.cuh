@@ -1,5 +1,5 @@
-// Device helpers shared by the kernels: dtype conversions (the device side of kernels/host/convert.h),
-// the block lookup of batched launches, warp and block reductions.
+// Device helpers shared by the kernels: dtype conversions (the device side of
+// kernels/host/convert.h), the block lookup of batched launches, warp and block reductions.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -21,10 +21,18 @@ __device__ __forceinline__ float toF(float x) { return x; }
 __device__ __forceinline__ float toF(__half x) { return __half2float(x); }
 __device__ __forceinline__ float toF(__nv_bfloat16 x) { return __bfloat162float(x); }
 
-template <typename T> __device__ __forceinline__ T fromF(float f);
-template <> __device__ __forceinline__ float fromF<float>(float f) { return f; }
-template <> __device__ __forceinline__ __half fromF<__half>(float f) { return __float2half_rn(f); }
-template <> __device__ __forceinline__ __nv_bfloat16 fromF<__nv_bfloat16>(float f) {
+template <typename T>
+__device__ __forceinline__ T fromF(float f);
+template <>
+__device__ __forceinline__ float fromF<float>(float f) {
+  return f;
+}
+template <>
+__device__ __forceinline__ __half fromF<__half>(float f) {
+  return __float2half_rn(f);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 fromF<__nv_bfloat16>(float f) {
   return __float2bfloat16_rn(f);
 }
 
@@ -46,8 +54,10 @@ __device__ __forceinline__ uint32_t findBlock(const uint64_t* __restrict prefix,
   uint32_t lo = 0, hi = n;  // invariant: prefix[lo] <= tile < prefix[hi]
   while (hi - lo > 1) {
     const uint32_t mid = (lo + hi) / 2;
-    if (__ldg(prefix + mid) <= tile) lo = mid;
-    else hi = mid;
+    if (__ldg(prefix + mid) <= tile)
+      lo = mid;
+    else
+      hi = mid;
   }
   return lo;
 }
@@ -102,21 +112,18 @@ __device__ __forceinline__ void addBlockCount(unsigned count, float* dst) {
   if (threadIdx.x == 0 && total && dst) atomicAdd(dst, float(total));
 }
 
-template <typename T> struct DtypeOf;
-template <> struct DtypeOf<float> { static constexpr lowrankDataType_t value = lowrankFloat32; };
-template <> struct DtypeOf<__half> { static constexpr lowrankDataType_t value = lowrankFloat16; };
-template <> struct DtypeOf<__nv_bfloat16> {
-  static constexpr lowrankDataType_t value = lowrankBfloat16;
-};
-
 // Calls f(T{}) with T the element type of dtype; cudaErrorInvalidValue for other dtypes.
 template <typename F>
 cudaError_t withDtype(lowrankDataType_t dtype, F&& f) {
   switch (dtype) {
-    case lowrankFloat32: return f(float{});
-    case lowrankFloat16: return f(__half{});
-    case lowrankBfloat16: return f(__nv_bfloat16{});
-    default: return cudaErrorInvalidValue;
+    case lowrankFloat32:
+      return f(float{});
+    case lowrankFloat16:
+      return f(__half{});
+    case lowrankBfloat16:
+      return f(__nv_bfloat16{});
+    default:
+      return cudaErrorInvalidValue;
   }
 }
 
@@ -124,13 +131,20 @@ cudaError_t withDtype(lowrankDataType_t dtype, F&& f) {
 template <typename F>
 cudaError_t withBucket(int bucket, F&& f) {
   switch (bucket) {
-    case 1: return f(std::integral_constant<int, 1>{});
-    case 2: return f(std::integral_constant<int, 2>{});
-    case 4: return f(std::integral_constant<int, 4>{});
-    case 8: return f(std::integral_constant<int, 8>{});
-    case 16: return f(std::integral_constant<int, 16>{});
-    case 32: return f(std::integral_constant<int, 32>{});
-    default: return cudaErrorInvalidValue;
+    case 1:
+      return f(std::integral_constant<int, 1>{});
+    case 2:
+      return f(std::integral_constant<int, 2>{});
+    case 4:
+      return f(std::integral_constant<int, 4>{});
+    case 8:
+      return f(std::integral_constant<int, 8>{});
+    case 16:
+      return f(std::integral_constant<int, 16>{});
+    case 32:
+      return f(std::integral_constant<int, 32>{});
+    default:
+      return cudaErrorInvalidValue;
   }
 }
 

@@ -1,6 +1,6 @@
 // Orthonormalization of every matrix of a table, one CUDA block per matrix, in float64.
-// Host twin: host::orthonormalize (kernels/host/orthonormalize.cc), the same algorithm step by step:
-// k <= 2 Gram-Schmidt twice with the same zero / dependent-column rule and epsilon, k > 2
+// Host twin: host::orthonormalize (kernels/host/orthonormalize.cc), the same algorithm step by
+// step: k <= 2 Gram-Schmidt twice with the same zero / dependent-column rule and epsilon, k > 2
 // Householder QR and the thin Q. The only difference is the order of additions (block-wide
 // reductions) and that the dot products of one reflector with all columns are done in one sweep
 // (they are independent: the same values). Never NaN on zero or dependent columns.
@@ -56,7 +56,8 @@ __device__ __forceinline__ uint64_t firstOwned(uint64_t from) {
 }
 
 // sum over r >= from of x[r]^2.
-__device__ __forceinline__ double sumSquares(const double* x, uint64_t n, uint64_t from, SumScratch& sh) {
+__device__ __forceinline__ double sumSquares(const double* x, uint64_t n, uint64_t from,
+                                             SumScratch& sh) {
   double s[1] = {0};
   for (uint64_t r = firstOwned(from); r < n; r += kOrthoThreads) s[0] += x[r] * x[r];
   blockSum<1>(s, sh);
@@ -64,8 +65,8 @@ __device__ __forceinline__ double sumSquares(const double* x, uint64_t n, uint64
 }
 
 // For the columns c in [c0, min(c0 + kDots, k)): y_c[r] -= 2 (v . y_c) v[r] over r >= from.
-__device__ __forceinline__ void reflect(double* a, uint64_t n, uint32_t k, uint32_t c0, const double* v,
-                        uint64_t from, SumScratch& sh) {
+__device__ __forceinline__ void reflect(double* a, uint64_t n, uint32_t k, uint32_t c0,
+                                        const double* v, uint64_t from, SumScratch& sh) {
   double d[kDots];
 #pragma unroll
   for (int g = 0; g < kDots; ++g) d[g] = 0;
@@ -86,7 +87,8 @@ __device__ __forceinline__ void reflect(double* a, uint64_t n, uint32_t k, uint3
 
 // host gramSchmidt: each projection twice; a column whose norm falls to rounding level of what it
 // was (dependent) or is zero becomes zero; else column / (norm + eps).
-__device__ __forceinline__ void gramSchmidt(double* a, uint64_t n, uint32_t k, double eps, SumScratch& sh) {
+__device__ __forceinline__ void gramSchmidt(double* a, uint64_t n, uint32_t k, double eps,
+                                            SumScratch& sh) {
   for (uint32_t j = 0; j < k; ++j) {
     double* c = a + j * n;
     const double before = sqrt(sumSquares(c, n, 0, sh));
@@ -108,8 +110,8 @@ __device__ __forceinline__ void gramSchmidt(double* a, uint64_t n, uint32_t k, d
 
 // host householder: reflectors H_j = I - 2 v_j v_j^T (v_j zero above row j, unit norm), skipped
 // (flag 0) where the column below the diagonal is zero; then Q = H_0 ... H_{k-1} I[:, :k].
-__device__ __forceinline__ void householder(double* a, double* v, double* active, uint64_t n, uint32_t k,
-                            SumScratch& sh) {
+__device__ __forceinline__ void householder(double* a, double* v, double* active, uint64_t n,
+                                            uint32_t k, SumScratch& sh) {
   for (uint32_t j = 0; j < k; ++j) {
     const double* x = a + j * n;
     double* vj = v + j * n;
@@ -169,8 +171,10 @@ __global__ void __launch_bounds__(kOrthoThreads)
     a[j * n + r] = m[r * d.rowStride + j * d.colStride];
   }
   __syncthreads();
-  if (k <= 2) gramSchmidt(a, n, k, eps, sh);
-  else householder(a, a + count, a + 2 * count, n, k, sh);
+  if (k <= 2)
+    gramSchmidt(a, n, k, eps, sh);
+  else
+    householder(a, a + count, a + 2 * count, n, k, sh);
   __syncthreads();
   for (uint64_t idx = threadIdx.x; idx < count; idx += kOrthoThreads) {
     const uint64_t r = rowMajor ? idx / k : idx % n, j = rowMajor ? idx % k : idx / n;

@@ -52,7 +52,7 @@ __global__ void __launch_bounds__(kThreads, minBlocks1(K))
   }
   unsigned bad = 0;
   for (uint32_t c0 = 0; c0 < k; c0 += K) {
-    const bool first = c0 == 0;  // E += G and the count happen once, in the first group
+    const bool first = c0 == 0;              // E += G and the count happen once, in the first group
     const bool readG = !kFeedback || first;  // later groups read M from E
     const float* q = qt + x.d.qt + uint64_t(c0) * qld;
     float acc[RW][K];
@@ -91,8 +91,10 @@ __global__ void __launch_bounds__(kThreads, minBlocks1(K))
         float v[RW];
 #pragma unroll
         for (int r = 0; r < RW; ++r) {
-          if constexpr (kFeedback) v[r] = first ? gv[u][r] + ev[u][r] : ev[u][r];
-          else v[r] = gv[u][r];
+          if constexpr (kFeedback)
+            v[r] = first ? gv[u][r] + ev[u][r] : ev[u][r];
+          else
+            v[r] = gv[u][r];
           if (first && 32 * u < rem[r]) {
             if constexpr (kFeedback) ep[r][32 * u] = v[r];
             bad += beyond(v[r], limBits);
@@ -122,8 +124,10 @@ __global__ void __launch_bounds__(kThreads, minBlocks1(K))
       const uint64_t i = i0 + r;
       const uint32_t c = c0 + lane / kLanesPerSum;
       if (lane % kLanesPerSum == 0 && c < k && i < rows) {
-        if (chunks == 1) p[x.d.p + i * k + c] = v;
-        else ws[x.ws1 + (chunk * rows + i) * k + c] = v;
+        if (chunks == 1)
+          p[x.d.p + i * k + c] = v;
+        else
+          ws[x.ws1 + (chunk * rows + i) * k + c] = v;
       }
     }
   }

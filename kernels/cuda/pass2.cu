@@ -109,8 +109,10 @@ __global__ void __launch_bounds__(kThreads, 2)
         const uint32_t c = c0 + cg + g;
         const uint64_t j = j0 + col;
         if (c < k && j < cols) {
-          if (x.slabs2 == 1) qt[x.d.qt + c * qld + j] = s;
-          else ws[x.ws2 + (slab * k + c) * cols + j] = s;
+          if (x.slabs2 == 1)
+            qt[x.d.qt + c * qld + j] = s;
+          else
+            ws[x.ws2 + (slab * k + c) * cols + j] = s;
         }
       }
     }

@@ -53,7 +53,8 @@ __device__ __forceinline__ Tile3 tile3(const DevBlock* blocks, const uint64_t* p
   const uint64_t local = tile - prefix[b];
   const uint64_t colTile = local % x->colTiles3, rowTile = local / x->colTiles3;
   const uint64_t i0 = rowTile * kRows3;
-  return {x, i0, int(min(uint64_t(kRows3), x->d.rows - i0)), uint32_t(colTile * kCols3 + threadIdx.x)};
+  return {x, i0, int(min(uint64_t(kRows3), x->d.rows - i0)),
+          uint32_t(colTile * kCols3 + threadIdx.x)};
 }
 
 // out = NaN, E = 0 over the tile's elements.
@@ -148,8 +149,8 @@ template <typename TO, bool kFeedback>
 cudaError_t launch3(const BlockTable* t, float* e, const float* p, const float* qbart, float scale,
                     TO* out, const float* checks, float expectedOp, cudaStream_t stream) {
   if (t->kmax > kBucketMax)
-    return launch(pass3GenericKernel<TO, kFeedback>, t->total[kTiles3], kThreads, stream,
-                  t->blocks, t->pre(kTiles3), t->n, e, p, qbart, scale, out, checks, expectedOp);
+    return launch(pass3GenericKernel<TO, kFeedback>, t->total[kTiles3], kThreads, stream, t->blocks,
+                  t->pre(kTiles3), t->n, e, p, qbart, scale, out, checks, expectedOp);
   return withBucket(t->bucket, [&](auto bucket) {
     constexpr int K = decltype(bucket)::value;
     return launch(pass3Kernel<TO, kFeedback, K>, t->total[kTiles3], kThreads, stream, t->blocks,
@@ -161,8 +162,8 @@ cudaError_t launch3(const BlockTable* t, float* e, const float* p, const float* 
 
 cudaError_t decompressAndUpdateError(const BlockTable* t, float* e, const float* p,
                                      const float* qbart, float scale, void* out,
-                                     lowrankDataType_t dtype, const float* checks,
-                                     float expectedOp, cudaStream_t stream) {
+                                     lowrankDataType_t dtype, const float* checks, float expectedOp,
+                                     cudaStream_t stream) {
   if (!t) return cudaErrorInvalidValue;
   if (t->total[kTiles3] == 0) return cudaSuccess;
   return withDtype(dtype, [&](auto tag) {

@@ -35,10 +35,14 @@ cudaError_t upload(const T* src, size_t count, T** dst) {
 uint64_t rowTiles1(const BlockDesc& d, int bucket) {
   return d.k == 0 ? 0 : ceilDiv(d.rows, uint64_t(kWarps) * rowsPerWarp1(bucket));
 }
-uint64_t chunks1(const BlockDesc& d, uint64_t ct) { return std::max<uint64_t>(1, ceilDiv(d.cols, ct)); }
+uint64_t chunks1(const BlockDesc& d, uint64_t ct) {
+  return std::max<uint64_t>(1, ceilDiv(d.cols, ct));
+}
 // Pass 2 likewise writes every column of Qt, rows or not.
 uint64_t colTiles2(const BlockDesc& d) { return d.k == 0 ? 0 : ceilDiv(d.cols, kCols2); }
-uint64_t slabs2(const BlockDesc& d, uint64_t sr) { return std::max<uint64_t>(1, ceilDiv(d.rows, sr)); }
+uint64_t slabs2(const BlockDesc& d, uint64_t sr) {
+  return std::max<uint64_t>(1, ceilDiv(d.rows, sr));
+}
 
 }  // namespace
 

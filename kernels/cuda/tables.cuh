@@ -25,8 +25,8 @@ inline int kBucket(uint32_t k) {
   return b;
 }
 
-// Pass 1: a tile is kWarps * rowsPerWarp1(K) rows x ct1 columns; each warp keeps rowsPerWarp1 rows x
-// K accumulators in registers, so each Qt element loaded serves several rows.
+// Pass 1: a tile is kWarps * rowsPerWarp1(K) rows x ct1 columns; each warp keeps rowsPerWarp1 rows
+// x K accumulators in registers, so each Qt element loaded serves several rows.
 __host__ __device__ constexpr int rowsPerWarp1(int K) { return K >= 16 ? 2 : 4; }
 // Register budget of pass 1 (CUDA blocks per SM asked of ptxas): enough warps in flight to cover
 // memory latency without spilling the accumulators.
@@ -34,8 +34,8 @@ __host__ __device__ constexpr int minBlocks1(int) { return 2; }
 // Column steps of 32 whose loads pass 1 issues together (RW x U loads of G and of E in flight).
 __host__ __device__ constexpr int stepsPerLoad1(int K) { return K == 16 ? 4 : 2; }
 constexpr uint64_t kMinChunk1 = 512, kMaxChunk1 = uint64_t(1) << 20;
-// Pass 2: a tile is kCols2 columns (2 per lane, a warp spans them) x sr2 rows, the rows dealt to the
-// warps, P staged in shared memory kChunk2 rows at a time.
+// Pass 2: a tile is kCols2 columns (2 per lane, a warp spans them) x sr2 rows, the rows dealt to
+// the warps, P staged in shared memory kChunk2 rows at a time.
 constexpr int kCols2 = 64;
 constexpr int kChunk2 = 64;
 constexpr uint64_t kMinSlab2 = 256, kMaxSlab2 = uint64_t(1) << 20;
@@ -65,8 +65,8 @@ enum Prefix { kTiles1, kReduce1, kTiles2, kReduce2, kTiles3, kPrefixes };
 struct BlockTable {
   uint32_t n = 0;
   uint32_t kmax = 0;
-  int bucket = 1;                      // kBucket(kmax)
-  uint64_t ct1 = 0, sr2 = 0;           // pass 1 chunk width, pass 2 slab height
+  int bucket = 1;             // kBucket(kmax)
+  uint64_t ct1 = 0, sr2 = 0;  // pass 1 chunk width, pass 2 slab height
   uint64_t total[detail::kPrefixes] = {};
   detail::DevBlock* blocks = nullptr;  // device, n
   uint64_t* prefix = nullptr;          // device, kPrefixes arrays of n + 1

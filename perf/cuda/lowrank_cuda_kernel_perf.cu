@@ -74,8 +74,11 @@ __global__ void fillKernel(T* x, uint64_t n, uint32_t seed, float scale) {
     x[i] = cvt(scale * hashUniform(i, seed), T{});
 }
 void fill(void* x, lowrankDataType_t dt, uint64_t n, uint32_t seed, float scale) {
-  if (dt == lowrankFloat32) CHECK(run(fillKernel<float>, 4096, 256, static_cast<float*>(x), n, seed, scale));
-  else CHECK(run(fillKernel<__nv_bfloat16>, 4096, 256, static_cast<__nv_bfloat16*>(x), n, seed, scale));
+  if (dt == lowrankFloat32)
+    CHECK(run(fillKernel<float>, 4096, 256, static_cast<float*>(x), n, seed, scale));
+  else
+    CHECK(
+        run(fillKernel<__nv_bfloat16>, 4096, 256, static_cast<__nv_bfloat16*>(x), n, seed, scale));
 }
 
 __global__ void copyKernel(const float4* __restrict src, float4* __restrict dst, uint64_t n) {
@@ -106,8 +109,8 @@ struct Shape {
   uint32_t rows, cols;
 };
 
-// "square": one n x n matrix of at least `elems` elements' worth (n = floor(sqrt)); "batch": shapes of
-// transformer and CNN layers, cycled until they hold at least `elems` elements.
+// "square": one n x n matrix of at least `elems` elements' worth (n = floor(sqrt)); "batch": shapes
+// of transformer and CNN layers, cycled until they hold at least `elems` elements.
 std::vector<Shape> layoutShapes(const std::string& layout, uint64_t elems) {
   if (layout == "square") {
     const uint32_t n = uint32_t(std::sqrt(double(elems)));
@@ -219,13 +222,15 @@ int main(int argc, char** argv) {
   });
   const double copyBytes = 2.0 * 16 * n4, copyGBs = copyBytes / (copyUs * 1e-6) / 1e9;
 
-  printf("# lowrank_cuda_kernel_perf: %s, %d SMs, %.0f GiB; float32 M of %.2f GiB; mean of %d runs\n",
-         prop.name, prop.multiProcessorCount, double(prop.totalGlobalMem) / (1ull << 30),
-         4.0 * elems / (1ull << 30), reps);
+  printf(
+      "# lowrank_cuda_kernel_perf: %s, %d SMs, %.0f GiB; float32 M of %.2f GiB; mean of %d runs\n",
+      prop.name, prop.multiProcessorCount, double(prop.totalGlobalMem) / (1ull << 30),
+      4.0 * elems / (1ull << 30), reps);
   printf("# copy kernel (read + write %.2f GiB): %.1f us, %.1f GB/s\n", copyBytes / (1ull << 30),
          copyUs, copyGBs);
-  printf("# bytes: pass1 G + 2 E, pass2 E, pass3 2 E + out (error feedback on); total = the three "
-         "passes, orthonormalize excluded\n");
+  printf(
+      "# bytes: pass1 G + 2 E, pass2 E, pass3 2 E + out (error feedback on); total = the three "
+      "passes, orthonormalize excluded\n");
   printf("#%7s %7s %4s %5s %14s %11s %9s %7s\n", "layout", "phase", "k", "dtype", "bytes",
          "time(us)", "GB/s", "of copy");
 
@@ -282,19 +287,19 @@ int main(int argc, char** argv) {
 
         const double n = double(count);
         Row rows[4] = {
-            {layout, "pass1", dname, k, n * (gb + 8), timeUs(reps, [&] {
-               return cu::errorFeedbackAndP(bt, g, dt, e, qt, p, bad, nullptr);
-             })},
-            {layout, "pass2", dname, k, n * 4, timeUs(reps, [&] {
-               return cu::computeQ(bt, g, dt, e, p, qt, nullptr);
-             })},
-            {layout, "ortho", dname, k, 8.0 * pqElems, timeUs(reps, [&] {
-               return cu::orthonormalize(ot, p, 0.0, nullptr);
-             })},
-            {layout, "pass3", dname, k, n * (8 + gb), timeUs(reps, [&] {
-               return cu::decompressAndUpdateError(bt, e, p, qt, 1.f, out, dt, nullptr, 0.f,
-                                                   nullptr);
-             })},
+            {layout, "pass1", dname, k, n * (gb + 8),
+             timeUs(reps,
+                    [&] { return cu::errorFeedbackAndP(bt, g, dt, e, qt, p, bad, nullptr); })},
+            {layout, "pass2", dname, k, n * 4,
+             timeUs(reps, [&] { return cu::computeQ(bt, g, dt, e, p, qt, nullptr); })},
+            {layout, "ortho", dname, k, 8.0 * pqElems,
+             timeUs(reps, [&] { return cu::orthonormalize(ot, p, 0.0, nullptr); })},
+            {layout, "pass3", dname, k, n * (8 + gb),
+             timeUs(reps,
+                    [&] {
+                      return cu::decompressAndUpdateError(bt, e, p, qt, 1.f, out, dt, nullptr, 0.f,
+                                                          nullptr);
+                    })},
         };
         for (const Row& r : rows) printRow(r, copyGBs);
         printRow({layout, "total", dname, k, rows[0].bytes + rows[1].bytes + rows[3].bytes,

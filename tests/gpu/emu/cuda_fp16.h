@@ -5,5 +5,7 @@
 struct __half {
   uint16_t bits = 0;
 };
-inline float __half2float(__half h) { return lowrank::host::toFloat(lowrank::host::half_t{h.bits}); }
+inline float __half2float(__half h) {
+  return lowrank::host::toFloat(lowrank::host::half_t{h.bits});
+}
 inline __half __float2half_rn(float f) { return __half{lowrank::host::toHalf(f).bits}; }

@@ -102,10 +102,15 @@ inline cudaError_t cudaMemGetInfo(size_t* freeBytes, size_t* total) {
 
 inline const char* cudaGetErrorString(cudaError_t e) {
   switch (e) {
-    case cudaSuccess: return "no error (emulated)";
-    case cudaErrorInvalidValue: return "invalid argument (emulated)";
-    case cudaErrorMemoryAllocation: return "out of memory (emulated)";
-    case cudaErrorInvalidConfiguration: return "invalid configuration argument (emulated)";
-    default: return "unknown error (emulated)";
+    case cudaSuccess:
+      return "no error (emulated)";
+    case cudaErrorInvalidValue:
+      return "invalid argument (emulated)";
+    case cudaErrorMemoryAllocation:
+      return "out of memory (emulated)";
+    case cudaErrorInvalidConfiguration:
+      return "invalid configuration argument (emulated)";
+    default:
+      return "unknown error (emulated)";
   }
 }

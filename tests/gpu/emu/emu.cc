@@ -65,9 +65,9 @@ void* freshStack(Fiber& f) {
   if (!f.stack) fail("out of memory for fiber stacks");
   uintptr_t top = (reinterpret_cast<uintptr_t>(f.stack) + kStack) & ~uintptr_t(15);
   void** sp = reinterpret_cast<void**>(top);
-  *--sp = nullptr;                                   // trampoline's (unused) return address
-  *--sp = reinterpret_cast<void*>(&trampoline);      // where emu_switch's ret goes
-  for (int i = 0; i < 6; ++i) *--sp = nullptr;       // rbp rbx r12 r13 r14 r15
+  *--sp = nullptr;                               // trampoline's (unused) return address
+  *--sp = reinterpret_cast<void*>(&trampoline);  // where emu_switch's ret goes
+  for (int i = 0; i < 6; ++i) *--sp = nullptr;   // rbp rbx r12 r13 r14 r15
   return sp;
 }
 

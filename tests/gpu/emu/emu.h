@@ -93,8 +93,8 @@ inline void __syncthreads() { emu::syncBlock(); }
 
 template <typename T>
 T __shfl_xor_sync(unsigned, T v, int laneMask) {
-  return emu::exchange<T>(v, [](unsigned lane, unsigned m) { return (lane ^ m) & 31u; },
-                          unsigned(laneMask));
+  return emu::exchange<T>(
+      v, [](unsigned lane, unsigned m) { return (lane ^ m) & 31u; }, unsigned(laneMask));
 }
 
 inline unsigned __reduce_add_sync(unsigned, unsigned v) {
