@@ -3,7 +3,7 @@
 //
 // A CUDA block takes a tile of kCols2 columns x sr2 rows (a slab) of one block: each lane owns two
 // columns (coalesced reads of M along a row), the rows are dealt to the warps, and the slab's P
-// rows are staged in shared memory kChunk2 rows at a time (every lane reads the same P row:
+// rows are staged in shared memory chunkRows2(K) rows at a time (every lane reads the same P row:
 // a broadcast). Each thread keeps 2 x K accumulators; the warps' sums are added in shared memory in
 // warp order. A block cut into several slabs leaves one partial Qt per slab in the workspace,
 // summed in slab order by reduce2: deterministic, no float atomics. k > 32 loops over groups of 32
@@ -33,12 +33,13 @@ __device__ __forceinline__ void loadRow(const float* row, float (&v)[K]) {
 
 // TM: the element type of M (float when M is E, else the gradient's dtype).
 template <typename TM, int K>
-__global__ void __launch_bounds__(kThreads, 2)
+__global__ void __launch_bounds__(kThreads, minBlocks2(K))
     pass2Kernel(const DevBlock* __restrict blocks, const uint64_t* __restrict prefix,
                 uint32_t nBlocks, uint64_t sr, const TM* __restrict m, const float* __restrict p,
                 float* __restrict qt, float* __restrict ws) {
   constexpr int kGroup = K < 8 ? K : 8;  // Qt rows per round of the cross-warp sum
-  __shared__ __align__(16) float sP[kChunk2][K];
+  constexpr int kChunk = chunkRows2(K);
+  __shared__ __align__(16) float sP[kChunk][K];
   __shared__ float sSum[kWarps][kGroup][kCols2];
 
   const uint64_t tile = blockIdx.x;
@@ -58,17 +59,17 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
     for (int c = 0; c < K; ++c) acc[0][c] = acc[1][c] = 0.f;
 
-    for (uint64_t ch = rBegin; ch < rEnd; ch += kChunk2) {
-      const int nr = int(min(uint64_t(kChunk2), rEnd - ch));
+    for (uint64_t ch = rBegin; ch < rEnd; ch += kChunk) {
+      const int nr = int(min(uint64_t(kChunk), rEnd - ch));
       __syncthreads();  // the previous chunk's readers are done
-      for (int idx = threadIdx.x; idx < kChunk2 * K; idx += kThreads) {
+      for (int idx = threadIdx.x; idx < kChunk * K; idx += kThreads) {
         const int r = idx / K, c = idx % K;
         sP[r][c] = r < nr && c0 + c < k ? p[x.d.p + (ch + r) * k + c0 + c] : 0.f;
       }
       __syncthreads();
       // Every load of the chunk first (branch-free, so the compiler issues them together), then
       // the arithmetic. Rows past the chunk's end have P = 0 in sP and M = 0 here.
-      constexpr int kRowsPerWarp = kChunk2 / kWarps;
+      constexpr int kRowsPerWarp = kChunk / kWarps;
       float ma[kRowsPerWarp], mb[kRowsPerWarp];
 #pragma unroll
       for (int rr = 0; rr < kRowsPerWarp; ++rr) {

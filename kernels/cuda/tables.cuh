@@ -35,9 +35,14 @@ __host__ __device__ constexpr int minBlocks1(int) { return 2; }
 __host__ __device__ constexpr int stepsPerLoad1(int K) { return K == 16 ? 4 : 2; }
 constexpr uint64_t kMinChunk1 = 512, kMaxChunk1 = uint64_t(1) << 20;
 // Pass 2: a tile is kCols2 columns (2 per lane, a warp spans them) x sr2 rows, the rows dealt to
-// the warps, P staged in shared memory kChunk2 rows at a time.
+// the warps, P staged in shared memory chunkRows2(K) rows at a time.
 constexpr int kCols2 = 64;
-constexpr int kChunk2 = 64;
+// Rows per chunk: each warp issues 2 chunkRows2 / kWarps loads of M at once (128 rows took twice
+// the registers for the addresses, halving the CUDA blocks per SM: no more bytes in flight).
+__host__ __device__ constexpr int chunkRows2(int) { return 64; }
+// CUDA blocks per SM asked of ptxas (it otherwise spends registers on unrolling, not on bytes in
+// flight).
+__host__ __device__ constexpr int minBlocks2(int K) { return K >= 8 ? 2 : 3; }
 constexpr uint64_t kMinSlab2 = 256, kMaxSlab2 = uint64_t(1) << 20;
 // Pass 3: a tile is kCols3 columns (one per thread, Qbar in registers) x kRows3 rows (P in shared).
 constexpr int kCols3 = kThreads;
