@@ -49,29 +49,10 @@ LOWRANK_API lowrankResult_t lowrankBufferGetView(lowrankComm_t comm, const void*
                 !comm ? "comm" : !recvbuff ? "recvbuff" : "view");
   std::lock_guard<std::mutex> lock(comm->callMu);
   *view = lowrankBufferView_t{};
+  if (comm->device && comm->device->view(recvbuff, view)) return lowrankSuccess;
   const lowrank::BufferState* st = comm->buffers.find(recvbuff);
   if (!st || !st->planned) return lowrankSuccess;
-  const lowrank::Plan& p = st->plan;
-  view->planned = 1;
-  view->perTensor = p.perTensor;
-  view->ntensors = int(p.tensors.size());
-  size_t biggest = 0;
-  for (const auto& t : p.tensors) {
-    if (!t.compressed) continue;
-    ++view->ncompressed;
-    if (t.numel > biggest) {
-      biggest = t.numel;
-      view->approxRank = t.k;
-    }
-  }
-  view->rows = p.rows;
-  view->cols = p.cols;
-  view->padded = p.padded;
-  view->calls = st->calls;
-  view->pElements = p.pElems;
-  view->qElements = p.qElems;
-  view->exactElements = p.exactElems;
-  view->chunks = p.pChunks.size();
+  lowrank::describePlan(st->plan, st->calls, view);
   return lowrankSuccess;
 }
 

@@ -117,14 +117,27 @@ Status compressedAllReduce(lowrankComm* comm, const void* send, void* recv, size
 
 // Device buffers: the CUDA backend, made at the first device buffer of the communicator.
 Status deviceAllReduce(lowrankComm* comm, const void* send, void* recv, size_t count,
-                       lowrankDataType_t dtype, lowrankRedOp_t op, void* stream) {
-  if (!comm->device) {
-    if (!comm->ncclComm)
+                       lowrankDataType_t dtype, lowrankRedOp_t op, void* stream, bool compress) {
+  if (!comm->ncclComm)
+    return Status::Error(lowrankInvalidUsage,
+                         "device buffers need a communicator made by lowrankCommInitFromNccl "
+                         "(this one moves host memory only)");
+  const DeviceBackend* backend = nullptr;
+  LR_RETURN_IF_ERROR(deviceBackend(&backend));
+  // CUDA graph capture: a compressed call would change per-buffer state that a replay never sees,
+  // so it is refused; an uncompressed call is NCCL's own, which NCCL lets the graph capture.
+  if (backend->streamCapturing(stream)) {
+    if (compress)
       return Status::Error(lowrankInvalidUsage,
-                           "device buffers need a communicator made by lowrankCommInitFromNccl "
-                           "(this one moves host memory only)");
-    const DeviceBackend* backend = nullptr;
-    LR_RETURN_IF_ERROR(deviceBackend(&backend));
+                           "device buffer %p: a compressed allreduce cannot be captured into a "
+                           "CUDA graph (its state changes at every call); call it outside the "
+                           "graph", recv);
+    const nccl::Api* api = nullptr;
+    LR_RETURN_IF_ERROR(nccl::realNccl(&api));
+    return nccl::fromNccl(*api, api->allReduce(send, recv, count, dtype, op, comm->ncclComm, stream),
+                          "ncclAllReduce (captured)");
+  }
+  if (!comm->device) {
     DeviceCommDesc d;
     LR_RETURN_IF_ERROR(nccl::realNccl(&d.nccl));
     d.ncclComm = comm->ncclComm;
@@ -144,7 +157,7 @@ Status allReduce(lowrankComm* comm, const void* sendbuff, void* recvbuff, size_t
                  lowrankDataType_t dtype, lowrankRedOp_t op, void* stream, bool device) {
   const bool compress = comm->cfg.approxRank > 0 && dtypeCompressible(dtype) &&
                         (op == lowrankSum || op == lowrankAvg);
-  Status s = device    ? deviceAllReduce(comm, sendbuff, recvbuff, count, dtype, op, stream)
+  Status s = device    ? deviceAllReduce(comm, sendbuff, recvbuff, count, dtype, op, stream, compress)
              : compress ? compressedAllReduce(comm, sendbuff, recvbuff, count, dtype, op)
                         : exactAllReduce(comm, sendbuff, recvbuff, count, dtype, op);
   if (s.ok()) {

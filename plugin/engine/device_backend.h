@@ -13,7 +13,7 @@
 
 namespace lowrank {
 
-constexpr int kDeviceBackendAbi = 1;
+constexpr int kDeviceBackendAbi = 2;
 
 // What a device engine needs from its communicator.
 struct DeviceCommDesc {
@@ -42,12 +42,17 @@ class DeviceEngine {
   virtual void resetBuffer(const void* recv) = 0;    // drop state; the next call plans afresh
   virtual void releaseBuffer(const void* recv) = 0;  // drop state and free its memory
   virtual DeviceCounters counters() = 0;
+  // Fills view for a device buffer planned here; false if this engine has no such buffer.
+  virtual bool view(const void* recv, lowrankBufferView_t* view) = 0;
 };
 
 // The table liblowrank_cuda.so exports as `lowrankCudaBackend` (extern "C").
 struct DeviceBackend {
   int abi = kDeviceBackendAbi;
   Status (*createEngine)(const DeviceCommDesc& desc, std::unique_ptr<DeviceEngine>* out) = nullptr;
+  // True if `stream` (a cudaStream_t) is being captured into a CUDA graph. Makes no other CUDA
+  // call, so it is safe during capture, before any engine exists.
+  bool (*streamCapturing)(void* stream) = nullptr;
 };
 
 // liblowrank's side. True if p is device memory (CU_MEMORYTYPE_DEVICE) of a CUDA driver already

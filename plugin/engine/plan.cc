@@ -91,6 +91,29 @@ void makeChunks(Plan& p, size_t target) {
   p.pChunks.back().count += 2;  // the non-finite count and the op check ride in the last P chunk
 }
 
+void describePlan(const Plan& p, uint64_t calls, lowrankBufferView_t* view) {
+  view->planned = 1;
+  view->perTensor = p.perTensor;
+  view->ntensors = int(p.tensors.size());
+  size_t biggest = 0;
+  for (const auto& t : p.tensors) {
+    if (!t.compressed) continue;
+    ++view->ncompressed;
+    if (t.numel > biggest) {
+      biggest = t.numel;
+      view->approxRank = t.k;
+    }
+  }
+  view->rows = p.rows;
+  view->cols = p.cols;
+  view->padded = p.padded;
+  view->calls = calls;
+  view->pElements = p.pElems;
+  view->qElements = p.qElems;
+  view->exactElements = p.exactElems;
+  view->chunks = p.pChunks.size();
+}
+
 host::MatrixView batchedView(size_t count) {
   host::MatrixView v;
   v.valid = count;

@@ -75,6 +75,9 @@ bool shouldCompress(size_t n, size_t m, int k, double rate);
 // chunk per phase. Requires p.compressedElems > 0 and no chunks yet.
 void makeChunks(Plan& p, size_t target);
 
+// Fills view (lowrankBufferGetView) from a plan and the calls made since it was made.
+void describePlan(const Plan& p, uint64_t calls, lowrankBufferView_t* view);
+
 // Makes the plan. layout may be null (batched mode). Errors: lowrankInvalidUsage when the layout's
 // elements do not add up to count.
 Status makePlan(size_t count, lowrankDataType_t dtype, lowrankRedOp_t op, const Layout* layout,

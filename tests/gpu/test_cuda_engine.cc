@@ -191,12 +191,27 @@ TEST(DeviceEngine, GraphCaptureIsRefused) {
   ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
   ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
   EXPECT_EQ(lowrankAllReduce(g, g, x.size(), lowrankFloat32, lowrankSum, one.comm, s), lowrankInvalidUsage);
-  EXPECT_NE(std::string(lowrankGetLastError(one.comm)).find("graph capture"), std::string::npos);
-  cudaGraph_t graph;
-  cudaStreamEndCapture(s, &graph);
-  if (graph) cudaGraphDestroy(graph);
+  EXPECT_NE(std::string(lowrankGetLastError(one.comm)).find("CUDA graph"), std::string::npos);
+  // An uncompressed call is NCCL's own and is captured; the graph replays it.
+  const std::vector<float> ones(x.size(), 1.f);
+  void* h = toDevice(ones, lowrankFloat32);
+  EXPECT_EQ(lowrankAllReduce(h, h, x.size(), lowrankFloat32, lowrankMax, one.comm, s), lowrankSuccess)
+      << lowrankGetLastError(one.comm);
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess) << "the refusal must not break the capture";
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  EXPECT_EQ(fromDevice(h, x.size(), lowrankFloat32), ones);
+  // The communicator is still usable outside the graph, and compresses.
+  EXPECT_EQ(lowrankAllReduce(g, g, x.size(), lowrankFloat32, lowrankSum, one.comm, s), lowrankSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
   cudaStreamDestroy(s);
   cudaFree(g);
+  cudaFree(h);
 }
 
 // Release frees the device state; a changed count re-plans (the view follows).
@@ -205,8 +220,15 @@ TEST(DeviceEngine, ReleaseFreesStateAndCountChangeReplans) {
   OneRankNccl one(config(4));
   const std::vector<float> x = decayingInput(128, 128, 0);
   void* g = toDevice(x, lowrankFloat32);
-  ASSERT_EQ(lowrankAllReduce(g, g, x.size(), lowrankFloat32, lowrankSum, one.comm, nullptr), lowrankSuccess);
-  ASSERT_EQ(lowrankAllReduce(g, g, x.size() / 2, lowrankFloat32, lowrankSum, one.comm, nullptr), lowrankSuccess);
+  ASSERT_EQ(lowrankAllReduce(g, g, x.size(), lowrankFloat32, lowrankSum, one.comm, nullptr), lowrankSuccess)
+      << lowrankGetLastError(one.comm);
+  lowrankBufferView_t view;
+  ASSERT_EQ(lowrankBufferGetView(one.comm, g, &view), lowrankSuccess);
+  EXPECT_EQ(view.planned, 1);
+  EXPECT_EQ(view.calls, 1u);
+  EXPECT_EQ(size_t(view.rows) * view.cols, x.size()) << "128 x 128 viewed as one matrix";
+  ASSERT_EQ(lowrankAllReduce(g, g, x.size() / 2, lowrankFloat32, lowrankSum, one.comm, nullptr), lowrankSuccess)
+      << lowrankGetLastError(one.comm);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   lowrankStats_t st;
   ASSERT_EQ(lowrankGetStats(one.comm, &st), lowrankSuccess);

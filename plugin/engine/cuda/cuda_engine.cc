@@ -115,18 +115,13 @@ Status CudaEngine::allReduce(const void* send, void* recv, size_t count, lowrank
     bool on;
     ~Restore() { if (on) cudaSetDevice(dev); }
   } restore{current, current != device_};
+  // An error left in the runtime's per-thread slot by the application's own calls would surface
+  // at our first launch check: clear it, it is not ours.
+  (void)cudaGetLastError();
   collectChecks();
   const bool compressible = desc_.cfg.approxRank > 0 && dtypeCompressible(dtype) &&
                             (op == lowrankSum || op == lowrankAvg);
   if (!compressible) return exact(send, recv, count, dtype, op, s);
-
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  LR_CUDA(cudaStreamIsCapturing(s, &capture));
-  if (capture != cudaStreamCaptureStatusNone)
-    return Status::Error(lowrankInvalidUsage,
-                         "lowrankAllReduce of device buffer %p during CUDA graph capture: not "
-                         "supported (per-buffer state changes at every call); call it outside "
-                         "the graph", recv);
 
   DeviceBuffer& b = buffers_[recv];
   if (b.planned && (b.plan.count != count || b.plan.dtype != dtype)) {
@@ -162,6 +157,13 @@ void CudaEngine::releaseBuffer(const void* recv) {
   if (it == buffers_.end()) return;
   it->second.release();
   buffers_.erase(it);
+}
+
+bool CudaEngine::view(const void* recv, lowrankBufferView_t* view) {
+  auto it = buffers_.find(recv);
+  if (it == buffers_.end() || !it->second.planned) return false;
+  describePlan(it->second.plan, it->second.calls, view);
+  return true;
 }
 
 DeviceCounters CudaEngine::counters() {

@@ -22,6 +22,7 @@ class CudaEngine : public DeviceEngine {
   void resetBuffer(const void* recv) override;
   void releaseBuffer(const void* recv) override;
   DeviceCounters counters() override;
+  bool view(const void* recv, lowrankBufferView_t* view) override;
 
  private:
   explicit CudaEngine(const DeviceCommDesc& desc) : desc_(desc) {}
