@@ -3,6 +3,8 @@
 // ops. Everything else of NCCL is the real library's (preload) or forwarded to it (drop-in).
 #include <nccl.h>
 
+#include <dlfcn.h>
+
 #include <cstring>
 
 #include "nccl_shim/compress.h"
@@ -16,6 +18,17 @@
 using namespace lowrank::shim;
 
 namespace {
+
+// True if `stream` is being captured into a CUDA graph. A compressed allreduce cannot be captured
+// (its state changes at every call and a replay would not see it), so such calls go to NCCL as
+// they are, which NCCL lets the graph capture. Asks the CUDA runtime the application loaded; none
+// found (a static runtime): false, and lowrank itself refuses the capture with an error.
+bool capturing(cudaStream_t stream) {
+  using IsCapturing = int (*)(cudaStream_t, int*);
+  static IsCapturing fn = reinterpret_cast<IsCapturing>(dlsym(RTLD_DEFAULT, "cudaStreamIsCapturing"));
+  int status = 0;  // cudaStreamCaptureStatusNone
+  return fn && fn(stream, &status) == 0 && status != 0;
+}
 
 // True when the call must go straight to the real library: inside lowrank or the real NCCL
 // (the guard), or with LOWRANK_ENABLE=0.
@@ -37,6 +50,7 @@ ncclResult_t allReduce(const Real& r, const void* send, void* recv, size_t count
   std::shared_ptr<ShimComm> c = commFor(comm, s.env.startIter);
   std::lock_guard<std::mutex> lock(c->mu);
   if (c->nranks < 1) queryRanks(*c);
+  lowrank::setLogDevice(c->cudaDev);  // "[dev]" in this thread's log lines, as NCCL's
   auto pm = c->preMul.find(int(op));
   const std::optional<int> mapped =
       mapOp(int(op), pm == c->preMul.end() ? nullptr : &pm->second, c->nranks);
@@ -57,6 +71,11 @@ ncclResult_t allReduce(const Real& r, const void* send, void* recv, size_t count
               (void*)comm, c->rank, c->nranks, c->policy.cycleLength(), c->policy.repeats(),
               d.release.size());
   if (!d.compress) return passThrough(r, c.get(), send, recv, count, dtype, op, comm, stream);
+  if (capturing(stream)) {
+    SHIM_INFO("comm %p: allreduce of %p inside CUDA graph capture: passed to NCCL uncompressed",
+              (void*)comm, recv);
+    return passThrough(r, c.get(), send, recv, count, dtype, op, comm, stream);
+  }
 
   RecordedCall call{c, send, recv, count, dtype, *mapped, stream};
   if (group::depth() > 0) {  // run after the outermost ncclGroupEnd

@@ -57,6 +57,12 @@ Sink& sink() {
 
 LogLevel logLevel() { return sink().level; }
 
+namespace {
+thread_local int logDevice = -1;
+}  // namespace
+
+void setLogDevice(int device) { logDevice = device; }
+
 void logPrint(LogLevel level, const char* file, int line, const char* fmt, ...) {
   Sink& s = sink();
   const char* name = level == LogLevel::Warn ? "WARN" : level == LogLevel::Info ? "INFO" : "TRACE";
@@ -65,13 +71,16 @@ void logPrint(LogLevel level, const char* file, int line, const char* fmt, ...) 
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
+  char dev[16] = "";
+  if (logDevice >= 0) snprintf(dev, sizeof dev, " [%d]", logDevice);
   std::lock_guard<std::mutex> lock(s.mu);
   if (level == LogLevel::Trace) {
     const char* base = strrchr(file, '/');
-    fprintf(s.out, "%s:%d:%ld LOWRANK %s %s:%d %s\n", s.host, getpid(), (long)syscall(SYS_gettid), name,
-            base ? base + 1 : file, line, msg);
+    fprintf(s.out, "%s:%d:%ld%s LOWRANK %s %s:%d %s\n", s.host, getpid(), (long)syscall(SYS_gettid),
+            dev, name, base ? base + 1 : file, line, msg);
   } else {
-    fprintf(s.out, "%s:%d:%ld LOWRANK %s %s\n", s.host, getpid(), (long)syscall(SYS_gettid), name, msg);
+    fprintf(s.out, "%s:%d:%ld%s LOWRANK %s %s\n", s.host, getpid(), (long)syscall(SYS_gettid), dev,
+            name, msg);
   }
   fflush(s.out);
 }

@@ -1,4 +1,4 @@
-// Logging in NCCL's form: "host:pid:tid LOWRANK INFO message", chosen by LOWRANK_DEBUG
+// Logging in NCCL's form: "host:pid:tid [dev] LOWRANK INFO message", chosen by LOWRANK_DEBUG
 // (WARN | INFO | TRACE; unset = nothing) and written to LOWRANK_DEBUG_FILE (%h = host, %p = pid)
 // or stderr. Thread-safe.
 #pragma once
@@ -8,6 +8,10 @@ namespace lowrank {
 enum class LogLevel { None = 0, Warn = 1, Info = 2, Trace = 3 };
 
 LogLevel logLevel();  // parsed once from LOWRANK_DEBUG
+// The CUDA device shown as "[dev]" in this thread's lines, as NCCL does; -1 (default): none.
+// Each shared object that compiles this file (liblowrank, the CUDA backend, the shim) keeps its own.
+void setLogDevice(int device);
+
 void logPrint(LogLevel level, const char* file, int line, const char* fmt, ...)
     __attribute__((format(printf, 4, 5)));
 

@@ -115,6 +115,7 @@ Status CudaEngine::allReduce(const void* send, void* recv, size_t count, lowrank
     bool on;
     ~Restore() { if (on) cudaSetDevice(dev); }
   } restore{current, current != device_};
+  setLogDevice(device_);
   // An error left in the runtime's per-thread slot by the application's own calls would surface
   // at our first launch check: clear it, it is not ours.
   (void)cudaGetLastError();
