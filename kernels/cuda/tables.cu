@@ -54,6 +54,10 @@ cudaError_t createBlockTable(const BlockDesc* blocks, size_t n, BlockTable** out
   t->n = uint32_t(n);
   std::vector<DevBlock> dev(n);
   for (size_t b = 0; b < n; ++b) {
+    if (blocks[b].rows > kMaxDim || blocks[b].cols > kMaxDim) {  // pass 1 indexes columns in int32
+      delete t;
+      return cudaErrorInvalidValue;
+    }
     dev[b].d = blocks[b];
     if (dev[b].d.ld == 0) dev[b].d.ld = dev[b].d.cols;  // as host MatrixView::stride()
     if (dev[b].d.qld == 0) dev[b].d.qld = dev[b].d.cols;

@@ -10,6 +10,7 @@ namespace lowrank::cuda {
 namespace detail {
 
 constexpr int kThreads = 256;  // every batched pass kernel
+constexpr uint32_t kMaxDim = 0x7fffffffu - 1024;  // rows and columns of a block, at most
 constexpr int kWarps = kThreads / 32;
 // Tiles are sized so a launch has at least this many CUDA blocks where the shapes allow
 // (several waves on any current GPU). A constant, not the device's SM count: the partial sums,

@@ -139,6 +139,17 @@ TEST(Small, EmptyTables) {
   cu::destroy(st);
 }
 
+TEST(Small, RefusesBlocksTooWide) {
+  SKIP_WITHOUT_DEVICE();
+  cu::BlockDesc d;
+  d.rows = 1, d.cols = 0x80000000u, d.ld = d.cols, d.valid = d.cols, d.k = 1, d.qld = d.cols;
+  cu::BlockTable* t = nullptr;
+  EXPECT_EQ(cu::createBlockTable(&d, 1, &t), cudaErrorInvalidValue);
+  EXPECT_EQ(t, nullptr);
+  d.cols = 1, d.rows = 0x80000000u;
+  EXPECT_EQ(cu::createBlockTable(&d, 1, &t), cudaErrorInvalidValue);
+}
+
 TEST(Small, RefusesOtherDtypes) {
   SKIP_WITHOUT_DEVICE();
   const Buffer b = makeBuffer({{4, 4, 4, 16}}, {1});
