@@ -11,7 +11,9 @@
 // dtypes: G and out are float32, float16 or bfloat16; E, P, Q and all accumulation are float32.
 // Memory traffic per element (float32, error feedback): pass 1 12 B, pass 2 4 B, pass 3 12 B.
 // All launches are asynchronous on `stream` and return the launch error (cudaSuccess if none).
-// Thread safety: tables are immutable after creation and may be used from any thread.
+// Thread safety: tables are immutable after creation and may be used from any thread; but a
+// BlockTable or OrthoTable holds a workspace (partial sums), so launches that use the same table
+// must be ordered (one stream, or chained by events).
 // Method: Vogels et al., PowerSGD, NeurIPS 2019, Algorithm 1.
 #pragma once
 #include <cuda_runtime_api.h>
@@ -33,6 +35,7 @@ struct BlockDesc {
   uint64_t qt = 0;      // index in the Qt array of the block's Qt: k x cols, row stride qld
   uint64_t qld = 0;
   float limit = 0;      // pass 1: |M| >= limit counts as non-finite (overflow bound), as the host
+                        // (0 counts every element: INFINITY for no bound)
 };
 
 // A contiguous run of exact (uncompressed) elements: buffer[offset, offset + numel) <-> payload
