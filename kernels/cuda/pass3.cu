@@ -96,24 +96,26 @@ __global__ void __launch_bounds__(kThreads)
   }
   __syncthreads();
   // kStep3 rows at a time: their E loads first (branch-free), then the arithmetic and the stores
-  // (a load of E after a store to E would wait for it: the same pointer).
-  for (int r0 = 0; r0 < t.nr; r0 += kStep3) {
-    uint64_t o[kStep3];
+  // (a load of E after a store to E would wait for it: the same pointer). Element (i, j) of the
+  // block exists iff j < cols and i ld + j < valid; pos walks i ld + j down the tile.
+  const uint64_t ld = d.ld, valid = d.valid, offset = d.offset;
+  const bool colIn = t.j < d.cols;
+  uint64_t pos = t.i0 * ld + t.j;
+  for (int r0 = 0; r0 < t.nr; r0 += kStep3, pos += kStep3 * ld) {
     bool in[kStep3];
     float m[kStep3];
 #pragma unroll
     for (int s = 0; s < kStep3; ++s) {
-      const uint64_t i = t.i0 + r0 + s;
-      in[s] = r0 + s < t.nr && t.j < rowLength(i, d.ld, d.cols, d.valid);
-      o[s] = d.offset + i * d.ld + t.j;
-      m[s] = kFeedback && in[s] ? e[o[s]] : 0.f;
+      in[s] = colIn && r0 + s < t.nr && pos + s * ld < valid;
+      m[s] = kFeedback && in[s] ? e[offset + pos + s * ld] : 0.f;
     }
 #pragma unroll
     for (int s = 0; s < kStep3; ++s) {
       if (in[s]) {
+        const uint64_t o = offset + pos + s * ld;
         const float a = dotRow<K>(sP[r0 + s], qb);
-        out[o[s]] = fromF<TO>(scale * a);
-        if (kFeedback) e[o[s]] = m[s] - a;
+        out[o] = fromF<TO>(scale * a);
+        if (kFeedback) e[o] = m[s] - a;
       }
     }
   }
