@@ -1,4 +1,5 @@
-// Orthonormalization of every matrix of a table, one CUDA block per matrix, in float64.
+// Orthonormalization of every matrix of a table, in float64: a multi-block CholeskyQR2 for tall
+// matrices (below), else one CUDA block per matrix:
 // Host twin: host::orthonormalize (kernels/host/orthonormalize.cc), the same algorithm step by
 // step: k <= 2 Gram-Schmidt twice with the same zero / dependent-column rule and epsilon, k > 2
 // Householder QR and the thin Q. The only difference is the order of additions (block-wide
@@ -155,8 +156,12 @@ __device__ __forceinline__ void householder(double* a, double* v, double* active
 
 __global__ void __launch_bounds__(kOrthoThreads)
     orthoKernel(const OrthoDesc* __restrict mats, const uint64_t* __restrict wsOff,
-                float* __restrict base, double* __restrict ws, double eps) {
+                const uint64_t* __restrict flagOff, float* __restrict base, double* __restrict ws,
+                double eps) {
   __shared__ SumScratch sh;
+  // A matrix of the multi-block path is done here only when that path flagged it.
+  const uint64_t fo = flagOff[blockIdx.x];
+  if (fo != kNoFlag && ws[fo] == 0) return;
   const OrthoDesc d = mats[blockIdx.x];
   const uint64_t n = d.n;
   const uint32_t k = d.k;
@@ -182,12 +187,337 @@ __global__ void __launch_bounds__(kOrthoThreads)
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Multi-block path: CholeskyQR2 in float64 (Fukaya et al. 2014) for tall matrices with k <= 32.
+//   pass s = 0, 1: G = B^T B (B = A for s = 0, A R1^-1 for s = 1: formed in shared memory, never
+//   stored), by Gram tiles of kMultiTileRows rows, partial Grams to the workspace, summed in tile
+//   order by cholKernel (deterministic); then G = L L^T (R = L^T) and R^-1, in one CUDA block.
+//   Then A = A (R1^-1 R2^-1) D in one sweep from the float32 input.
+// Equal to the host twin: for k > 2 the host's Householder Q is the Cholesky Q up to column signs
+// D; those signs are those of the Householder reconstruction (Ballard et al. 2015): the LU of
+// Q1 D - I (Q1 the top k x k block of Q) with each pivot chosen away from zero, which needs Q1
+// only. For k <= 2 (Gram-Schmidt) D = 1 and column j is scaled by r_jj / (r_jj + eps), as the
+// host's column / (norm + eps). A pivot of G at or below kRankTol of its diagonal element
+// (dependent, zero or nearly dependent column) or a non-finite G sets the matrix's flag in device
+// memory: every later kernel skips the matrix and orthoKernel does it the one-block way, exactly
+// as the host (zero and dependent columns never give NaN).
+constexpr double kRankTol = 1e-12;  // sin^2 of a column's angle to the previous ones: kappa ~1e6
+
+// Rows [r0, r0 + nr) of matrix d into s (T x (K + 1) doubles), zeros elsewhere.
+template <int K, int T>
+__device__ __forceinline__ void loadChunk(const OrthoDesc& d, const float* __restrict base,
+                                          uint64_t r0, int nr, double* s) {
+  const float* m = base + d.offset;
+  const int k = int(d.k);
+  const bool rowMajor = d.colStride == 1;
+  for (int idx = threadIdx.x; idx < T * K; idx += kMultiThreads) {
+    const int r = rowMajor ? idx / K : idx % T, c = rowMajor ? idx % K : idx / T;
+    s[r * (K + 1) + c] =
+        r < nr && c < k ? double(m[(r0 + r) * d.rowStride + uint64_t(c) * d.colStride]) : 0.0;
+  }
+}
+
+template <int K>
+struct MultiShape {
+  static constexpr int T = multiChunk(K);            // rows staged at once
+  static constexpr int B = K < 4 ? K : 4;            // register block (B x B of G, 1 x B of A R)
+  static constexpr int kPerG = (K / B) * (K / B);    // threads per Gram
+  static constexpr int kGroups = kMultiThreads / kPerG;  // row groups (summed in order)
+  static constexpr int kLd = K + 1;
+};
+
+template <int K>
+__global__ void __launch_bounds__(kMultiThreads)
+    gramKernel(const OrthoMulti* __restrict multi, const uint64_t* __restrict prefix,
+               uint32_t nMulti, const float* __restrict base, double* __restrict ws, int stage) {
+  using S = MultiShape<K>;
+  constexpr int T = S::T, B = S::B, L = S::kLd;
+  __shared__ union {
+    struct {
+      double a[T * L];
+      double q[T * L];
+    } in;
+    double part[S::kGroups * K * K];
+  } sh;
+  __shared__ double sR[K][K];
+  const uint64_t tile = blockIdx.x;
+  const uint32_t b = findBlock(prefix, nMulti, tile);
+  const OrthoMulti& x = multi[b];
+  if (stage == 1 && ws[x.flag] != 0) return;  // uniform over the block
+  const int k = int(x.d.k);
+  const uint64_t local = tile - prefix[b];
+  const uint64_t rBegin = local * kMultiTileRows;
+  const uint64_t rEnd = min(x.d.n, rBegin + kMultiTileRows);
+  if (stage == 1)
+    for (int idx = threadIdx.x; idx < K * K; idx += kMultiThreads) {
+      const int i = idx / K, c = idx % K;
+      sR[i][c] = i < k && c < k ? ws[x.rinv1 + i * k + c] : 0.0;
+    }
+
+  const int gi = threadIdx.x % S::kPerG, grp = threadIdx.x / S::kPerG;
+  const int bi = (gi / (K / B)) * B, bj = (gi % (K / B)) * B;
+  double acc[B][B];
+#pragma unroll
+  for (int u = 0; u < B; ++u)
+#pragma unroll
+    for (int v = 0; v < B; ++v) acc[u][v] = 0;
+
+  for (uint64_t r0 = rBegin; r0 < rEnd; r0 += T) {
+    const int nr = int(min(uint64_t(T), rEnd - r0));
+    __syncthreads();  // the previous chunk's readers are done
+    loadChunk<K, T>(x.d, base, r0, nr, sh.in.a);
+    __syncthreads();
+    const double* src = sh.in.a;
+    if (stage == 1) {  // q = a R1^-1 (upper triangular), 1 x B per work item
+      for (int item = threadIdx.x; item < T * (K / B); item += kMultiThreads) {
+        const int r = item % T, c0 = (item / T) * B;
+        double q[B];
+#pragma unroll
+        for (int u = 0; u < B; ++u) q[u] = 0;
+        for (int l = 0; l < c0 + B; ++l) {
+          const double a = sh.in.a[r * L + l];
+#pragma unroll
+          for (int u = 0; u < B; ++u) q[u] = fma(a, sR[l][c0 + u], q[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < B; ++u) sh.in.q[r * L + c0 + u] = q[u];
+      }
+      __syncthreads();
+      src = sh.in.q;
+    }
+    for (int r = grp; r < nr; r += S::kGroups) {
+      double ai[B], aj[B];
+#pragma unroll
+      for (int u = 0; u < B; ++u) {
+        ai[u] = src[r * L + bi + u];
+        aj[u] = src[r * L + bj + u];
+      }
+#pragma unroll
+      for (int u = 0; u < B; ++u)
+#pragma unroll
+        for (int v = 0; v < B; ++v) acc[u][v] = fma(ai[u], aj[v], acc[u][v]);
+    }
+  }
+  __syncthreads();  // part overlaps the staged rows
+#pragma unroll
+  for (int u = 0; u < B; ++u)
+#pragma unroll
+    for (int v = 0; v < B; ++v) sh.part[(grp * K + bi + u) * K + bj + v] = acc[u][v];
+  __syncthreads();
+  const int kk = k * k;
+  for (int e = threadIdx.x; e < kk; e += kMultiThreads) {
+    const int i = e / k, j = e % k;
+    double s = 0;
+    for (int g = 0; g < S::kGroups; ++g) s += sh.part[(g * K + i) * K + j];
+    ws[x.partial + local * kk + e] = s;
+  }
+}
+
+// One CUDA block per matrix: G from the partials, Cholesky, R^-1; pass 1 also the signs.
+__global__ void __launch_bounds__(kCholThreads)
+    cholKernel(const OrthoMulti* __restrict multi, const float* __restrict base,
+               double* __restrict ws, int stage, double eps) {
+  constexpr int N = kMultiMaxK;
+  __shared__ double sG[N][N + 1], sX[N][N + 1], sW[N][N + 1];
+  __shared__ double sPart[kCholThreads];
+  __shared__ double sDiag[N], sD[N];
+  __shared__ int bad;
+  const OrthoMulti& x = multi[blockIdx.x];
+  if (stage == 1 && ws[x.flag] != 0) return;
+  const int t = threadIdx.x;
+  const int k = int(x.d.k), kk = k * k;
+  const uint64_t tiles = x.tiles;
+  const double* part = ws + x.partial;
+  if (kk <= kCholThreads) {  // several threads per entry, each over every nsub-th tile
+    const int nsub = kCholThreads / kk;
+    double s = 0;
+    if (t < nsub * kk) {
+      const int e = t % kk, sub = t / kk;
+#pragma unroll 8
+      for (uint64_t tl = sub; tl < tiles; tl += nsub) s += part[tl * kk + e];
+    }
+    sPart[t] = s;
+    __syncthreads();
+    if (t < kk) {
+      double g = 0;
+      for (int sub = 0; sub < nsub; ++sub) g += sPart[sub * kk + t];
+      sG[t / k][t % k] = g;
+    }
+  } else {
+    for (int e = t; e < kk; e += kCholThreads) {
+      double s = 0;
+#pragma unroll 8
+      for (uint64_t tl = 0; tl < tiles; ++tl) s += part[tl * kk + e];
+      sG[e / k][e % k] = s;
+    }
+  }
+  if (t == 0) bad = 0;
+  __syncthreads();
+  if (t < k) sDiag[t] = sG[t][t];
+  __syncthreads();
+  // G = L L^T, L in the lower triangle of sG.
+  for (int j = 0; j < k; ++j) {
+    if (t == 0) {
+      double p = sG[j][j];
+      if (!(p > kRankTol * sDiag[j]) || !(p < INFINITY)) {
+        bad = 1;
+        p = 1;
+      }
+      sG[j][j] = sqrt(p);
+    }
+    __syncthreads();
+    if (t > j && t < k) sG[t][j] /= sG[j][j];
+    __syncthreads();
+    const int m = k - j - 1;
+    for (int e = t; e < m * m; e += kCholThreads) {
+      const int r = j + 1 + e / m, c = j + 1 + e % m;
+      if (c <= r) sG[r][c] -= sG[r][j] * sG[c][j];
+    }
+    __syncthreads();
+  }
+  if (bad) {  // uniform: read after the barrier
+    if (t == 0) ws[x.flag] = 1;
+    return;
+  }
+  // X = R^-1 (R = L^T upper triangular): column c by thread c, back substitution.
+  if (t < k) {
+    const int c = t;
+    for (int i = k - 1; i >= 0; --i) {
+      if (i > c) {
+        sX[i][c] = 0;
+        continue;
+      }
+      double s = i == c ? 1.0 : 0.0;
+      for (int l = i + 1; l <= c; ++l) s -= sG[l][i] * sX[l][c];
+      sX[i][c] = s / sG[i][i];
+    }
+  }
+  __syncthreads();
+  if (stage == 0) {
+    for (int e = t; e < kk; e += kCholThreads) ws[x.rinv1 + e] = sX[e / k][e % k];
+    if (t == 0) ws[x.flag] = 0;
+    return;
+  }
+  // Rinv = R1^-1 R2^-1 (upper triangular), into sG.
+  for (int e = t; e < kk; e += kCholThreads) sW[e / k][e % k] = ws[x.rinv1 + e];
+  __syncthreads();
+  double r[ceilDiv(N * N, kCholThreads)];
+#pragma unroll
+  for (int u = 0; u < int(ceilDiv(N * N, kCholThreads)); ++u) {
+    const int e = t + u * kCholThreads;
+    double s = 0;
+    if (e < kk) {
+      const int i = e / k, c = e % k;
+      for (int l = i; l <= c; ++l) s += sW[i][l] * sX[l][c];
+    }
+    r[u] = s;
+  }
+  __syncthreads();
+#pragma unroll
+  for (int u = 0; u < int(ceilDiv(N * N, kCholThreads)); ++u) {
+    const int e = t + u * kCholThreads;
+    if (e < kk) sG[e / k][e % k] = r[u];
+  }
+  __syncthreads();
+  if (k <= 2) {  // Gram-Schmidt: column / (norm + eps); Rinv_jj = 1 / r_jj
+    if (t < k) sD[t] = 1.0 / (1.0 + eps * sG[t][t]);
+  } else {
+    // Q1 = the top k rows of A Rinv, into sX.
+    const float* m = base + x.d.offset;
+    for (int e = t; e < kk; e += kCholThreads) {
+      const int i = e / k, c = e % k;
+      double s = 0;
+      for (int l = 0; l <= c; ++l)
+        s += double(m[uint64_t(i) * x.d.rowStride + uint64_t(l) * x.d.colStride]) * sG[l][c];
+      sX[i][c] = s;
+    }
+    __syncthreads();
+    // LU of Q1 D - I without pivoting, d_j chosen so that the pivot d_j x_jj - 1 is away from zero
+    // (host: x >= 0 gives alpha = -|x|, a negative diagonal of R). Only X's trailing part changes:
+    // column c of Q1 D - I is d_c X[:, c] - e_c, and the e_c part is untouched until step c.
+    for (int j = 0; j < k; ++j) {
+      const double xjj = sX[j][j];
+      const double dj = xjj >= 0 ? -1.0 : 1.0;
+      const double piv = dj * xjj - 1.0;
+      if (t == 0) sD[j] = dj;
+      const int mm = k - j - 1;
+      for (int e = t; e < mm * mm; e += kCholThreads) {
+        const int rr = j + 1 + e / mm, c = j + 1 + e % mm;
+        sX[rr][c] -= (dj * sX[rr][j] / piv) * sX[j][c];
+      }
+      __syncthreads();
+    }
+  }
+  __syncthreads();
+  for (int e = t; e < kk; e += kCholThreads) {
+    const int i = e / k, c = e % k;
+    ws[x.rinv + e] = sG[i][c] * sD[c];
+  }
+}
+
+// A = A Rinv over Gram tiles (each chunk staged in shared memory before it is overwritten).
+template <int K>
+__global__ void __launch_bounds__(kMultiThreads)
+    applyKernel(const OrthoMulti* __restrict multi, const uint64_t* __restrict prefix,
+                uint32_t nMulti, float* __restrict base, const double* __restrict ws) {
+  using S = MultiShape<K>;
+  constexpr int T = S::T, L = S::kLd;
+  __shared__ double sA[T * L];
+  __shared__ double sR[K][K];
+  const uint64_t tile = blockIdx.x;
+  const uint32_t b = findBlock(prefix, nMulti, tile);
+  const OrthoMulti& x = multi[b];
+  if (ws[x.flag] != 0) return;
+  const int k = int(x.d.k);
+  const uint64_t local = tile - prefix[b];
+  const uint64_t rBegin = local * kMultiTileRows;
+  const uint64_t rEnd = min(x.d.n, rBegin + kMultiTileRows);
+  for (int idx = threadIdx.x; idx < K * K; idx += kMultiThreads) {
+    const int i = idx / K, c = idx % K;
+    sR[i][c] = i < k && c < k ? ws[x.rinv + i * k + c] : 0.0;
+  }
+  float* m = base + x.d.offset;
+  const bool rowMajor = x.d.colStride == 1;
+  for (uint64_t r0 = rBegin; r0 < rEnd; r0 += T) {
+    const int nr = int(min(uint64_t(T), rEnd - r0));
+    __syncthreads();
+    loadChunk<K, T>(x.d, base, r0, nr, sA);
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < T * K; idx += kMultiThreads) {
+      const int r = rowMajor ? idx / K : idx % T, c = rowMajor ? idx % K : idx / T;
+      if (r >= nr || c >= k) continue;
+      double s = 0;
+      for (int l = 0; l <= c; ++l) s = fma(sA[r * L + l], sR[l][c], s);
+      m[(r0 + r) * x.d.rowStride + uint64_t(c) * x.d.colStride] = float(s);
+    }
+  }
+}
+
 }  // namespace
 
 cudaError_t orthonormalize(const OrthoTable* t, float* base, double eps, cudaStream_t stream) {
   if (!t) return cudaErrorInvalidValue;
   if (t->n == 0) return cudaSuccess;
-  return launch(orthoKernel, t->n, kOrthoThreads, stream, t->mats, t->wsOff, base, t->ws, eps);
+  if (t->nMulti) {
+    const cudaError_t err = withBucket(t->bucket, [&](auto bucket) {
+      constexpr int K = decltype(bucket)::value;
+      cudaError_t e = cudaSuccess;
+      for (int stage = 0; stage < 2 && e == cudaSuccess; ++stage) {
+        e = launch(gramKernel<K>, t->multiTiles, kMultiThreads, stream, t->multi, t->multiPrefix,
+                   t->nMulti, static_cast<const float*>(base), t->ws, stage);
+        if (e == cudaSuccess)
+          e = launch(cholKernel, t->nMulti, kCholThreads, stream, t->multi,
+                     static_cast<const float*>(base), t->ws, stage, eps);
+      }
+      if (e == cudaSuccess)
+        e = launch(applyKernel<K>, t->multiTiles, kMultiThreads, stream, t->multi,
+                   t->multiPrefix, t->nMulti, base, static_cast<const double*>(t->ws));
+      return e;
+    });
+    if (err != cudaSuccess) return err;
+  }
+  return launch(orthoKernel, t->n, kOrthoThreads, stream, t->mats, t->wsOff, t->flagOff, base,
+                t->ws, eps);
 }
 
 }  // namespace lowrank::cuda

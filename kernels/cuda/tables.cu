@@ -178,14 +178,45 @@ cudaError_t createOrthoTable(const OrthoDesc* mats, size_t n, OrthoTable** out) 
   auto* t = new (std::nothrow) OrthoTable;
   if (!t) return cudaErrorMemoryAllocation;
   t->n = uint32_t(n);
-  std::vector<uint64_t> off(n);
+  std::vector<uint64_t> off(n), flagOff(n, kNoFlag);
+  std::vector<OrthoMulti> multi;
+  std::vector<uint64_t> pre(1, 0);
   uint64_t ws = 0;
+  uint32_t kmax = 0;
   for (size_t i = 0; i < n; ++i) {
     off[i] = ws;
     ws += 2 * mats[i].n * mats[i].k + mats[i].k;  // the matrix, the reflectors, their flags
+    if (multiBlockOrtho(mats[i])) {
+      OrthoMulti m;
+      m.d = mats[i];
+      const uint64_t kk = uint64_t(m.d.k) * m.d.k;
+      m.tiles = ceilDiv(m.d.n, kMultiTileRows);
+      m.partial = ws;
+      ws += m.tiles * kk;
+      m.rinv1 = ws;
+      ws += kk;
+      m.rinv = ws;
+      ws += kk;
+      m.flag = ws;
+      ws += 1;
+      flagOff[i] = m.flag;
+      kmax = std::max(kmax, m.d.k);
+      multi.push_back(m);
+      pre.push_back(pre.back() + m.tiles);
+    }
+  }
+  t->nMulti = uint32_t(multi.size());
+  t->bucket = kBucket(std::max(kmax, 1u));
+  t->multiTiles = pre.back();
+  if (t->multiTiles > kMaxGrid) {
+    delete t;
+    return cudaErrorInvalidValue;
   }
   cudaError_t err = upload(mats, n, &t->mats);
   if (err == cudaSuccess) err = upload(off.data(), n, &t->wsOff);
+  if (err == cudaSuccess) err = upload(flagOff.data(), n, &t->flagOff);
+  if (err == cudaSuccess) err = upload(multi.data(), multi.size(), &t->multi);
+  if (err == cudaSuccess && !multi.empty()) err = upload(pre.data(), pre.size(), &t->multiPrefix);
   if (err == cudaSuccess && ws)
     err = cudaMalloc(reinterpret_cast<void**>(&t->ws), ws * sizeof(double));
   if (err != cudaSuccess) {
@@ -201,6 +232,9 @@ void destroy(OrthoTable* t) {
   if (!t) return;
   cudaFree(t->mats);
   cudaFree(t->wsOff);
+  cudaFree(t->flagOff);
+  cudaFree(t->multi);
+  cudaFree(t->multiPrefix);
   cudaFree(t->ws);
   delete t;
 }

@@ -55,6 +55,32 @@ constexpr int kReduceThreads = 256;
 // Element-wise kernels (exact part, scatterQ): elements per CUDA block.
 constexpr int kElemsPerCta = 4 * kThreads;
 
+// Orthonormalize, multi-block path (CholeskyQR2 in float64, kernels/cuda/orthonormalize.cu): for
+// matrices with k <= kMultiMaxK and n k >= kMultiMinElems. A Gram tile is kMultiTileRows rows,
+// staged in shared memory multiChunk(K) rows at a time.
+constexpr int kMultiThreads = 256;  // Gram and apply kernels
+constexpr int kCholThreads = 512;   // the per-matrix Cholesky kernel
+constexpr uint32_t kMultiMaxK = 32;
+constexpr uint64_t kMultiMinElems = 4096;
+constexpr int kMultiTileRows = 256;
+__host__ __device__ constexpr int multiChunk(int K) { return K >= 32 ? 64 : K >= 16 ? 128 : 256; }
+static_assert(kMultiTileRows % multiChunk(32) == 0 && kMultiTileRows % multiChunk(16) == 0 &&
+                  kMultiTileRows % multiChunk(1) == 0,
+              "chunks cover a tile");
+inline bool multiBlockOrtho(const OrthoDesc& d) {
+  return d.k >= 1 && d.k <= kMultiMaxK && d.n >= d.k && d.n * d.k >= kMultiMinElems;
+}
+constexpr uint64_t kNoFlag = ~uint64_t(0);
+
+struct OrthoMulti {
+  OrthoDesc d;
+  uint64_t tiles = 0;    // Gram tiles: ceil(n / kMultiTileRows)
+  uint64_t partial = 0;  // workspace (doubles): tiles x k x k partial Grams
+  uint64_t rinv1 = 0;    // k x k: R1^-1 of the first pass
+  uint64_t rinv = 0;     // k x k: the final (R2 R1)^-1 D, D the column signs
+  uint64_t flag = 0;     // 1 double: nonzero = fall back to the one-block algorithm
+};
+
 struct DevBlock {
   BlockDesc d;
   uint64_t rowTiles1 = 0, chunks1 = 0;  // pass 1 tiles: rowTiles1 x chunks1
@@ -91,7 +117,14 @@ struct OrthoTable {
   uint32_t n = 0;
   OrthoDesc* mats = nullptr;  // device, n
   uint64_t* wsOff = nullptr;  // device, n: each matrix's float64 workspace, 2 n k + k doubles
+  uint64_t* flagOff = nullptr;  // device, n: the multi-block path's flag in ws, or kNoFlag
   double* ws = nullptr;
+  // Multi-block path (detail::multiBlockOrtho): its matrices, Gram tiles by prefix.
+  uint32_t nMulti = 0;
+  int bucket = 1;  // kBucket of their largest k
+  uint64_t multiTiles = 0;
+  detail::OrthoMulti* multi = nullptr;  // device, nMulti
+  uint64_t* multiPrefix = nullptr;      // device, nMulti + 1
 };
 
 struct ScatterTable {

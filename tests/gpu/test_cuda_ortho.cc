@@ -1,5 +1,5 @@
 // orthonormalize against host::orthonormalize: both layouts, Gram-Schmidt and Householder sizes,
-// zero and dependent columns.
+// zero and dependent columns, the one-block and the multi-block (CholeskyQR2) paths.
 #include "tests/gpu/kernel_test_support.h"
 
 namespace lowrank::gputest {
@@ -40,6 +40,22 @@ TEST_P(Orthonormalize, MatchesHostTwinOnOneTable) {
       {80, 4, true, -1, 3},          // dependent last column (Householder)
       {40, 5, false, -1, -1, true},  // all zero (Householder)
       {40, 2, true, -1, -1, true},   // all zero (Gram-Schmidt)
+      // The multi-block path (CholeskyQR2; n k >= 4096, k <= 32), and its fallback to the
+      // one-block algorithm where it flags a matrix (zero, dependent or all-zero columns).
+      {4096, 1, false},
+      {2500, 2, true},
+      {3000, 3, false},
+      {1100, 4, true},
+      {600, 7, false},
+      {520, 8, true},
+      {257, 16, false},
+      {700, 32, true},
+      {129, 32, false},
+      {2048, 2, false, -1, 1},         // dependent (Gram-Schmidt): flagged
+      {2048, 1, true, 0},              // zero column: flagged
+      {1500, 4, false, 1},             // zero column (Householder): flagged
+      {1200, 5, true, -1, 4},          // dependent (Householder): flagged
+      {300, 16, false, -1, -1, true},  // all zero: flagged
   };
   std::vector<cu::OrthoDesc> descs;
   uint64_t total = 3;
