@@ -240,6 +240,7 @@ __global__ void __launch_bounds__(kMultiThreads)
     double part[S::kGroups * K * K];
   } sh;
   __shared__ double sR[K][K];
+  __shared__ double sSub[kMultiThreads];
   const uint64_t tile = blockIdx.x;
   const uint32_t b = findBlock(prefix, nMulti, tile);
   const OrthoMulti& x = multi[b];
@@ -304,12 +305,31 @@ __global__ void __launch_bounds__(kMultiThreads)
 #pragma unroll
     for (int v = 0; v < B; ++v) sh.part[(grp * K + bi + u) * K + bj + v] = acc[u][v];
   __syncthreads();
+  // The groups' sums in a fixed order: nsub threads per entry take every nsub-th group, then
+  // their sums are added in order.
   const int kk = k * k;
-  for (int e = threadIdx.x; e < kk; e += kMultiThreads) {
-    const int i = e / k, j = e % k;
+  const int nsub = kk <= kMultiThreads ? min(kMultiThreads / kk, S::kGroups) : 1;
+  if (nsub > 1) {
+    const int t = threadIdx.x;
     double s = 0;
-    for (int g = 0; g < S::kGroups; ++g) s += sh.part[(g * K + i) * K + j];
-    ws[x.partial + local * kk + e] = s;
+    if (t < nsub * kk) {
+      const int e = t % kk, sub = t / kk, i = e / k, j = e % k;
+      for (int g = sub; g < S::kGroups; g += nsub) s += sh.part[(g * K + i) * K + j];
+    }
+    sSub[t] = s;
+    __syncthreads();
+    if (t < kk) {
+      double g = 0;
+      for (int sub = 0; sub < nsub; ++sub) g += sSub[sub * kk + t];
+      ws[x.partial + local * kk + t] = g;
+    }
+  } else {
+    for (int e = threadIdx.x; e < kk; e += kMultiThreads) {
+      const int i = e / k, j = e % k;
+      double s = 0;
+      for (int g = 0; g < S::kGroups; ++g) s += sh.part[(g * K + i) * K + j];
+      ws[x.partial + local * kk + e] = s;
+    }
   }
 }
 
