@@ -164,6 +164,9 @@ Status shimEnvFromEnv(ShimEnv* out) {
 }
 
 void logConfig(const EngineConfig& c, int rank, int nranks) {
+  char v[32];
+  snprintf(v, sizeof v, "%d.%d.%d", LOWRANK_MAJOR, LOWRANK_MINOR, LOWRANK_PATCH);
+  logVersionOnce(v);
   LR_INFO("comm rank %d/%d: approxRank %d, minCompressionRate %g, startIter %d, errorFeedback %d, "
           "warmStart %d, orthoEpsilon %g, seed %llu, timeout %g s, pipeline %d (chunk %llu "
           "elements)",

@@ -15,6 +15,7 @@ namespace {
 
 struct Sink {
   LogLevel level = LogLevel::None;
+  bool version = false;  // LOWRANK_DEBUG=VERSION or any level: the version line once, as NCCL
   FILE* out = stderr;
   char host[64] = "?";
   std::mutex mu;
@@ -27,15 +28,17 @@ struct Sink {
       if (!strcasecmp(v, "WARN")) level = LogLevel::Warn;
       else if (!strcasecmp(v, "INFO")) level = LogLevel::Info;
       else if (!strcasecmp(v, "TRACE")) level = LogLevel::Trace;
-      else if (!strcasecmp(v, "NONE") || !strcasecmp(v, "VERSION")) level = LogLevel::None;
+      else if (!strcasecmp(v, "NONE")) level = LogLevel::None;
+      else if (!strcasecmp(v, "VERSION")) version = true;
       else {
         // A bad value is never silently ignored: say so and log warnings.
         fprintf(stderr, "LOWRANK WARN LOWRANK_DEBUG=%s is not one of WARN, INFO, TRACE; using WARN\n", v);
         level = LogLevel::Warn;
       }
     }
+    if (level != LogLevel::None) version = true;
     const char* f = getenv("LOWRANK_DEBUG_FILE");
-    if (level != LogLevel::None && f && *f) {
+    if (version && f && *f) {
       std::string path;
       for (const char* c = f; *c; ++c) {
         if (c[0] == '%' && c[1] == 'h') { path += host; ++c; }
@@ -62,6 +65,18 @@ thread_local int logDevice = -1;
 }  // namespace
 
 void setLogDevice(int device) { logDevice = device; }
+
+void logVersionOnce(const char* version) {
+  Sink& s = sink();
+  static std::once_flag once;
+  if (!s.version) return;
+  std::call_once(once, [&] {
+    std::lock_guard<std::mutex> lock(s.mu);
+    fprintf(s.out, "%s:%d:%ld LOWRANK INFO lowrank version %s\n", s.host, getpid(),
+            (long)syscall(SYS_gettid), version);
+    fflush(s.out);
+  });
+}
 
 void logPrint(LogLevel level, const char* file, int line, const char* fmt, ...) {
   Sink& s = sink();

@@ -12,6 +12,10 @@ LogLevel logLevel();  // parsed once from LOWRANK_DEBUG
 // Each shared object that compiles this file (liblowrank, the CUDA backend, the shim) keeps its own.
 void setLogDevice(int device);
 
+// "lowrank version X.Y.Z", once per process, when LOWRANK_DEBUG is VERSION, WARN, INFO or TRACE
+// (NCCL prints its version at NCCL_DEBUG=VERSION and above). Called when a communicator is made.
+void logVersionOnce(const char* version);
+
 void logPrint(LogLevel level, const char* file, int line, const char* fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
