@@ -33,7 +33,7 @@ __host__ __device__ constexpr int rowsPerWarp1(int K) { return K >= 16 ? 2 : 4; 
 // memory latency without spilling the accumulators.
 __host__ __device__ constexpr int minBlocks1(int) { return 2; }
 // Column steps of 32 whose loads pass 1 issues together (RW x U loads of G and of E in flight).
-__host__ __device__ constexpr int stepsPerLoad1(int K) { return K == 16 ? 4 : 2; }
+__host__ __device__ constexpr int stepsPerLoad1(int K) { return K == 16 || K <= 2 ? 4 : 2; }
 constexpr uint64_t kMinChunk1 = 512, kMaxChunk1 = uint64_t(1) << 20;
 // Pass 2: a tile is kCols2 columns (2 per lane, a warp spans them) x sr2 rows, the rows dealt to
 // the warps, P staged in shared memory chunkRows2(K) rows at a time.
