@@ -10,6 +10,7 @@
 //
 // usage: lowrank_cuda_kernel_perf [-k 1,4,8,32] [-d f32,bf16] [-s GiB of float32 M (default 1)]
 //                                 [-m square,batch] [-r repeats (default 20)]
+//                                 [-p pass1,pass2,ortho,pass3 (phases to time; default all)]
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <unistd.h>
@@ -152,7 +153,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> dtypes = {"f32", "bf16"}, layouts = {"square", "batch"};
   double gib = 1.0;
   int reps = 20;
-  for (int c; (c = getopt(argc, argv, "k:d:s:m:r:h")) != -1;) {
+  std::vector<std::string> phases = {"pass1", "pass2", "ortho", "pass3"};
+  for (int c; (c = getopt(argc, argv, "k:d:s:m:r:p:h")) != -1;) {
     if (c == 'k') {
       ks.clear();
       for (const std::string& t : split(optarg)) ks.push_back(std::atoi(t.c_str()));
@@ -164,10 +166,12 @@ int main(int argc, char** argv) {
       layouts = split(optarg);
     } else if (c == 'r') {
       reps = std::atoi(optarg);
+    } else if (c == 'p') {
+      phases = split(optarg);
     } else {
       fprintf(stderr,
               "usage: %s [-k 1,4,8,32] [-d f32,bf16] [-s GiB of float32 M] [-m square,batch] "
-              "[-r repeats]\n",
+              "[-r repeats] [-p pass1,pass2,ortho,pass3]\n",
               argv[0]);
       return c == 'h' ? 0 : 2;
     }
@@ -176,8 +180,16 @@ int main(int argc, char** argv) {
   for (int k : ks) ok = ok && k >= 1;
   for (const std::string& d : dtypes) ok = ok && (d == "f32" || d == "bf16");
   for (const std::string& l : layouts) ok = ok && (l == "square" || l == "batch");
+  ok = ok && !phases.empty();
+  for (const std::string& p : phases)
+    ok = ok && (p == "pass1" || p == "pass2" || p == "ortho" || p == "pass3");
+  auto timed = [&](const char* phase) {
+    return std::find(phases.begin(), phases.end(), phase) != phases.end();
+  };
   if (!ok) {
-    fprintf(stderr, "%s: -k: ranks >= 1; -d: f32,bf16; -m: square,batch; -s, -r: positive\n",
+    fprintf(stderr,
+            "%s: -k: ranks >= 1; -d: f32,bf16; -m: square,batch; -p: pass1,pass2,ortho,pass3; "
+            "-s, -r: positive\n",
             argv[0]);
     return 2;
   }
@@ -286,25 +298,26 @@ int main(int argc, char** argv) {
         CHECK(cudaMemset(bad, 0, sizeof(float)));
 
         const double n = double(count);
-        Row rows[4] = {
-            {layout, "pass1", dname, k, n * (gb + 8),
-             timeUs(reps,
-                    [&] { return cu::errorFeedbackAndP(bt, g, dt, e, qt, p, bad, nullptr); })},
-            {layout, "pass2", dname, k, n * 4,
-             timeUs(reps, [&] { return cu::computeQ(bt, g, dt, e, p, qt, nullptr); })},
-            {layout, "ortho", dname, k, 8.0 * pqElems,
-             timeUs(reps, [&] { return cu::orthonormalize(ot, p, 0.0, nullptr); })},
-            {layout, "pass3", dname, k, n * (8 + gb),
-             timeUs(reps,
-                    [&] {
-                      return cu::decompressAndUpdateError(bt, e, p, qt, 1.f, out, dt, nullptr, 0.f,
-                                                          nullptr);
-                    })},
+        auto rowOf = [&](const char* phase, double bytes, auto f) {
+          return Row{layout, phase, dname, k, bytes, timed(phase) ? timeUs(reps, f) : -1.0};
         };
-        for (const Row& r : rows) printRow(r, copyGBs);
-        printRow({layout, "total", dname, k, rows[0].bytes + rows[1].bytes + rows[3].bytes,
-                  rows[0].us + rows[1].us + rows[3].us},
-                 copyGBs);
+        const Row rows[4] = {
+            rowOf("pass1", n * (gb + 8),
+                  [&] { return cu::errorFeedbackAndP(bt, g, dt, e, qt, p, bad, nullptr); }),
+            rowOf("pass2", n * 4, [&] { return cu::computeQ(bt, g, dt, e, p, qt, nullptr); }),
+            rowOf("ortho", 8.0 * pqElems, [&] { return cu::orthonormalize(ot, p, 0.0, nullptr); }),
+            rowOf("pass3", n * (8 + gb),
+                  [&] {
+                    return cu::decompressAndUpdateError(bt, e, p, qt, 1.f, out, dt, nullptr, 0.f,
+                                                        nullptr);
+                  }),
+        };
+        for (const Row& r : rows)
+          if (r.us >= 0) printRow(r, copyGBs);
+        if (rows[0].us >= 0 && rows[1].us >= 0 && rows[3].us >= 0)
+          printRow({layout, "total", dname, k, rows[0].bytes + rows[1].bytes + rows[3].bytes,
+                    rows[0].us + rows[1].us + rows[3].us},
+                   copyGBs);
         cu::destroy(bt);
         cu::destroy(ot);
         CHECK(cudaFree(p));
