@@ -4,7 +4,7 @@
 // A CUDA block takes a tile of kCols2 columns x sr2 rows (a slab) of one block: each lane owns two
 // columns (coalesced reads of M along a row), the rows are dealt to the warps, and the slab's P
 // rows are staged in shared memory chunkRows2(K) rows at a time (every lane reads the same P row:
-// a broadcast). Each thread keeps 2 x K accumulators; the warps' sums are added in shared memory in
+// a broadcast; double-buffered, one barrier per chunk). Each thread keeps 2 x K accumulators; the warps' sums are added in shared memory in
 // warp order. A block cut into several slabs leaves one partial Qt per slab in the workspace,
 // summed in slab order by reduce2: deterministic, no float atomics. k > 32 loops over groups of 32
 // columns of P, re-reading M: the slow path.
@@ -39,7 +39,7 @@ __global__ void __launch_bounds__(kThreads, minBlocks2(K))
                 float* __restrict qt, float* __restrict ws) {
   constexpr int kGroup = K < 8 ? K : 8;  // Qt rows per round of the cross-warp sum
   constexpr int kChunk = chunkRows2(K);
-  __shared__ __align__(16) float sP[kChunk][K];
+  __shared__ __align__(16) float sP[2][kChunk][K];
   __shared__ float sSum[kWarps][kGroup][kCols2];
 
   const uint64_t tile = blockIdx.x;
@@ -59,14 +59,41 @@ __global__ void __launch_bounds__(kThreads, minBlocks2(K))
 #pragma unroll
     for (int c = 0; c < K; ++c) acc[0][c] = acc[1][c] = 0.f;
 
-    for (uint64_t ch = rBegin; ch < rEnd; ch += kChunk) {
+    // P goes through two shared buffers, one barrier per chunk: buffer b is rewritten two chunks
+    // after it was read, past the barrier of the chunk between. K <= 16 loads it one chunk ahead
+    // into registers (those loads go out with the chunk's loads of M); K = 32 has no registers to
+    // spare (it would spill) and loads it in place.
+    constexpr bool kAhead = K <= 16;
+    constexpr int kPPer = kAhead ? (kChunk * K + kThreads - 1) / kThreads : 1;
+    auto loadP = [&](uint64_t ch, int idx) {
       const int nr = int(min(uint64_t(kChunk), rEnd - ch));
-      __syncthreads();  // the previous chunk's readers are done
-      for (int idx = threadIdx.x; idx < kChunk * K; idx += kThreads) {
-        const int r = idx / K, c = idx % K;
-        sP[r][c] = r < nr && c0 + c < k ? p[x.d.p + (ch + r) * k + c0 + c] : 0.f;
+      const int r = idx / K, c = idx % K;
+      return r < nr && c0 + c < k ? p[x.d.p + (ch + r) * k + c0 + c] : 0.f;
+    };
+    float pre[kPPer];
+    auto fetchP = [&](uint64_t ch) {
+#pragma unroll
+      for (int u = 0; u < kPPer; ++u) {
+        const int idx = threadIdx.x + u * kThreads;
+        pre[u] = idx < kChunk * K ? loadP(ch, idx) : 0.f;
+      }
+    };
+    if (kAhead && rBegin < rEnd) fetchP(rBegin);
+    int buf = 0;
+    for (uint64_t ch = rBegin; ch < rEnd; ch += kChunk, buf ^= 1) {
+      const int nr = int(min(uint64_t(kChunk), rEnd - ch));
+      if constexpr (kAhead) {
+#pragma unroll
+        for (int u = 0; u < kPPer; ++u) {
+          const int idx = threadIdx.x + u * kThreads;
+          if (idx < kChunk * K) sP[buf][idx / K][idx % K] = pre[u];
+        }
+      } else {
+        for (int idx = threadIdx.x; idx < kChunk * K; idx += kThreads)
+          sP[buf][idx / K][idx % K] = loadP(ch, idx);
       }
       __syncthreads();
+      if (kAhead && ch + kChunk < rEnd) fetchP(ch + kChunk);
       // Every load of the chunk first (branch-free, so the compiler issues them together), then
       // the arithmetic. Rows past the chunk's end have P = 0 in sP and M = 0 here.
       constexpr int kRowsPerWarp = kChunk / kWarps;
@@ -83,7 +110,7 @@ __global__ void __launch_bounds__(kThreads, minBlocks2(K))
 #pragma unroll
       for (int rr = 0; rr < kRowsPerWarp; ++rr) {
         float pr[K];
-        loadRow<K>(sP[warp + rr * kWarps], pr);
+        loadRow<K>(sP[buf][warp + rr * kWarps], pr);
 #pragma unroll
         for (int c = 0; c < K; ++c) {
           acc[0][c] = fmaf(pr[c], ma[rr], acc[0][c]);
