@@ -4,10 +4,10 @@
 // A CUDA block takes a tile of kCols2 columns x sr2 rows (a slab) of one block: each lane owns two
 // columns (coalesced reads of M along a row), the rows are dealt to the warps, and the slab's P
 // rows are staged in shared memory chunkRows2(K) rows at a time (every lane reads the same P row:
-// a broadcast; double-buffered, one barrier per chunk). Each thread keeps 2 x K accumulators; the warps' sums are added in shared memory in
-// warp order. A block cut into several slabs leaves one partial Qt per slab in the workspace,
-// summed in slab order by reduce2: deterministic, no float atomics. k > 32 loops over groups of 32
-// columns of P, re-reading M: the slow path.
+// a broadcast; double-buffered, one barrier per chunk). Each thread keeps 2 x K accumulators; the
+// warps' sums are added in shared memory in warp order. A block cut into several slabs leaves one
+// partial Qt per slab in the workspace, summed in slab order by reduce2: deterministic, no float
+// atomics. k > 32 loops over groups of 32 columns of P, re-reading M: the slow path.
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/tables.cuh"
 
