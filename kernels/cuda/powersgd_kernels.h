@@ -92,7 +92,10 @@ cudaError_t decompressAndUpdateError(const BlockTable* t, float* e, const float*
 
 // Orthonormalizes every matrix of the table in place (float64 inside): Gram-Schmidt twice with
 // epsilon for k <= 2, Householder QR (thin Q) for k > 2, exactly as host::orthonormalize, so a zero
-// or dependent column never gives NaN. Host twin: host::orthonormalize.
+// or dependent column never gives NaN. Host twin: host::orthonormalize. Tall matrices (k <= 32,
+// n k >= 4096) take a multi-block CholeskyQR2 whose columns are given the host's signs (and, for
+// k <= 2, its epsilon); a matrix it finds (nearly) rank deficient or non-finite is redone, on the
+// device, by the one-block algorithm.
 cudaError_t orthonormalize(const OrthoTable* t, float* base, double eps, cudaStream_t stream);
 
 // Exact part: payload = float32(G) over every run, adding the non-finite count to *nonFinite;
