@@ -64,8 +64,10 @@ Status envSeed(const char* name, uint64_t* out) {
   if (!v || !*v) return Status::Ok();
   char* end;
   errno = 0;
-  unsigned long long x = strtoull(v, &end, 0);
-  if (errno || *end || *v == '-') return badEnv(name, v, "a non-negative integer");
+  // Decimal digits only: strtoull alone would take " -1" as 2^64 - 1 and "010" as octal.
+  const bool digits = v[strspn(v, "0123456789")] == 0;
+  unsigned long long x = strtoull(v, &end, 10);
+  if (!digits || errno || *end) return badEnv(name, v, "a non-negative decimal integer");
   *out = x;
   return Status::Ok();
 }
@@ -155,8 +157,12 @@ Status resolveConfig(const lowrankConfig_t* user, EngineConfig* out) {
 
 Status shimEnvFromEnv(ShimEnv* out) {
   ShimEnv e;
-  LR_RETURN_IF_ERROR(checkDebugEnv());
   LR_RETURN_IF_ERROR(envBool("LOWRANK_ENABLE", &e.enable));
+  if (!e.enable) {  // the kill switch: nothing else is read, so nothing else can fail
+    *out = e;
+    return Status::Ok();
+  }
+  LR_RETURN_IF_ERROR(checkDebugEnv());
   LR_RETURN_IF_ERROR(envSeed("LOWRANK_MIN_BYTES", &e.minBytes));  // any non-negative integer
   LR_RETURN_IF_ERROR(envInt("LOWRANK_START_ITER", 0, 1 << 30, &e.startIter));
   *out = e;

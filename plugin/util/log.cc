@@ -32,7 +32,8 @@ struct Sink {
       else if (!strcasecmp(v, "VERSION")) version = true;
       else {
         // A bad value is never silently ignored: say so and log warnings.
-        fprintf(stderr, "LOWRANK WARN LOWRANK_DEBUG=%s is not one of WARN, INFO, TRACE; using WARN\n", v);
+        fprintf(stderr, "LOWRANK WARN LOWRANK_DEBUG=%s is not one of WARN, INFO, TRACE, VERSION, "
+                "NONE: logging warnings, and making a communicator fails\n", v);
         level = LogLevel::Warn;
       }
     }

@@ -28,6 +28,14 @@ Status load(Api* a) {
   if (!a->handle)
     return Status::Error(lowrankSystemError, "cannot load the NCCL library %s%s: %s",
                          a->path.c_str(), env && *env ? " (LOWRANK_NCCL_LIBRARY)" : "", dlerror());
+  // lowrank's drop-in libnccl.so.2 forwards to a real NCCL; without one, every forwarded call
+  // would end the process: refuse it here with an error instead.
+  using Ready = int (*)();
+  if (auto ready = reinterpret_cast<Ready>(dlsym(a->handle, "lowrankNcclDropinReady")); ready && !ready())
+    return Status::Error(lowrankSystemError,
+                         "the NCCL library %s is lowrank's drop-in libnccl.so.2 with no real NCCL "
+                         "behind it (set LOWRANK_NCCL_LIBRARY to the real libnccl.so.2 for the "
+                         "drop-in, or unset it)", a->path.c_str());
   struct Need { const char* name; bool ok; };
   Need need[] = {
       {"ncclAllReduce", resolve(a->handle, "ncclAllReduce", &a->allReduce)},
