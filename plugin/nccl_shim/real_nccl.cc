@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "nccl_shim/shim_log.h"
+#include "transport/nccl/nccl_api.h"
 
 namespace lowrank::shim {
 namespace {
@@ -20,16 +21,6 @@ struct Loaded {
   Real real;
   std::string error;  // empty when loaded
 };
-
-// The p-prefixed name first, else the plain one, both in the real library only.
-template <typename F>
-bool resolve(void* h, const char* name, F* fn) {
-  std::string p = std::string("p") + name;
-  void* s = dlsym(h, p.c_str());
-  if (!s) s = dlsym(h, name);
-  *fn = reinterpret_cast<F>(s);
-  return s != nullptr;
-}
 
 // True when p is code of this very library (the shim), not of the real NCCL.
 bool inThisLibrary(const void* p) {
@@ -66,23 +57,23 @@ std::string load(Real* r) {
   if (!err.empty()) return err;
   struct Need { const char* name; bool ok; };
   const Need need[] = {
-      {"ncclAllReduce", resolve(r->handle, "ncclAllReduce", &r->allReduce)},
-      {"ncclGroupStart", resolve(r->handle, "ncclGroupStart", &r->groupStart)},
-      {"ncclGroupEnd", resolve(r->handle, "ncclGroupEnd", &r->groupEnd)},
-      {"ncclCommDestroy", resolve(r->handle, "ncclCommDestroy", &r->commDestroy)},
-      {"ncclCommAbort", resolve(r->handle, "ncclCommAbort", &r->commAbort)},
-      {"ncclCommCount", resolve(r->handle, "ncclCommCount", &r->commCount)},
-      {"ncclCommUserRank", resolve(r->handle, "ncclCommUserRank", &r->commUserRank)},
-      {"ncclGetVersion", resolve(r->handle, "ncclGetVersion", &r->getVersion)},
-      {"ncclGetErrorString", resolve(r->handle, "ncclGetErrorString", &r->getErrorString)},
+      {"ncclAllReduce", nccl::resolveEntry(r->handle, "ncclAllReduce", &r->allReduce)},
+      {"ncclGroupStart", nccl::resolveEntry(r->handle, "ncclGroupStart", &r->groupStart)},
+      {"ncclGroupEnd", nccl::resolveEntry(r->handle, "ncclGroupEnd", &r->groupEnd)},
+      {"ncclCommDestroy", nccl::resolveEntry(r->handle, "ncclCommDestroy", &r->commDestroy)},
+      {"ncclCommAbort", nccl::resolveEntry(r->handle, "ncclCommAbort", &r->commAbort)},
+      {"ncclCommCount", nccl::resolveEntry(r->handle, "ncclCommCount", &r->commCount)},
+      {"ncclCommUserRank", nccl::resolveEntry(r->handle, "ncclCommUserRank", &r->commUserRank)},
+      {"ncclGetVersion", nccl::resolveEntry(r->handle, "ncclGetVersion", &r->getVersion)},
+      {"ncclGetErrorString", nccl::resolveEntry(r->handle, "ncclGetErrorString", &r->getErrorString)},
   };
   for (const Need& n : need)
     if (!n.ok) return "the NCCL library " + r->path + " has no symbol " + n.name;
-  resolve(r->handle, "ncclGroupSimulateEnd", &r->groupSimulateEnd);
-  resolve(r->handle, "ncclCommFinalize", &r->commFinalize);
-  resolve(r->handle, "ncclCommCuDevice", &r->commCuDevice);
-  resolve(r->handle, "ncclRedOpCreatePreMulSum", &r->redOpCreatePreMulSum);
-  resolve(r->handle, "ncclRedOpDestroy", &r->redOpDestroy);
+  nccl::resolveEntry(r->handle, "ncclGroupSimulateEnd", &r->groupSimulateEnd);
+  nccl::resolveEntry(r->handle, "ncclCommFinalize", &r->commFinalize);
+  nccl::resolveEntry(r->handle, "ncclCommCuDevice", &r->commCuDevice);
+  nccl::resolveEntry(r->handle, "ncclRedOpCreatePreMulSum", &r->redOpCreatePreMulSum);
+  nccl::resolveEntry(r->handle, "ncclRedOpDestroy", &r->redOpDestroy);
   // The library found must not be this one: its calls would come straight back here.
   if (inThisLibrary(reinterpret_cast<const void*>(r->allReduce)) ||
       inThisLibrary(reinterpret_cast<const void*>(r->getVersion)))

@@ -10,17 +10,6 @@
 namespace lowrank::nccl {
 namespace {
 
-// The p-prefixed profiling name first (NCCL's own entry, never interposed), else the plain name
-// from this library's handle.
-template <typename F>
-bool resolve(void* h, const char* name, F* fn) {
-  std::string p = std::string("p") + name;
-  void* s = dlsym(h, p.c_str());
-  if (!s) s = dlsym(h, name);
-  *fn = reinterpret_cast<F>(s);
-  return s != nullptr;
-}
-
 Status load(Api* a) {
   const char* env = getenv("LOWRANK_NCCL_LIBRARY");
   a->path = env && *env ? env : "libnccl.so.2";
@@ -38,23 +27,23 @@ Status load(Api* a) {
                          "drop-in, or unset it)", a->path.c_str());
   struct Need { const char* name; bool ok; };
   Need need[] = {
-      {"ncclAllReduce", resolve(a->handle, "ncclAllReduce", &a->allReduce)},
-      {"ncclGroupStart", resolve(a->handle, "ncclGroupStart", &a->groupStart)},
-      {"ncclGroupEnd", resolve(a->handle, "ncclGroupEnd", &a->groupEnd)},
-      {"ncclCommCount", resolve(a->handle, "ncclCommCount", &a->commCount)},
-      {"ncclCommUserRank", resolve(a->handle, "ncclCommUserRank", &a->commUserRank)},
-      {"ncclCommGetAsyncError", resolve(a->handle, "ncclCommGetAsyncError", &a->commGetAsyncError)},
-      {"ncclCommDestroy", resolve(a->handle, "ncclCommDestroy", &a->commDestroy)},
-      {"ncclCommAbort", resolve(a->handle, "ncclCommAbort", &a->commAbort)},
-      {"ncclGetVersion", resolve(a->handle, "ncclGetVersion", &a->getVersion)},
-      {"ncclGetErrorString", resolve(a->handle, "ncclGetErrorString", &a->getErrorString)},
+      {"ncclAllReduce", resolveEntry(a->handle, "ncclAllReduce", &a->allReduce)},
+      {"ncclGroupStart", resolveEntry(a->handle, "ncclGroupStart", &a->groupStart)},
+      {"ncclGroupEnd", resolveEntry(a->handle, "ncclGroupEnd", &a->groupEnd)},
+      {"ncclCommCount", resolveEntry(a->handle, "ncclCommCount", &a->commCount)},
+      {"ncclCommUserRank", resolveEntry(a->handle, "ncclCommUserRank", &a->commUserRank)},
+      {"ncclCommGetAsyncError", resolveEntry(a->handle, "ncclCommGetAsyncError", &a->commGetAsyncError)},
+      {"ncclCommDestroy", resolveEntry(a->handle, "ncclCommDestroy", &a->commDestroy)},
+      {"ncclCommAbort", resolveEntry(a->handle, "ncclCommAbort", &a->commAbort)},
+      {"ncclGetVersion", resolveEntry(a->handle, "ncclGetVersion", &a->getVersion)},
+      {"ncclGetErrorString", resolveEntry(a->handle, "ncclGetErrorString", &a->getErrorString)},
   };
   for (const Need& n : need)
     if (!n.ok)
       return Status::Error(lowrankSystemError, "the NCCL library %s has no symbol %s",
                            a->path.c_str(), n.name);
-  resolve(a->handle, "ncclCommFinalize", &a->commFinalize);  // optional: NCCL >= 2.14
-  resolve(a->handle, "ncclGetLastError", &a->getLastError);  // optional: NCCL >= 2.13
+  resolveEntry(a->handle, "ncclCommFinalize", &a->commFinalize);  // optional: NCCL >= 2.14
+  resolveEntry(a->handle, "ncclGetLastError", &a->getLastError);  // optional: NCCL >= 2.13
   int v = 0;
   a->getVersion(&v);
   LR_INFO("NCCL transport: %s, NCCL version %d", a->path.c_str(), v);

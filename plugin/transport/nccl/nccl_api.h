@@ -7,6 +7,8 @@
 // Types are NCCL's, passed as plain ints and opaque pointers, so this header needs no nccl.h.
 // Thread safety: realNccl() is safe to call from any thread; the table is immutable once made.
 #pragma once
+#include <dlfcn.h>
+
 #include <cstddef>
 #include <string>
 
@@ -36,6 +38,16 @@ struct Api {
   const char* (*getErrorString)(Result) = nullptr;
   const char* (*getLastError)(void* comm) = nullptr;  // null before NCCL 2.13
 };
+
+// *fn = the p-prefixed profiling entry of `name` in the library `handle` (NCCL's own, never
+// interposed), else the plain name in that library; false if it has neither. Also the shim's.
+template <typename F>
+bool resolveEntry(void* handle, const char* name, F* fn) {
+  void* s = dlsym(handle, (std::string("p") + name).c_str());
+  if (!s) s = dlsym(handle, name);
+  *fn = reinterpret_cast<F>(s);
+  return s != nullptr;
+}
 
 // The real library's entry points, resolved once per process. Errors: lowrankSystemError naming
 // the library and the symbol that could not be found (and LOWRANK_NCCL_LIBRARY when it was set).
