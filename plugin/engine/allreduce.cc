@@ -45,30 +45,22 @@ Status planBuffer(lowrankComm* comm, BufferState& st, size_t count, lowrankDataT
   Plan plan;
   Status s = makePlan(count, dtype, op, st.layout ? &*st.layout : nullptr, comm->cfg, &plan);
   const bool allocated = s.ok() && allocateState(comm, st, plan);
-  // A local planning error still takes part in the exchange, so that peers do not hang.
-  uint64_t h[3] = {s.ok() ? plan.hash : 0, s.ok() ? ~plan.hash : 0, allocated ? 0u : 1u};
-  Status x = comm->transport->allreduce(h, 3, lowrankUint64, lowrankMax);
+  PlanCheck check(s, plan, allocated);
+  Status x = comm->transport->allreduce(check.words, 3, lowrankUint64, lowrankMax);
+  bool exactOnly = false;
+  if (x.ok() && s.ok()) x = check.read(plan, op, buf, allocated, &exactOnly);
   if (!x.ok() || !s.ok()) {
     st.reset();
     return x.ok() ? s : x;
   }
-  if (h[0] != plan.hash || h[1] != ~plan.hash) {
-    st.reset();
-    return Status::Error(lowrankInvalidUsage,
-                         "buffer %p: comm ranks disagree on (count, dtype, op, layout, k); this "
-                         "rank has count %zu, dtype %s, op %s",
-                         buf, count, dtypeName(dtype), opName(op));
-  }
   st.plan = std::move(plan);
   st.planned = true;
-  if (h[2]) {
+  if (exactOnly) {
     std::vector<float>().swap(st.error);
     std::vector<float>().swap(st.payload);
     std::vector<float>().swap(st.qt);
     std::vector<float>().swap(st.qwire);
     st.exactOnly = true;
-    LR_WARN("buffer %p (count %zu): %s could not allocate the compression state; every comm rank "
-            "allreduces this buffer exactly", buf, count, allocated ? "another comm rank" : "this comm rank");
     return Status::Ok();
   }
   LR_INFO("buffer %p planned: count %zu %s, %s, %zu tensors (%zu compressed elements), P %zu Q %zu "

@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <cmath>
 
+#include "util/dtype.h"
+#include "util/log.h"
+
 namespace lowrank {
 namespace {
 
@@ -89,6 +92,21 @@ void makeChunks(Plan& p, size_t target) {
   closeP(true);
   closeQ(true);
   p.pChunks.back().count += 2;  // the non-finite count and the op check ride in the last P chunk
+}
+
+Status PlanCheck::read(const Plan& p, lowrankRedOp_t op, const void* buf, bool allocated,
+                       bool* exactOnly) const {
+  if (words[0] != p.hash || words[1] != ~p.hash)
+    return Status::Error(lowrankInvalidUsage,
+                         "buffer %p: comm ranks disagree on (count, dtype, op, layout, k); this "
+                         "rank has count %zu, dtype %s, op %s",
+                         buf, p.count, dtypeName(p.dtype), opName(op));
+  *exactOnly = words[2] != 0;
+  if (*exactOnly)
+    LR_WARN("buffer %p (count %zu): %s could not allocate the compression state; every comm rank "
+            "allreduces this buffer exactly",
+            buf, p.count, allocated ? "another comm rank" : "this comm rank");
+  return Status::Ok();
 }
 
 void describePlan(const Plan& p, uint64_t calls, lowrankBufferView_t* view) {

@@ -75,6 +75,21 @@ bool shouldCompress(size_t n, size_t m, int k, double rate);
 // chunk per phase. Requires p.compressedElems > 0 and no chunks yet.
 void makeChunks(Plan& p, size_t target);
 
+// The agreement of a buffer's first call, shared by the host and device engines: every comm rank
+// puts three words into one max-allreduce of uint64: its plan's hash, the hash's complement (the
+// maxima equal both only if every rank has the same hash) and 1 if it could not allocate the
+// buffer's state. A rank whose planning failed sends zeros, but still takes part, so that its
+// peers do not hang.
+struct PlanCheck {
+  uint64_t words[3];
+  PlanCheck(const Status& planned, const Plan& p, bool allocated)
+      : words{planned.ok() ? p.hash : 0, planned.ok() ? ~p.hash : 0, allocated ? 0u : 1u} {}
+  // After the allreduce: lowrankInvalidUsage naming the buffer if the ranks' plans differ; else
+  // Ok, with *exactOnly set (and a warning logged) when some comm rank could not allocate.
+  Status read(const Plan& p, lowrankRedOp_t op, const void* buf, bool allocated,
+              bool* exactOnly) const;
+};
+
 // Fills view (lowrankBufferGetView) from a plan and the calls made since it was made.
 void describePlan(const Plan& p, uint64_t calls, lowrankBufferView_t* view);
 

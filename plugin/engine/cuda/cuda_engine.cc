@@ -54,32 +54,19 @@ Status CudaEngine::plan(DeviceBuffer& b, size_t count, lowrankDataType_t dtype, 
   } else if (s.ok()) {
     allocated = true;  // nothing to compress: no state
   }
-  uint64_t h[3] = {s.ok() ? pl.hash : 0, s.ok() ? ~pl.hash : 0, allocated ? 0u : 1u};
-  LR_CUDA(cudaMemcpy(planCheck_, h, sizeof h, cudaMemcpyHostToDevice));
+  PlanCheck check(s, pl, allocated);
+  LR_CUDA(cudaMemcpy(planCheck_, check.words, sizeof check.words, cudaMemcpyHostToDevice));
   LR_RETURN_IF_ERROR(nccl::fromNccl(*comm_.api,
                                     comm_.api->allReduce(planCheck_, planCheck_, 3, lowrankUint64,
                                                          lowrankMax, comm_.comm, comm_.stream),
                                     "ncclAllReduce (plan check)"));
   LR_CUDA(cudaStreamSynchronize(comm_.stream));
-  LR_CUDA(cudaMemcpy(h, planCheck_, sizeof h, cudaMemcpyDeviceToHost));
-  if (!s.ok()) {
-    b.release();
-    return s;
-  }
-  if (h[0] != pl.hash || h[1] != ~pl.hash) {
-    b.release();
-    return Status::Error(lowrankInvalidUsage,
-                         "device buffer %p: comm ranks disagree on (count, dtype, op, layout, k); "
-                         "this rank has count %zu, dtype %s, op %s",
-                         recv, count, dtypeName(dtype), opName(op));
-  }
-  if (h[2]) {
-    b.release();
-    b.exactOnly = true;
-    LR_WARN("device buffer %p (count %zu): %s could not allocate the compression state; every "
-            "comm rank allreduces this buffer exactly",
-            recv, count, allocated ? "another comm rank" : "this comm rank");
-  }
+  LR_CUDA(cudaMemcpy(check.words, planCheck_, sizeof check.words, cudaMemcpyDeviceToHost));
+  bool exactOnly = false;
+  if (s.ok()) s = check.read(pl, op, recv, allocated, &exactOnly);
+  if (!s.ok() || exactOnly) b.release();
+  if (!s.ok()) return s;
+  b.exactOnly = exactOnly;
   b.plan = std::move(pl);
   b.planned = true;
   LR_INFO("device buffer %p planned: count %zu %s, %zu tensors, P %zu Q %zu exact %zu, %zu+%zu "
