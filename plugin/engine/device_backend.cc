@@ -4,6 +4,7 @@
 
 #include <dlfcn.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <mutex>
 #include <string>
@@ -19,18 +20,18 @@ using PointerGetAttribute = int (*)(void* data, int attribute, unsigned long lon
 constexpr int kAttrMemoryType = 2;   // CU_POINTER_ATTRIBUTE_MEMORY_TYPE
 constexpr unsigned kMemTypeDevice = 2;  // CU_MEMORYTYPE_DEVICE (managed memory reports it too)
 
+// Called by every allreduce (twice for out-of-place): once the driver is found, one atomic load.
+// Until then, look again at each call: CUDA may be loaded after liblowrank.
 PointerGetAttribute driverQuery() {
-  static PointerGetAttribute fn = nullptr;
-  static bool looked = false;
-  static std::mutex mu;
-  std::lock_guard<std::mutex> lock(mu);
-  // Until the driver is found, look again at each call: CUDA may be loaded after liblowrank.
-  if (!fn) {
-    if (void* h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD))
-      fn = reinterpret_cast<PointerGetAttribute>(dlsym(h, "cuPointerGetAttribute"));
-    if (fn && !looked) LR_INFO("CUDA driver found: device buffers go to the CUDA backend");
-    looked = true;
-  }
+  static std::atomic<PointerGetAttribute> found{nullptr};
+  if (PointerGetAttribute fn = found.load(std::memory_order_acquire)) return fn;
+  void* h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+  if (!h) return nullptr;
+  auto fn = reinterpret_cast<PointerGetAttribute>(dlsym(h, "cuPointerGetAttribute"));
+  // The handle is kept (never closed): the driver must outlive every pointer query.
+  PointerGetAttribute none = nullptr;
+  if (fn && found.compare_exchange_strong(none, fn, std::memory_order_acq_rel))
+    LR_INFO("CUDA driver found: device buffers go to the CUDA backend");
   return fn;
 }
 
