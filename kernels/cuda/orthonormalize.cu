@@ -1,5 +1,6 @@
 // Orthonormalization of every matrix of a table, in float64: a multi-block CholeskyQR2 for tall
-// matrices (below), else one CUDA block per matrix:
+// matrices with k <= 32 and cuSOLVER's QR for wider ones (both below), else one CUDA block per
+// matrix:
 // Host twin: host::orthonormalize (kernels/host/orthonormalize.cc), the same algorithm step by
 // step: k <= 2 Gram-Schmidt twice with the same zero / dependent-column rule and epsilon, k > 2
 // Householder QR and the thin Q. The only difference is the order of additions (block-wide
@@ -10,6 +11,7 @@
 // then k flags). Row r is always touched by thread r % kOrthoThreads, so the only cross-thread
 // data are the block sums (every thread gets them) and the flags (written before a barrier).
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/dense_qr.h"
 #include "kernels/cuda/tables.cuh"
 
 namespace lowrank::cuda {
@@ -160,8 +162,9 @@ __global__ void __launch_bounds__(kOrthoThreads)
                 double eps) {
   __shared__ SumScratch sh;
   // A matrix of the multi-block path is done here only when that path flagged it.
+  // A dense-QR matrix never is.
   const uint64_t fo = flagOff[blockIdx.x];
-  if (fo != kNoFlag && ws[fo] == 0) return;
+  if (fo == kSkipMatrix || (fo != kNoFlag && ws[fo] == 0)) return;
   const OrthoDesc d = mats[blockIdx.x];
   const uint64_t n = d.n;
   const uint32_t k = d.k;
@@ -333,6 +336,30 @@ __global__ void __launch_bounds__(kMultiThreads)
   }
 }
 
+// The column signs D that make Q D the host's Householder Q, for any Q with orthonormal columns
+// spanning the same nested subspaces (Ballard et al. 2015, Householder reconstruction): the LU of
+// Q1 D - I without pivoting, Q1 the top k x k block of Q, each d_j chosen so that the pivot
+// d_j x_jj - 1 is away from zero (host: x >= 0 gives alpha = -|x|, a negative diagonal of R). Only
+// X's trailing part changes: column c of Q1 D - I is d_c X[:, c] - e_c, and the e_c part is
+// untouched until step c. x: Q1 at x[i * ld + c], overwritten; d: k signs. Every thread of the
+// block (Threads of them) calls; d is complete when it returns.
+template <int Threads>
+__device__ __forceinline__ void householderSigns(double* x, int ld, int k, double* d) {
+  const int t = threadIdx.x;
+  for (int j = 0; j < k; ++j) {
+    const double xjj = x[j * ld + j];
+    const double dj = xjj >= 0 ? -1.0 : 1.0;
+    const double piv = dj * xjj - 1.0;
+    if (t == 0) d[j] = dj;
+    const int mm = k - j - 1;
+    for (int e = t; e < mm * mm; e += Threads) {
+      const int r = j + 1 + e / mm, c = j + 1 + e % mm;
+      x[r * ld + c] -= (dj * x[r * ld + j] / piv) * x[j * ld + c];
+    }
+    __syncthreads();
+  }
+}
+
 // One CUDA block per matrix: G from the partials, Cholesky, R^-1; pass 1 also the signs.
 __global__ void __launch_bounds__(kCholThreads)
     cholKernel(const OrthoMulti* __restrict multi, const float* __restrict base,
@@ -452,21 +479,7 @@ __global__ void __launch_bounds__(kCholThreads)
       sX[i][c] = s;
     }
     __syncthreads();
-    // LU of Q1 D - I without pivoting, d_j chosen so that the pivot d_j x_jj - 1 is away from zero
-    // (host: x >= 0 gives alpha = -|x|, a negative diagonal of R). Only X's trailing part changes:
-    // column c of Q1 D - I is d_c X[:, c] - e_c, and the e_c part is untouched until step c.
-    for (int j = 0; j < k; ++j) {
-      const double xjj = sX[j][j];
-      const double dj = xjj >= 0 ? -1.0 : 1.0;
-      const double piv = dj * xjj - 1.0;
-      if (t == 0) sD[j] = dj;
-      const int mm = k - j - 1;
-      for (int e = t; e < mm * mm; e += kCholThreads) {
-        const int rr = j + 1 + e / mm, c = j + 1 + e % mm;
-        sX[rr][c] -= (dj * sX[rr][j] / piv) * sX[j][c];
-      }
-      __syncthreads();
-    }
+    householderSigns<kCholThreads>(&sX[0][0], N + 1, k, sD);
   }
   __syncthreads();
   for (int e = t; e < kk; e += kCholThreads) {
@@ -513,6 +526,69 @@ __global__ void __launch_bounds__(kMultiThreads)
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Dense-QR path (k > kMultiMaxK): cuSOLVER's Householder QR in float64 (geqrf, then orgqr for the
+// thin Q) on the column-major copy; then each column is given the host's sign (householderSigns:
+// LAPACK leaves a column whose part below the diagonal is zero unreflected, the host reflects
+// it). Equal to the host twin for full-rank matrices; for a rank-deficient one, both give
+// orthonormal columns with no NaN, but the columns past the rank may differ (any completion).
+
+// The matrix, float32 -> float64 column-major, one CUDA block per matrix.
+__global__ void __launch_bounds__(kOrthoThreads)
+    denseLoadKernel(const OrthoDense* __restrict dense, const float* __restrict base,
+                    double* __restrict ws) {
+  const OrthoDense x = dense[blockIdx.x];
+  const uint64_t n = x.d.n, count = n * x.d.k;
+  const float* m = base + x.d.offset;
+  double* a = ws + x.a;
+  const bool rowMajor = x.d.colStride == 1;
+  for (uint64_t idx = threadIdx.x; idx < count; idx += kOrthoThreads) {
+    const uint64_t r = rowMajor ? idx / x.d.k : idx % n, j = rowMajor ? idx % x.d.k : idx / n;
+    a[j * n + r] = m[r * x.d.rowStride + j * x.d.colStride];
+  }
+}
+
+// Q D back to float32, D from Q's top k x k block.
+__global__ void __launch_bounds__(kOrthoThreads)
+    denseStoreKernel(const OrthoDense* __restrict dense, float* __restrict base,
+                     double* __restrict ws) {
+  const OrthoDense x = dense[blockIdx.x];
+  const uint64_t n = x.d.n, count = n * x.d.k;
+  const int k = int(x.d.k);
+  const double* a = ws + x.a;
+  double* q1 = ws + x.q1;
+  double* d = ws + x.tau;  // tau is spent: orgqr has run
+  for (int e = threadIdx.x; e < k * k; e += kOrthoThreads) q1[e] = a[uint64_t(e % k) * n + e / k];
+  __syncthreads();
+  householderSigns<kOrthoThreads>(q1, k, k, d);
+  float* m = base + x.d.offset;
+  const bool rowMajor = x.d.colStride == 1;
+  for (uint64_t idx = threadIdx.x; idx < count; idx += kOrthoThreads) {
+    const uint64_t r = rowMajor ? idx / k : idx % n, j = rowMajor ? idx % k : idx / n;
+    m[r * x.d.rowStride + j * x.d.colStride] = float(a[j * n + r] * d[j]);
+  }
+}
+
+cudaError_t denseQr(const OrthoTable* t, float* base, cudaStream_t stream) {
+  const DenseQrApi* api = denseQrApi();
+  cudaError_t e = launch(denseLoadKernel, uint64_t(t->denseHost.size()), kOrthoThreads, stream,
+                         static_cast<const OrthoDense*>(t->dense),
+                         static_cast<const float*>(base), t->ws);
+  if (e != cudaSuccess) return e;
+  if (api->setStream(t->solver, stream) != 0) return cudaErrorUnknown;
+  for (const OrthoDense& x : t->denseHost) {
+    const int n = int(x.d.n), k = int(x.d.k);
+    double* a = t->ws + x.a;
+    double* tau = t->ws + x.tau;
+    if (api->geqrf(t->solver, n, k, a, n, tau, t->solverWork, t->solverLwork, t->solverInfo) != 0 ||
+        api->orgqr(t->solver, n, k, k, a, n, tau, t->solverWork, t->solverLwork,
+                   t->solverInfo) != 0)
+      return cudaErrorUnknown;
+  }
+  return launch(denseStoreKernel, uint64_t(t->denseHost.size()), kOrthoThreads, stream,
+                static_cast<const OrthoDense*>(t->dense), base, t->ws);
+}
+
 }  // namespace
 
 cudaError_t orthonormalize(const OrthoTable* t, float* base, double eps, cudaStream_t stream) {
@@ -536,6 +612,8 @@ cudaError_t orthonormalize(const OrthoTable* t, float* base, double eps, cudaStr
     });
     if (err != cudaSuccess) return err;
   }
+  if (!t->denseHost.empty())
+    if (const cudaError_t err = denseQr(t, base, stream); err != cudaSuccess) return err;
   return launch(orthoKernel, t->n, kOrthoThreads, stream, t->mats, t->wsOff, t->flagOff, base,
                 t->ws, eps);
 }

@@ -95,7 +95,10 @@ cudaError_t decompressAndUpdateError(const BlockTable* t, float* e, const float*
 // or dependent column never gives NaN. Host twin: host::orthonormalize. Tall matrices (k <= 32,
 // n k >= 4096) take a multi-block CholeskyQR2 whose columns are given the host's signs (and, for
 // k <= 2, its epsilon); a matrix it finds (nearly) rank deficient or non-finite is redone, on the
-// device, by the one-block algorithm.
+// device, by the one-block algorithm. Tall matrices with k > 32 take cuSOLVER's Householder QR
+// (geqrf + orgqr, loaded at table creation: kernels/cuda/dense_qr.h) with the host's column
+// signs, where cuSOLVER loads; past the rank of a rank-deficient matrix its columns may differ
+// from the host's (still orthonormal, never NaN). Errors: a cuSOLVER failure is cudaErrorUnknown.
 cudaError_t orthonormalize(const OrthoTable* t, float* base, double eps, cudaStream_t stream);
 
 // Exact part: payload = float32(G) over every run, adding the non-finite count to *nonFinite;

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/dense_qr.h"
 #include "kernels/cuda/tables.cuh"
 
 namespace lowrank::cuda {
@@ -172,12 +173,41 @@ void destroy(ExactTable* t) {
   delete t;
 }
 
+// cuSOLVER's workspace for every dense-QR matrix of the table (the workspace ws exists).
+static cudaError_t sizeSolverWork(OrthoTable* t, const DenseQrApi* api) {
+  int lwork = 1;
+  for (const OrthoDense& x : t->denseHost) {
+    const int n = int(x.d.n), k = int(x.d.k);
+    int a = 0, b = 0;
+    if (api->geqrfBufferSize(t->solver, n, k, t->ws + x.a, n, &a) != 0 ||
+        api->orgqrBufferSize(t->solver, n, k, k, t->ws + x.a, n, t->ws + x.tau, &b) != 0)
+      return cudaErrorUnknown;
+    lwork = std::max({lwork, a, b});
+  }
+  t->solverLwork = lwork;
+  cudaError_t err = cudaMalloc(reinterpret_cast<void**>(&t->solverWork), lwork * sizeof(double));
+  if (err != cudaSuccess) {
+    t->solverWork = nullptr;
+    return err;
+  }
+  err = cudaMalloc(reinterpret_cast<void**>(&t->solverInfo), sizeof(int));
+  if (err != cudaSuccess) t->solverInfo = nullptr;
+  return err;
+}
+
 cudaError_t createOrthoTable(const OrthoDesc* mats, size_t n, OrthoTable** out) {
   if (!out || (n && !mats) || n >= UINT32_MAX || n > kMaxGrid) return cudaErrorInvalidValue;
   *out = nullptr;
   auto* t = new (std::nothrow) OrthoTable;
   if (!t) return cudaErrorMemoryAllocation;
   t->n = uint32_t(n);
+  // cuSOLVER is loaded, and a handle made, only for a table that has a matrix for it.
+  const DenseQrApi* api = nullptr;
+  if (std::any_of(mats, mats + n, denseQrOrtho) && (api = denseQrApi()) &&
+      api->create(&t->solver) != 0) {
+    t->solver = nullptr;
+    api = nullptr;
+  }
   std::vector<uint64_t> off(n), flagOff(n, kNoFlag);
   std::vector<OrthoMulti> multi;
   std::vector<uint64_t> pre(1, 0);
@@ -186,7 +216,15 @@ cudaError_t createOrthoTable(const OrthoDesc* mats, size_t n, OrthoTable** out) 
   for (size_t i = 0; i < n; ++i) {
     off[i] = ws;
     ws += 2 * mats[i].n * mats[i].k + mats[i].k;  // the matrix, the reflectors, their flags
-    if (multiBlockOrtho(mats[i])) {
+    if (api && denseQrOrtho(mats[i])) {
+      OrthoDense x;
+      x.d = mats[i];
+      x.a = off[i];
+      x.q1 = off[i] + x.d.n * x.d.k;  // k x k <= n x k: in the reflectors' place
+      x.tau = off[i] + 2 * x.d.n * x.d.k;
+      t->denseHost.push_back(x);
+      flagOff[i] = kSkipMatrix;
+    } else if (multiBlockOrtho(mats[i])) {
       OrthoMulti m;
       m.d = mats[i];
       const uint64_t kk = uint64_t(m.d.k) * m.d.k;
@@ -209,7 +247,7 @@ cudaError_t createOrthoTable(const OrthoDesc* mats, size_t n, OrthoTable** out) 
   t->bucket = kBucket(std::max(kmax, 1u));
   t->multiTiles = pre.back();
   if (t->multiTiles > kMaxGrid) {
-    delete t;
+    destroy(t);
     return cudaErrorInvalidValue;
   }
   cudaError_t err = upload(mats, n, &t->mats);
@@ -217,10 +255,12 @@ cudaError_t createOrthoTable(const OrthoDesc* mats, size_t n, OrthoTable** out) 
   if (err == cudaSuccess) err = upload(flagOff.data(), n, &t->flagOff);
   if (err == cudaSuccess) err = upload(multi.data(), multi.size(), &t->multi);
   if (err == cudaSuccess && !multi.empty()) err = upload(pre.data(), pre.size(), &t->multiPrefix);
-  if (err == cudaSuccess && ws)
-    err = cudaMalloc(reinterpret_cast<void**>(&t->ws), ws * sizeof(double));
-  if (err != cudaSuccess) {
+  if (err == cudaSuccess) err = upload(t->denseHost.data(), t->denseHost.size(), &t->dense);
+  if (err == cudaSuccess && ws &&
+      (err = cudaMalloc(reinterpret_cast<void**>(&t->ws), ws * sizeof(double))) != cudaSuccess)
     t->ws = nullptr;
+  if (err == cudaSuccess && !t->denseHost.empty()) err = sizeSolverWork(t, api);
+  if (err != cudaSuccess) {
     destroy(t);
     return err;
   }
@@ -235,6 +275,10 @@ void destroy(OrthoTable* t) {
   cudaFree(t->flagOff);
   cudaFree(t->multi);
   cudaFree(t->multiPrefix);
+  cudaFree(t->dense);
+  cudaFree(t->solverWork);
+  cudaFree(t->solverInfo);
+  if (t->solver) denseQrApi()->destroy(t->solver);
   cudaFree(t->ws);
   delete t;
 }

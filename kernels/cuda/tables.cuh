@@ -3,6 +3,7 @@
 // block b are [prefix[b], prefix[b + 1]).
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "kernels/cuda/powersgd_kernels.h"
 
@@ -72,6 +73,21 @@ inline bool multiBlockOrtho(const OrthoDesc& d) {
 }
 constexpr uint64_t kNoFlag = ~uint64_t(0);
 
+// Orthonormalize, dense-QR path: cuSOLVER's geqrf + orgqr (kernels/cuda/dense_qr.h), where the
+// library loads, for the matrices too wide for the multi-block path and too large for one CUDA
+// block to be quick: k > kMultiMaxK, n k >= kMultiMinElems (and n, k within cuSOLVER's int).
+inline bool denseQrOrtho(const OrthoDesc& d) {
+  return d.k > kMultiMaxK && d.n >= d.k && d.n * d.k >= kMultiMinElems && d.n <= 0x7fffffffu;
+}
+constexpr uint64_t kSkipMatrix = kNoFlag - 1;  // flagOff: never done by the one-block kernel
+
+// A dense-QR matrix's places in the workspace (doubles): the column-major n x k copy (A, then Q),
+// the top k x k block of Q for the signs, and tau (then the column signs).
+struct OrthoDense {
+  OrthoDesc d;
+  uint64_t a = 0, q1 = 0, tau = 0;
+};
+
 struct OrthoMulti {
   OrthoDesc d;
   uint64_t tiles = 0;    // Gram tiles: ceil(n / kMultiTileRows)
@@ -125,6 +141,15 @@ struct OrthoTable {
   uint64_t multiTiles = 0;
   detail::OrthoMulti* multi = nullptr;  // device, nMulti
   uint64_t* multiPrefix = nullptr;      // device, nMulti + 1
+  // Dense-QR path (detail::denseQrOrtho, where cuSOLVER loads): its matrices, on the device for
+  // the copy kernels and on the host for the per-matrix cuSOLVER calls; a cuSOLVER handle and
+  // its workspace (lwork doubles) for this table alone.
+  std::vector<detail::OrthoDense> denseHost;
+  detail::OrthoDense* dense = nullptr;  // device, denseHost.size()
+  void* solver = nullptr;
+  double* solverWork = nullptr;
+  int solverLwork = 0;
+  int* solverInfo = nullptr;  // device, 1
 };
 
 struct ScatterTable {

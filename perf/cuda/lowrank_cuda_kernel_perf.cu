@@ -7,10 +7,15 @@
 // The copy kernel reads and writes the same number of bytes as one float32 M (8 B per element).
 // Layouts: "square" (one n x n matrix) and "batch" (many tensors of model-like shapes, one launch
 // per phase for all of them); k is clipped to each tensor's rows and columns.
+// The cuBLAS baseline (float32 only: cuBLAS has no bfloat16 x float32 product): cublas1 is P = M Q
+// and cublas2 Q = M^T P by cublasSgemm, one call per tensor, reading M once (4 B per element).
+// cublas2 does pass 2's work; pass 1 does cublas1's and the error-feedback add besides.
 //
 // usage: lowrank_cuda_kernel_perf [-k 1,4,8,32] [-d f32,bf16] [-s GiB of float32 M (default 1)]
 //                                 [-m square,batch] [-r repeats (default 20)]
-//                                 [-p pass1,pass2,ortho,pass3 (phases to time; default all)]
+//                                 [-p pass1,pass2,ortho,pass3,cublas1,cublas2 (phases to time;
+//                                     default all)]
+#include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <unistd.h>
@@ -23,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cuda/dense_qr.h"
 #include "kernels/cuda/powersgd_kernels.h"
 
 namespace cu = lowrank::cuda;
@@ -37,6 +43,13 @@ void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) die(what, e);
 }
 #define CHECK(call) check((call), #call)
+void checkBlas(cublasStatus_t s, const char* what) {
+  if (s != CUBLAS_STATUS_SUCCESS) {
+    fprintf(stderr, "lowrank_cuda_kernel_perf: %s: cuBLAS status %d\n", what, int(s));
+    exit(1);
+  }
+}
+#define CHECK_BLAS(call) checkBlas((call), #call)
 
 std::vector<std::string> split(const char* s) {
   std::vector<std::string> v;
@@ -153,7 +166,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> dtypes = {"f32", "bf16"}, layouts = {"square", "batch"};
   double gib = 1.0;
   int reps = 20;
-  std::vector<std::string> phases = {"pass1", "pass2", "ortho", "pass3"};
+  std::vector<std::string> phases = {"pass1", "pass2", "ortho", "pass3", "cublas1", "cublas2"};
   for (int c; (c = getopt(argc, argv, "k:d:s:m:r:p:h")) != -1;) {
     if (c == 'k') {
       ks.clear();
@@ -171,7 +184,7 @@ int main(int argc, char** argv) {
     } else {
       fprintf(stderr,
               "usage: %s [-k 1,4,8,32] [-d f32,bf16] [-s GiB of float32 M] [-m square,batch] "
-              "[-r repeats] [-p pass1,pass2,ortho,pass3]\n",
+              "[-r repeats] [-p pass1,pass2,ortho,pass3,cublas1,cublas2]\n",
               argv[0]);
       return c == 'h' ? 0 : 2;
     }
@@ -182,14 +195,15 @@ int main(int argc, char** argv) {
   for (const std::string& l : layouts) ok = ok && (l == "square" || l == "batch");
   ok = ok && !phases.empty();
   for (const std::string& p : phases)
-    ok = ok && (p == "pass1" || p == "pass2" || p == "ortho" || p == "pass3");
+    ok = ok && (p == "pass1" || p == "pass2" || p == "ortho" || p == "pass3" || p == "cublas1" ||
+                p == "cublas2");
   auto timed = [&](const char* phase) {
     return std::find(phases.begin(), phases.end(), phase) != phases.end();
   };
   if (!ok) {
     fprintf(stderr,
-            "%s: -k: ranks >= 1; -d: f32,bf16; -m: square,batch; -p: pass1,pass2,ortho,pass3; "
-            "-s, -r: positive\n",
+            "%s: -k: ranks >= 1; -d: f32,bf16; -m: square,batch; "
+            "-p: pass1,pass2,ortho,pass3,cublas1,cublas2; -s, -r: positive\n",
             argv[0]);
     return 2;
   }
@@ -225,6 +239,10 @@ int main(int argc, char** argv) {
   CHECK(cudaMalloc(&out, 4 * maxElems));
   CHECK(cudaMalloc(&e, 4 * maxElems));
   CHECK(cudaMalloc(&bad, sizeof(float)));
+  cublasHandle_t blas = nullptr;
+  CHECK_BLAS(cublasCreate(&blas));
+  // Plain float32 arithmetic, as the kernels (no TF32 tensor-core rounding).
+  CHECK_BLAS(cublasSetMathMode(blas, CUBLAS_PEDANTIC_MATH));
 
   // The reference: a float4 copy of one float32 M (elems), read + write.
   const uint64_t n4 = elems / 4;
@@ -240,6 +258,10 @@ int main(int argc, char** argv) {
       4.0 * elems / (1ull << 30), reps);
   printf("# copy kernel (read + write %.2f GiB): %.1f us, %.1f GB/s\n", copyBytes / (1ull << 30),
          copyUs, copyGBs);
+  const char* noSolver = nullptr;
+  const bool solver = lowrank::cuda::detail::denseQrApi(&noSolver) != nullptr;
+  printf("# orthonormalize, k > 32: %s%s\n", solver ? "cuSOLVER QR" : "one CUDA block per matrix: ",
+         solver ? "" : noSolver);
   printf(
       "# bytes: pass1 G + 2 E, pass2 E, pass3 2 E + out (error feedback on); total = the three "
       "passes, orthonormalize excluded\n");
@@ -314,6 +336,28 @@ int main(int argc, char** argv) {
         };
         for (const Row& r : rows)
           if (r.us >= 0) printRow(r, copyGBs);
+        // cuBLAS, per tensor. Row-major M (rows x cols) is column-major M^T; P row-major is
+        // column-major P^T (ld k); Qt row-major is column-major Q (ld cols).
+        auto gemms = [&](bool secondPass) {
+          const float one = 1.f, zero = 0.f;
+          const float* m = static_cast<const float*>(g);
+          for (const cu::BlockDesc& d : blocks) {
+            const int rr = int(d.rows), cc = int(d.cols), kk = int(d.k);
+            const cublasStatus_t st =
+                secondPass ? cublasSgemm(blas, CUBLAS_OP_N, CUBLAS_OP_T, cc, kk, rr, &one,
+                                         m + d.offset, cc, p + d.p, kk, &zero, qt + d.qt, cc)
+                           : cublasSgemm(blas, CUBLAS_OP_T, CUBLAS_OP_N, kk, rr, cc, &one,
+                                         qt + d.qt, cc, m + d.offset, cc, &zero, p + d.p, kk);
+            if (st != CUBLAS_STATUS_SUCCESS) return cudaErrorUnknown;
+          }
+          return cudaGetLastError();
+        };
+        if (dt == lowrankFloat32)
+          for (const char* phase : {"cublas1", "cublas2"})
+            if (timed(phase))
+              printRow({layout, phase, dname, k, n * 4,
+                        timeUs(reps, [&] { return gemms(std::string(phase) == "cublas2"); })},
+                       copyGBs);
         if (rows[0].us >= 0 && rows[1].us >= 0 && rows[3].us >= 0)
           printRow({layout, "total", dname, k, rows[0].bytes + rows[1].bytes + rows[3].bytes,
                     rows[0].us + rows[1].us + rows[3].us},
@@ -330,5 +374,6 @@ int main(int argc, char** argv) {
   cudaFree(out);
   cudaFree(e);
   cudaFree(bad);
+  cublasDestroy(blas);
   return 0;
 }

@@ -6,7 +6,7 @@
 #   tests/gpu/run_device_checks.sh [BUILD_DIR]       (default build-device)
 # Runs: the device kernel tests (each kernel vs its host twin), the device engine tests (one rank
 # over NCCL), two ranks over NCCL on the one GPU with distinct NCCL_HOSTID, the per-phase kernel
-# perf table beside a copy kernel (>= 1 GB working sets), the two-rank pipelining bench, and a
+# perf table beside a copy kernel and cuBLAS (>= 1 GB working sets), the two-rank pipelining bench, and a
 # PyTorch DDP run with and without LD_PRELOAD of the shim. Fails if any device test skips, any
 # check fails, or the DDP losses differ by more than 10%. Meant to finish in under 4 minutes.
 set -uo pipefail
@@ -27,6 +27,12 @@ echo "NCCL: $NCCL_DIR"
 CUDA_LIB=${CUDA_HOME:-/usr/local/cuda}/lib64
 export LD_LIBRARY_PATH="$B/device-libs:$B:$NCCL_DIR:$CUDA_LIB:${LD_LIBRARY_PATH:-}"
 export LOWRANK_CUDA_BACKEND="$B/plugin/engine/cuda/liblowrank_cuda.so"
+# cuSOLVER (orthonormalization for k > 32): the toolkit's or a wheel's; without it those factors
+# take the one-block kernel and the tests still pass.
+CUSOLVER=$(find "$CUDA_LIB" $(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null) \
+  -name libcusolver.so.12 2>/dev/null | head -1)
+[ -n "$CUSOLVER" ] && export LOWRANK_CUSOLVER_LIBRARY="$CUSOLVER"
+echo "cuSOLVER: ${CUSOLVER:-none found (k > 32 is orthonormalized by the one-block kernel)}"
 export UCX_TLS=tcp,self UCX_WARN_UNUSED_ENV_VARS=n
 
 gtests() {  # name binary: runs a GoogleTest binary; any skip is a failure where a device is present
@@ -51,6 +57,7 @@ cmp -s "$OUTDIR/out0.bin" "$OUTDIR/out1.bin" && echo "outputs bit-identical on b
 
 note "kernel perf: each phase vs a copy kernel, >= 1 GB working sets"
 timeout 90 "$B/perf/cuda/lowrank_cuda_kernel_perf" ${KERNEL_PERF_ARGS:-} 2>&1 | tee "$OUTDIR/kernel_perf.txt" || bad "kernel perf"
+timeout 30 "$B/perf/cuda/lowrank_cuda_kernel_perf" -k 64,128 -d f32 -m square -p ortho -r 5 2>&1 | grep -v '^# bytes' | tee -a "$OUTDIR/kernel_perf.txt" || bad "kernel perf, k > 32"
 
 note "pipelining with two ranks: time vs max(compute, communication)"
 # Two processes on one GPU time-slice it unless MPS lets their kernels run side by side; without

@@ -17,11 +17,17 @@ TEST_P(FullCall, InPlaceMatchesHostTwins) {
   SKIP_WITHOUT_DEVICE();
   const CallCase c = GetParam();
   const size_t es = dtypeSize(c.dtype);
-  const std::vector<Tensor> ts = {{37, 53, 53, 37 * 53},
-                                  {64, 1000, 1000, 64 * 1000},
-                                  {33, 300, 300, 33 * 300 - 250},
-                                  {300, 17, 17, 300 * 17},
-                                  {20, 45, 64, 19 * 64 + 30}};
+  // k > 32: every tensor at least k wide; P of the first and Qt of the second go through
+  // cuSOLVER's QR (the dense-QR path), the others through the one-block kernel.
+  const std::vector<Tensor> ts =
+      c.k > 32 ? std::vector<Tensor>{{1200, 80, 80, 1200 * 80},
+                                      {45, 300, 300, 45 * 300 - 100},
+                                      {64, 64, 64, 64 * 64}}
+               : std::vector<Tensor>{{37, 53, 53, 37 * 53},
+                                     {64, 1000, 1000, 64 * 1000},
+                                     {33, 300, 300, 33 * 300 - 250},
+                                     {300, 17, 17, 300 * 17},
+                                     {20, 45, 64, 19 * 64 + 30}};
   const Buffer b = makeBuffer(ts, std::vector<uint32_t>(ts.size(), uint32_t(c.k)));
   const std::vector<cu::BlockDesc> rb = rowBlocks(b, INFINITY);
   const ColBlocks cb = colBlocks(b);
@@ -131,7 +137,8 @@ INSTANTIATE_TEST_SUITE_P(
     Kernels, FullCall,
     ::testing::Values(CallCase{lowrankFloat32, 1, true}, CallCase{lowrankFloat32, 3, true},
                       CallCase{lowrankFloat32, 8, false}, CallCase{lowrankFloat16, 4, true},
-                      CallCase{lowrankBfloat16, 8, true}, CallCase{lowrankBfloat16, 2, false}),
+                      CallCase{lowrankBfloat16, 8, true}, CallCase{lowrankBfloat16, 2, false},
+                      CallCase{lowrankFloat32, 40, true}),
     [](const ::testing::TestParamInfo<CallCase>& i) {
       return std::string(dtypeName(i.param.dtype)) + "_k" + std::to_string(i.param.k) +
              (i.param.feedback ? "_ef" : "_noef");

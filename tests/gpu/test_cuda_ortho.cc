@@ -1,5 +1,11 @@
 // orthonormalize against host::orthonormalize: both layouts, Gram-Schmidt and Householder sizes,
-// zero and dependent columns, the one-block and the multi-block (CholeskyQR2) paths.
+// zero and dependent columns, the one-block, multi-block (CholeskyQR2) and dense-QR (cuSOLVER)
+// paths.
+#include <cstdlib>
+#include <fstream>
+#include <string>
+
+#include "kernels/cuda/dense_qr.h"
 #include "tests/gpu/kernel_test_support.h"
 
 namespace lowrank::gputest {
@@ -56,6 +62,13 @@ TEST_P(Orthonormalize, MatchesHostTwinOnOneTable) {
       {1500, 4, false, 1},             // zero column (Householder): flagged
       {1200, 5, true, -1, 4},          // dependent (Householder): flagged
       {300, 16, false, -1, -1, true},  // all zero: flagged
+      // The dense-QR path (cuSOLVER where it loads; k > 32, n k >= 4096), full rank and not.
+      {1000, 48, false},
+      {130, 33, true},
+      {64, 64, false},
+      {500, 40, true, 7},         // zero column
+      {400, 36, false, -1, 35},   // dependent last column
+      {100, 41, true, -1, -1, true},  // all zero
   };
   std::vector<cu::OrthoDesc> descs;
   uint64_t total = 3;
@@ -120,11 +133,23 @@ TEST_P(Orthonormalize, MatchesHostTwinOnOneTable) {
     // Householder on a dependent column: that column and the later ones are a completion of the
     // basis that rounding decides, so only the earlier ones are compared with the host.
     const uint32_t comparable = m.k > 2 && m.dependentCol >= 0 ? uint32_t(m.dependentCol) : m.k;
+    // The dense-QR path gives a zero column's place the other sign than the host's (LAPACK
+    // leaves it unreflected); P Q^T does not change with the columns' signs.
+    const bool signFree = m.k > 32 && m.n * m.k >= 4096 && (m.zeroCol >= 0 || m.allZero);
+    std::vector<float> sign(m.k, 1.f);
+    if (signFree)
+      for (uint32_t j = 0; j < m.k; ++j) {
+        uint64_t big = 0;
+        for (uint64_t r = 0; r < m.n; ++r)
+          if (std::fabs(hq(r, j)) > std::fabs(hq(big, j))) big = r;
+        sign[j] = (dq(big, j) < 0) == (hq(big, j) < 0) ? 1.f : -1.f;
+      }
     int reported = 0;
     for (uint64_t r = 0; r < m.n; ++r)
       for (uint32_t j = 0; j < m.k; ++j) {
         ASSERT_TRUE(std::isfinite(dq(r, j))) << "row " << r << " col " << j;
-        if (j < comparable && !(std::fabs(dq(r, j) - hq(r, j)) <= 2e-5) && reported++ < 10)
+        if (j < comparable && !(std::fabs(sign[j] * dq(r, j) - hq(r, j)) <= 2e-5) &&
+            reported++ < 10)
           ADD_FAILURE() << "row " << r << " col " << j << ": device " << dq(r, j) << ", host "
                         << hq(r, j);
       }
@@ -139,6 +164,22 @@ TEST_P(Orthonormalize, MatchesHostTwinOnOneTable) {
         const bool zeroed = m.k <= 2 && i == j && hdot < 0.5;  // the host zeroed it too
         EXPECT_NEAR(dot, i == j && !zeroed ? 1.0 : 0.0, 1e-5) << "columns " << i << ", " << j;
       }
+  }
+}
+
+// cuSOLVER is found as documented (kernels/cuda/dense_qr.h): the library LOWRANK_CUSOLVER_LIBRARY
+// names, and no other when it names none that loads.
+TEST(DenseQr, LoadsTheLibraryTheEnvironmentNames) {
+  const char* env = std::getenv("LOWRANK_CUSOLVER_LIBRARY");
+  if (!env) GTEST_SKIP() << "LOWRANK_CUSOLVER_LIBRARY is not set (the emulated tests set it)";
+  const char* why = nullptr;
+  const cu::detail::DenseQrApi* api = cu::detail::denseQrApi(&why);
+  if (std::ifstream(env).good()) {
+    EXPECT_NE(api, nullptr) << why;
+  } else {
+    EXPECT_EQ(api, nullptr);
+    ASSERT_NE(why, nullptr);
+    EXPECT_NE(std::string(why).find("LOWRANK_CUSOLVER_LIBRARY"), std::string::npos) << why;
   }
 }
 

@@ -1,9 +1,12 @@
 #include "engine/cuda/device_state.h"
 
 #include <algorithm>
+#include <mutex>
 
 #include "engine/cuda/cuda_status.h"
 #include "engine/phases.h"
+#include "kernels/cuda/dense_qr.h"
+#include "util/log.h"
 
 namespace lowrank::cuda {
 namespace {
@@ -14,6 +17,22 @@ Status deviceAlloc(T** p, size_t count, size_t* bytes) {
   LR_CUDA(cudaMalloc(reinterpret_cast<void**>(p), count * sizeof(T)));
   *bytes += count * sizeof(T);
   return Status::Ok();
+}
+
+// Once per process, where a plan has a rank above 32: which orthonormalization serves it.
+void reportDenseQr(const Plan& pl) {
+  static std::once_flag once;
+  if (std::none_of(pl.tensors.begin(), pl.tensors.end(),
+                   [](const TensorPlan& t) { return t.compressed && t.k > 32; }))
+    return;
+  std::call_once(once, [] {
+    const char* why = nullptr;
+    if (detail::denseQrApi(&why))
+      LR_INFO("CUDA backend: cuSOLVER QR orthonormalizes factors with approximation rank > 32");
+    else
+      LR_WARN("CUDA backend: %s; factors with approximation rank > 32 are orthonormalized on "
+              "one CUDA block each (slower; set LOWRANK_CUSOLVER_LIBRARY)", why);
+  });
 }
 
 Status event(cudaEvent_t* e) {
@@ -74,6 +93,7 @@ Status DeviceBuffer::allocate(const Plan& pl, bool errorFeedback, int N) {
       else qOrtho.push_back({t.qOffset, t.view.cols, uint32_t(t.k), 1, t.view.cols});
     }
     LR_CUDA(createExactTable(exacts.data(), exacts.size(), &exact));
+    reportDenseQr(pl);
     LR_CUDA(createOrthoTable(qOrtho.data(), qOrtho.size(), &orthoQ));
 
     pChunks.resize(pl.pChunks.size());

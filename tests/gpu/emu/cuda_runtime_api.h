@@ -14,6 +14,7 @@ enum cudaError_t {
   cudaErrorMemoryAllocation = 2,
   cudaErrorInvalidConfiguration = 9,
   cudaErrorNoDevice = 100,
+  cudaErrorUnknown = 999,
 };
 typedef cudaError_t cudaError;
 typedef struct CUstream_st* cudaStream_t;
