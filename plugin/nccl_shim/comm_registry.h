@@ -10,6 +10,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <unordered_map>
 
 #include "lowrank/lowrank.h"
@@ -27,6 +28,7 @@ struct ShimComm {
   std::mutex mu;
   std::atomic<lowrankComm_t> lr{nullptr};
   ncclResult_t initError = ncclSuccess;  // lowrankCommInitFromNccl failed: returned at every call
+  std::string initMessage;               // with this text (ncclGetLastError)
   std::atomic<bool> aborted{false};
   SequencePolicy policy;
   std::unordered_map<int, PreMulSum> preMul;          // premulsum ops with a host scalar

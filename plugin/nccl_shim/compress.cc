@@ -62,7 +62,10 @@ ncclResult_t toNccl(lowrankResult_t r) {
 
 ncclResult_t ensureLowrank(ShimComm& c) {
   if (c.lr.load()) return ncclSuccess;
-  if (c.initError != ncclSuccess) return c.initError;
+  if (c.initError != ncclSuccess) {
+    setLastError(c.initMessage.c_str());
+    return c.initError;
+  }
   lowrankConfig_t cfg = LOWRANK_CONFIG_INITIALIZER;
   cfg.startIter = 0;
   lowrankComm_t lr = nullptr;
@@ -77,6 +80,7 @@ ncclResult_t ensureLowrank(ShimComm& c) {
                "fail with NCCL error %d",
                (void*)c.nccl, lowrankGetLastError(nullptr), lowrankGetErrorString(r),
                int(c.initError));
+    c.initMessage = lastError();
     return c.initError;
   }
   c.lr.store(lr);

@@ -9,6 +9,7 @@
 
 #include "nccl_shim/compress.h"
 #include "nccl_shim/guard.h"
+#include "nccl_shim/last_error.h"
 #include "nccl_shim/real_nccl.h"
 #include "nccl_shim/settings.h"
 #include "nccl_shim/shim_log.h"
@@ -30,6 +31,12 @@ bool capturing(cudaStream_t stream) {
   return fn && fn(stream, &status) == 0 && status != 0;
 }
 
+// The real library could not be reached (real() printed why, once): this thread's last error.
+ncclResult_t noRealNccl() {
+  setLastError(realError());
+  return ncclSystemError;
+}
+
 // True when the call must go straight to the real library: inside lowrank or the real NCCL
 // (the guard), or with LOWRANK_ENABLE=0.
 bool bypass() { return Guard::active() || (settings().ok && !settings().env.enable); }
@@ -39,7 +46,7 @@ ncclResult_t passThrough(const Real& r, ShimComm* c, const void* send, void* rec
                          cudaStream_t stream) {
   if (c) ++c->passedThrough;
   Guard g;
-  return r.allReduce(send, recv, count, dtype, op, comm, stream);
+  return forwarded(r.allReduce(send, recv, count, dtype, op, comm, stream));
 }
 
 ncclResult_t allReduce(const Real& r, const void* send, void* recv, size_t count,
@@ -116,26 +123,29 @@ SHIM_API ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t
                                     ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
                                     cudaStream_t stream) {
   const Real* r = real();
-  if (!r) return ncclSystemError;
+  if (!r) return noRealNccl();
   if (bypass()) {
     Guard g;
-    return r->allReduce(sendbuff, recvbuff, count, datatype, op, comm, stream);
+    return forwarded(r->allReduce(sendbuff, recvbuff, count, datatype, op, comm, stream));
   }
-  if (!settings().ok) return ncclInvalidUsage;
+  if (!settings().ok) {
+    setLastError(settings().error.c_str());
+    return ncclInvalidUsage;
+  }
   return allReduce(*r, sendbuff, recvbuff, count, datatype, op, comm, stream);
 }
 
 SHIM_API ncclResult_t ncclGroupStart() {
   const Real* r = real();
-  if (!r) return ncclSystemError;
+  if (!r) return noRealNccl();
   if (bypass()) {
     Guard g;
-    return r->groupStart();
+    return forwarded(r->groupStart());
   }
   ncclResult_t res;
   {
     Guard g;
-    res = r->groupStart();
+    res = forwarded(r->groupStart());
   }
   if (res == ncclSuccess) group::start();
   return res;
@@ -147,7 +157,7 @@ static ncclResult_t groupEnd(const Real& r, ncclSimInfo_t* sim, bool simulate) {
   ncclResult_t res;
   {
     Guard g;
-    res = simulate ? r.groupSimulateEnd(sim) : r.groupEnd();
+    res = forwarded(simulate ? r.groupSimulateEnd(sim) : r.groupEnd());
   }
   if (!group::end()) return res;
   std::vector<RecordedCall> calls = group::takeRecorded();
@@ -166,61 +176,61 @@ static ncclResult_t groupEnd(const Real& r, ncclSimInfo_t* sim, bool simulate) {
 
 SHIM_API ncclResult_t ncclGroupEnd() {
   const Real* r = real();
-  if (!r) return ncclSystemError;
+  if (!r) return noRealNccl();
   if (bypass()) {
     Guard g;
-    return r->groupEnd();
+    return forwarded(r->groupEnd());
   }
   return groupEnd(*r, nullptr, false);
 }
 
 SHIM_API ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t* simInfo) {
   const Real* r = real();
-  if (!r) return ncclSystemError;
+  if (!r) return noRealNccl();
   if (!r->groupSimulateEnd) {
     SHIM_ERROR("the NCCL library %s has no ncclGroupSimulateEnd", r->path.c_str());
     return ncclInvalidUsage;
   }
   if (bypass()) {
     Guard g;
-    return r->groupSimulateEnd(simInfo);
+    return forwarded(r->groupSimulateEnd(simInfo));
   }
   return groupEnd(*r, simInfo, true);
 }
 
 SHIM_API ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   const Real* r = real();
-  if (!r) return ncclSystemError;
+  if (!r) return noRealNccl();
   if (!bypass()) endComm(comm, "destroyed", false);
   Guard g;
-  return r->commDestroy(comm);
+  return forwarded(r->commDestroy(comm));
 }
 
 SHIM_API ncclResult_t ncclCommFinalize(ncclComm_t comm) {
   const Real* r = real();
-  if (!r) return ncclSystemError;
+  if (!r) return noRealNccl();
   if (!r->commFinalize) {
     SHIM_ERROR("the NCCL library %s has no ncclCommFinalize", r->path.c_str());
     return ncclInvalidUsage;
   }
   if (!bypass()) endComm(comm, "finalized", false);
   Guard g;
-  return r->commFinalize(comm);
+  return forwarded(r->commFinalize(comm));
 }
 
 SHIM_API ncclResult_t ncclCommAbort(ncclComm_t comm) {
   const Real* r = real();
-  if (!r) return ncclSystemError;
+  if (!r) return noRealNccl();
   if (!bypass()) endComm(comm, "aborted", true);
   Guard g;
-  return r->commAbort(comm);
+  return forwarded(r->commAbort(comm));
 }
 
 SHIM_API ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar,
                                                ncclDataType_t datatype,
                                                ncclScalarResidence_t residence, ncclComm_t comm) {
   const Real* r = real();
-  if (!r) return ncclSystemError;
+  if (!r) return noRealNccl();
   if (!r->redOpCreatePreMulSum) {
     SHIM_ERROR("the NCCL library %s has no ncclRedOpCreatePreMulSum", r->path.c_str());
     return ncclInvalidUsage;
@@ -228,7 +238,7 @@ SHIM_API ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar,
   ncclResult_t res;
   {
     Guard g;
-    res = r->redOpCreatePreMulSum(op, scalar, datatype, residence, comm);
+    res = forwarded(r->redOpCreatePreMulSum(op, scalar, datatype, residence, comm));
   }
   if (res != ncclSuccess || bypass() || !settings().ok || !op || !scalar || !comm) return res;
   // A host scalar is read now, as NCCL does; a device scalar is unknown here (never compressed).
@@ -248,9 +258,20 @@ SHIM_API ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar,
   return res;
 }
 
+// NCCL's last error text, with the shim's own failures (last_error.h) in front of the real
+// library's.
+SHIM_API const char* ncclGetLastError(ncclComm_t comm) {
+  if (const char* mine = lastError()) return mine;
+  const Real* r = real();
+  if (!r) return realError();
+  if (!r->getLastError) return "";
+  Guard g;
+  return r->getLastError(comm);
+}
+
 SHIM_API ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm) {
   const Real* r = real();
-  if (!r) return ncclSystemError;
+  if (!r) return noRealNccl();
   if (!r->redOpDestroy) {
     SHIM_ERROR("the NCCL library %s has no ncclRedOpDestroy", r->path.c_str());
     return ncclInvalidUsage;
@@ -261,5 +282,5 @@ SHIM_API ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm) {
       c->preMul.erase(int(op));
     }
   Guard g;
-  return r->redOpDestroy(op, comm);
+  return forwarded(r->redOpDestroy(op, comm));
 }

@@ -74,6 +74,7 @@ std::string load(Real* r) {
   nccl::resolveEntry(r->handle, "ncclCommCuDevice", &r->commCuDevice);
   nccl::resolveEntry(r->handle, "ncclRedOpCreatePreMulSum", &r->redOpCreatePreMulSum);
   nccl::resolveEntry(r->handle, "ncclRedOpDestroy", &r->redOpDestroy);
+  nccl::resolveEntry(r->handle, "ncclGetLastError", &r->getLastError);
   // The library found must not be this one: its calls would come straight back here.
   if (inThisLibrary(reinterpret_cast<const void*>(r->allReduce)) ||
       inThisLibrary(reinterpret_cast<const void*>(r->getVersion)))
@@ -103,6 +104,8 @@ const Real* real() {
   const Loaded& l = loaded();
   return l.error.empty() ? &l.real : nullptr;
 }
+
+const char* realError() { return loaded().error.c_str(); }
 
 void* realHandle() {
   const Real* r = real();

@@ -35,11 +35,15 @@ struct Real {
   ncclResult_t (*redOpDestroy)(ncclRedOp_t, ncclComm_t) = nullptr;  // optional (NCCL >= 2.11)
   ncclResult_t (*getVersion)(int*) = nullptr;
   const char* (*getErrorString)(ncclResult_t) = nullptr;
+  const char* (*getLastError)(ncclComm_t) = nullptr;  // optional (NCCL >= 2.13)
 };
 
 // The real library's entry points; null when it cannot be reached, after printing why (once, at
 // WARN, whatever LOWRANK_DEBUG says). The entry points then return ncclSystemError.
 const Real* real();
+
+// Why real() is null ("" when it is not), for ncclGetLastError.
+const char* realError();
 
 // The handle of the real library for the drop-in's forwarders; null as real().
 void* realHandle();

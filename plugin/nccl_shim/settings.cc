@@ -10,9 +10,11 @@ const Settings& settings() {
     Settings x;
     Status st = api::shimEnvFromEnv(&x.env);
     x.ok = st.ok();
-    if (!x.ok)
+    if (!x.ok) {
       SHIM_ERROR("%s: %s; every ncclAllReduce returns ncclInvalidUsage until it is fixed",
                  shimMode(), st.msg.c_str());
+      x.error = lastError();
+    }
     else
       SHIM_INFO("%s: LOWRANK_ENABLE %d, LOWRANK_MIN_BYTES %llu, LOWRANK_START_ITER %d", shimMode(),
                 int(x.env.enable), (unsigned long long)x.env.minBytes, x.env.startIter);

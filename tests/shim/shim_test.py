@@ -463,9 +463,12 @@ def case_peerdeath(args, tmp):
     check(re.search(r"LOWRANK WARN NCCL shim: comm \S+ \(comm rank 0 of 2\): compressed allreduce of "
                     r"buffer .* failed in lowrankAllReduce: .*not retried", e) is not None,
           "the shim says which compressed allreduce failed, why, and that it is not retried")
-    m = re.search(r"nccl_app rank 0: ncclAllReduce\(.*failed: .*\((\d+)\)", e)
+    m = re.search(r"nccl_app rank 0: ncclAllReduce\(.*failed: .*\((\d+)\): (.*)", e)
     check(m is not None and int(m.group(1)) in (2, 3, 6),
           f"the program's ncclAllReduce returned an NCCL error ({m.group(1) if m else 'none'})")
+    check(m is not None and re.match(r"lowrank NCCL shim: comm \S+ \(comm rank 0 of 2\): "
+                                     r"compressed allreduce of buffer .* failed", m.group(2)),
+          f"ncclGetLastError returns the shim's message ({m.group(2)[:120] if m else 'none'})")
     got = run.outs[0]["outs"]
     check(all(it < 3 for it, _ in got), "no output of the failed iteration was recorded as a result")
     return 0
@@ -521,6 +524,9 @@ def case_badenv(args, tmp):
                   re.search(f'NCCL shim: .*{var}="{re.escape(value)}"', e),
                   f"{var}={value}: comm rank {r}'s ncclAllReduce fails (invalid usage) and the shim's "
                   f"message names the variable")
+            check(re.search(r"ncclAllReduce\(.*failed: .*\(5\): lowrank NCCL shim: .*"
+                            f'{var}="{re.escape(value)}"', e) is not None,
+                  f"{var}={value}: comm rank {r}: ncclGetLastError returns the shim's message")
     return 0
 
 

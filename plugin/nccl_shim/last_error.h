@@ -1,0 +1,28 @@
+// What ncclGetLastError reports in front of the shim. NCCL keeps the text of the last error per
+// thread; the shim does the same for the errors it returns itself (a failed compressed allreduce,
+// a bad variable, no real NCCL), and forgets its own when a call it forwards fails in the real
+// library, whose text is then the last. ncclGetLastError (entry.cc) returns the shim's text when
+// it has one, else the real library's.
+// Thread safety: all per thread.
+#pragma once
+#include <nccl.h>
+
+namespace lowrank::shim {
+
+// This thread's last error of the shim's own, or nullptr.
+const char* lastError();
+void setLastError(const char* msg);
+void clearLastError();
+
+// printf-style: prints the message at WARN (whatever LOWRANK_DEBUG says: a failure the user must
+// see is never silent) and makes it this thread's last error.
+void reportError(const char* file, int line, const char* fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+// The result of a call forwarded to the real library: a failure there is its own last error.
+inline ncclResult_t forwarded(ncclResult_t r) {
+  if (r != ncclSuccess) clearLastError();
+  return r;
+}
+
+}  // namespace lowrank::shim
