@@ -32,7 +32,10 @@ import sys
 import tempfile
 import time
 
-SKIP = 77
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+import testlib  # noqa: E402
+from testlib import SKIP, check, finish, log, start  # noqa: E402
+
 RESULT_NAMES = {0: "lowrankSuccess", 2: "lowrankSystemError", 5: "lowrankInvalidUsage",
                 6: "lowrankRemoteError", 8: "lowrankTimeout"}
 # Variables of launchers and of lowrank that must not leak in from the environment of the test.
@@ -41,22 +44,6 @@ LAUNCHER_VARS = ["LOWRANK_RANK", "LOWRANK_WORLD_SIZE", "RANK", "WORLD_SIZE", "LO
                  "SLURM_PROCID", "SLURM_NTASKS", "MASTER_ADDR", "MASTER_PORT",
                  "LOWRANK_ROOT_ADDR", "LOWRANK_SECRET", "LOWRANK_SOCKET_IFNAME", "UCX_TLS",
                  "UCX_NET_DEVICES", "LOWRANK_TIMEOUT"]
-
-failures = []
-
-
-def log(msg):
-    print(msg, flush=True)
-
-
-def check(cond, msg):
-    if cond:
-        log("  ok   " + msg)
-    else:
-        log("  FAIL " + msg)
-        failures.append(msg)
-    return cond
-
 
 def base_env(**extra):
     env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}
@@ -87,31 +74,9 @@ def free_port_pair():
     raise RuntimeError("no free port pair found")
 
 
-def start(cmd, env, prefix_cmd=()):
-    return subprocess.Popen(list(prefix_cmd) + cmd, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-
-
-def finish(procs, timeout):
-    """Waits for every process (killing what is left at the deadline); returns [(rc, out, err)]."""
-    deadline = time.monotonic() + timeout
-    res = []
-    for p in procs:
-        try:
-            out, err = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
-            res.append((p.returncode, out, err))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            out, err = p.communicate()
-            res.append(("HUNG", out, err))
-    return res
-
-
 def show(res, label):
     for r, (rc, out, err) in enumerate(res):
-        log(f"    [{label} {r}] rc={rc}")
-        for line in (out.strip().splitlines() + err.strip().splitlines())[-8:]:
-            log("      " + line)
+        testlib.show(f"{label} {r}", rc, out, err, lines=8)
 
 
 def reference(worker, n, tmp):
@@ -530,7 +495,7 @@ def main():
         rc = CASES[args.case](args, tmp)
     except Exception as e:  # a setup failure is a test failure, with its message
         log(f"FAIL: {type(e).__name__}: {e}")
-        failures.append(str(e))
+        testlib.failures.append(str(e))
         rc = 1
     finally:
         if not args.keep:
@@ -538,12 +503,7 @@ def main():
     log(f"{args.case}: {time.monotonic() - t0:.1f} s")
     if rc == SKIP:
         return SKIP
-    if failures:
-        log(f"{len(failures)} check(s) failed:")
-        for f in failures:
-            log("  " + f)
-        return 1
-    return 0
+    return testlib.verdict()
 
 
 if __name__ == "__main__":

@@ -23,18 +23,9 @@ import sys
 import tempfile
 import time
 
-failures = []
-
-
-def log(msg):
-    print(msg, flush=True)
-
-
-def check(cond, msg):
-    log(("  ok   " if cond else "  FAIL ") + msg)
-    if not cond:
-        failures.append(msg)
-    return cond
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+import testlib  # noqa: E402
+from testlib import check, log  # noqa: E402
 
 
 def base_env(**extra):
@@ -46,12 +37,6 @@ def base_env(**extra):
     return env
 
 
-def show(label, rc, out, err):
-    log(f"    [{label}] rc={rc}")
-    for line in (out.strip().splitlines() + err.strip().splitlines())[-10:]:
-        log("      " + line)
-
-
 def case_compare(args, tmp):
     for n in (2, 3):
         idfile = os.path.join(tmp, f"ids{n}")
@@ -59,24 +44,16 @@ def case_compare(args, tmp):
         env = base_env(LOWRANK_APPROX_RANK=1, LOWRANK_PIPELINE_CHUNK=4096)
         t0 = time.monotonic()
         # The root last, so that the others really wait for the id file.
-        procs = {r: subprocess.Popen([args.worker, "compare", str(r), str(n), idfile, prefix], env=env,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                 for r in list(range(1, n)) + [0]}
-        res = {}
-        for r, p in procs.items():
-            try:
-                out, err = p.communicate(timeout=max(1, 120 - (time.monotonic() - t0)))
-                res[r] = (p.returncode, out, err)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                out, err = p.communicate()
-                res[r] = ("HUNG", out, err)
+        order = list(range(1, n)) + [0]
+        done = testlib.finish([testlib.start([args.worker, "compare", str(r), str(n), idfile, prefix],
+                                             env) for r in order], 120)
+        res = dict(zip(order, done))
         ok = check(all(res[r][0] == 0 for r in range(n)),
                    f"n={n}: every process matched UCX bit for bit, through pncclAllReduce "
                    f"({time.monotonic() - t0:.1f} s)")
         for r in range(n):
             if not ok:
-                show(f"comm rank {r}", *res[r])
+                testlib.show(f"comm rank {r}", *res[r])
             check(res[r][1].count("MATCH") == 2, f"n={n}: comm rank {r} compared pipeline 0 and 1")
         if not ok:
             continue
@@ -124,8 +101,7 @@ def main():
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="lowrank_nccl_") as tmp:
         {"compare": case_compare, "library": case_library}[args.case](args, tmp)
-    log(f"{len(failures)} failure(s)" if failures else "all passed")
-    return 1 if failures else 0
+    return testlib.verdict()
 
 
 if __name__ == "__main__":

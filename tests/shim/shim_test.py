@@ -56,19 +56,9 @@ import subprocess
 import sys
 import tempfile
 
-SKIP = 77
-failures = []
-
-
-def log(msg):
-    print(msg, flush=True)
-
-
-def check(cond, msg):
-    log(("  ok   " if cond else "  FAIL ") + msg)
-    if not cond:
-        failures.append(msg)
-    return cond
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+import testlib  # noqa: E402
+from testlib import SKIP, check, log  # noqa: E402
 
 
 def base_env(**extra):
@@ -95,22 +85,14 @@ def launch(args, app, scenario, nranks, tmp, name, env, extra=(), timeout=120):
     d = os.path.join(tmp, name)
     os.makedirs(d)
     idfile = os.path.join(d, "id")
-    procs = []
-    for r in range(nranks):
-        cmd = [app, scenario, str(r), str(nranks), idfile, os.path.join(d, f"out{r}")] + list(extra)
-        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                      text=True))
+    procs = [testlib.start([app, scenario, str(r), str(nranks), idfile, os.path.join(d, f"out{r}")]
+                           + list(extra), env) for r in range(nranks)]
     errs, rcs = [], []
-    for p in procs:
-        try:
-            o, e = p.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            o, e = p.communicate()
-            e += f"\n[killed after {timeout} s: hang]"
+    for rc, o, e in testlib.finish(procs, timeout):
+        if rc == "HUNG":
+            rc, e = None, e + f"\n[killed after {timeout} s: hang]"
         errs.append(o + e)
-        rcs.append(p.returncode)
+        rcs.append(rc)
     outs = [read_outputs(os.path.join(d, f"out{r}")) for r in range(nranks)]
     for r in range(nranks):
         if rcs[r] != 0:
@@ -560,12 +542,7 @@ def main():
             log(f"kept {tmp}")
     if rc == SKIP:
         return SKIP
-    if failures:
-        log(f"{len(failures)} check(s) failed")
-        return 1
-    log("all checks passed")
-    return 0
-
+    return testlib.verdict()
 
 if __name__ == "__main__":
     sys.exit(main())
