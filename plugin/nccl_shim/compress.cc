@@ -80,7 +80,7 @@ ncclResult_t ensureLowrank(ShimComm& c) {
                "fail with NCCL error %d",
                (void*)c.nccl, lowrankGetLastError(nullptr), lowrankGetErrorString(r),
                int(c.initError));
-    c.initMessage = lastError();
+    if (const char* m = lastError()) c.initMessage = m;
     return c.initError;
   }
   c.lr.store(lr);

@@ -1,15 +1,17 @@
 // What ncclGetLastError reports in front of the shim. NCCL keeps the text of the last error per
 // thread; the shim does the same for the errors it returns itself (a failed compressed allreduce,
-// a bad variable, no real NCCL), and forgets its own when a call it forwards fails in the real
-// library, whose text is then the last. ncclGetLastError (entry.cc) returns the shim's text when
-// it has one, else the real library's.
+// a bad variable, no real NCCL). Its text gives way to the real library's once that changes: a
+// later failure in a call the shim forwards, or in one it never sees (ncclSend, ncclCommInitRank,
+// ...). ncclGetLastError (entry.cc) returns the shim's text while it is the newer, else the real
+// library's. Like NCCL's, the text stays valid until the thread's next error.
 // Thread safety: all per thread.
 #pragma once
 #include <nccl.h>
 
 namespace lowrank::shim {
 
-// This thread's last error of the shim's own, or nullptr.
+// This thread's last error of the shim's own, or nullptr (none, or the real library has had one
+// since: its text is the last).
 const char* lastError();
 void setLastError(const char* msg);
 void clearLastError();

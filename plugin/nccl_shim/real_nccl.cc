@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <mutex>
 
@@ -86,11 +87,14 @@ std::string load(Real* r) {
   return "";
 }
 
+std::atomic<const Loaded*> published{nullptr};  // set once loaded() has finished
+
 const Loaded& loaded() {
   static Loaded* l = [] {
     auto* x = new Loaded();  // never freed: used until the process ends
     x->error = load(&x->real);
     if (!x->error.empty()) SHIM_ERROR("%s: %s", shimMode(), x->error.c_str());
+    published.store(x);
     return x;
   }();
   return *l;
@@ -106,6 +110,11 @@ const Real* real() {
 }
 
 const char* realError() { return loaded().error.c_str(); }
+
+const Real* realIfLoaded() {
+  const Loaded* l = published.load();
+  return l && l->error.empty() ? &l->real : nullptr;
+}
 
 void* realHandle() {
   const Real* r = real();

@@ -45,6 +45,10 @@ const Real* real();
 // Why real() is null ("" when it is not), for ncclGetLastError.
 const char* realError();
 
+// real() if the library has been looked up already, else null; never starts the lookup (safe
+// while it runs, e.g. from the error report of a failed lookup).
+const Real* realIfLoaded();
+
 // The handle of the real library for the drop-in's forwarders; null as real().
 void* realHandle();
 

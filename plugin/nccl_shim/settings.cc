@@ -13,7 +13,7 @@ const Settings& settings() {
     if (!x.ok) {
       SHIM_ERROR("%s: %s; every ncclAllReduce returns ncclInvalidUsage until it is fixed",
                  shimMode(), st.msg.c_str());
-      x.error = lastError();
+      if (const char* m = lastError()) x.error = m;
     }
     else
       SHIM_INFO("%s: LOWRANK_ENABLE %d, LOWRANK_MIN_BYTES %llu, LOWRANK_START_ITER %d", shimMode(),

@@ -77,8 +77,15 @@ static lowrankComm_t lr;
 #endif
 
 static void die(const char* what, ncclResult_t r) {
+  const char* last = ncclGetLastError(comm);
   fprintf(stderr, "nccl_app rank %d: %s failed: %s (%d): %s\n", rank, what,
-          ncclGetErrorString(r), (int)r, ncclGetLastError(comm));
+          ncclGetErrorString(r), (int)r, last);
+  /* A later error of NCCL's own, in a call the shim does not see, is then the last error: the
+     shim's text must give way to it (and the pointer returned before must stay readable). */
+  int n;
+  ncclCommCount(NULL, &n);
+  fprintf(stderr, "nccl_app rank %d: after a failed ncclCommCount: %s (before: %.40s)\n", rank,
+          ncclGetLastError(comm), last);
   exit(1);
 }
 #define NCCLCHECK(call)                       \

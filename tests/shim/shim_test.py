@@ -451,6 +451,11 @@ def case_peerdeath(args, tmp):
     check(m is not None and re.match(r"lowrank NCCL shim: comm \S+ \(comm rank 0 of 2\): "
                                      r"compressed allreduce of buffer .* failed", m.group(2)),
           f"ncclGetLastError returns the shim's message ({m.group(2)[:120] if m else 'none'})")
+    m2 = re.search(r"nccl_app rank 0: after a failed ncclCommCount: (.*) \(before: (.*)\)", e)
+    check(m2 is not None and m2.group(1).startswith("ncclCommCount: comm is NULL") and
+          m2.group(2).startswith("lowrank NCCL shim: comm"),
+          "after a failure in a call the shim does not see, ncclGetLastError returns NCCL's own text, "
+          f"and the shim's earlier pointer still reads ({m2.group(0)[:160] if m2 else 'none'})")
     got = run.outs[0]["outs"]
     check(all(it < 3 for it, _ in got), "no output of the failed iteration was recorded as a result")
     return 0
