@@ -343,12 +343,19 @@ __global__ void __launch_bounds__(kMultiThreads)
 // X's trailing part changes: column c of Q1 D - I is d_c X[:, c] - e_c, and the e_c part is
 // untouched until step c. x: Q1 at x[i * ld + c], overwritten; d: k signs. Every thread of the
 // block (Threads of them) calls; d is complete when it returns.
+// A pivot entry x_jj at rounding level of zero (a zero row of the matrix, e.g. of an embedding's
+// gradient) says nothing: the host then takes alpha = -|x|, so d_j makes the diagonal of R
+// negative, from rdiag (R's diagonal for Q, as geqrf leaves it), or, with rdiag null, for a Q with
+// R's diagonal positive (CholeskyQR).
+constexpr double kSignTie = 1e-10;
 template <int Threads>
-__device__ __forceinline__ void householderSigns(double* x, int ld, int k, double* d) {
+__device__ __forceinline__ void householderSigns(double* x, int ld, int k, double* d,
+                                                 const double* rdiag) {
   const int t = threadIdx.x;
   for (int j = 0; j < k; ++j) {
     const double xjj = x[j * ld + j];
-    const double dj = xjj >= 0 ? -1.0 : 1.0;
+    const double dj = fabs(xjj) < kSignTie ? (rdiag && rdiag[j] < 0 ? 1.0 : -1.0)
+                                           : xjj >= 0 ? -1.0 : 1.0;
     const double piv = dj * xjj - 1.0;
     if (t == 0) d[j] = dj;
     const int mm = k - j - 1;
@@ -479,7 +486,7 @@ __global__ void __launch_bounds__(kCholThreads)
       sX[i][c] = s;
     }
     __syncthreads();
-    householderSigns<kCholThreads>(&sX[0][0], N + 1, k, sD);
+    householderSigns<kCholThreads>(&sX[0][0], N + 1, k, sD, nullptr);
   }
   __syncthreads();
   for (int e = t; e < kk; e += kCholThreads) {
@@ -528,65 +535,103 @@ __global__ void __launch_bounds__(kMultiThreads)
 
 // ---------------------------------------------------------------------------------------------
 // Dense-QR path (k > kMultiMaxK): cuSOLVER's Householder QR in float64 (geqrf, then orgqr for the
-// thin Q) on the column-major copy; then each column is given the host's sign (householderSigns:
-// LAPACK leaves a column whose part below the diagonal is zero unreflected, the host reflects
-// it). Equal to the host twin for full-rank matrices; for a rank-deficient one, both give
-// orthonormal columns with no NaN, but the columns past the rank may differ (any completion).
+// thin Q) on the column-major copy; then each column is given the host's sign (householderSigns,
+// with R's diagonal as geqrf left it). Equal to the host twin for full-rank matrices; for a
+// rank-deficient one, both give orthonormal columns with no NaN, but the columns past the rank
+// may differ (any completion). The copies in and out take denseSlices CUDA blocks per matrix.
 
-// The matrix, float32 -> float64 column-major, one CUDA block per matrix.
+// Element idx of matrix x in (r, j), walking its storage in order where a stride is 1.
+__device__ __forceinline__ void denseElement(const OrthoDesc& d, uint64_t idx, uint64_t* r,
+                                            uint64_t* j) {
+  const bool rowMajor = d.colStride == 1;
+  *r = rowMajor ? idx / d.k : idx % d.n;
+  *j = rowMajor ? idx % d.k : idx / d.n;
+}
+
+// The matrices, float32 -> float64 column-major.
 __global__ void __launch_bounds__(kOrthoThreads)
-    denseLoadKernel(const OrthoDense* __restrict dense, const float* __restrict base,
-                    double* __restrict ws) {
-  const OrthoDense x = dense[blockIdx.x];
-  const uint64_t n = x.d.n, count = n * x.d.k;
+    denseLoadKernel(const OrthoDense* __restrict dense, uint32_t slices,
+                    const float* __restrict base, double* __restrict ws) {
+  const OrthoDense x = dense[blockIdx.x / slices];
+  const uint64_t count = x.d.n * x.d.k, step = uint64_t(slices) * kOrthoThreads;
   const float* m = base + x.d.offset;
   double* a = ws + x.a;
-  const bool rowMajor = x.d.colStride == 1;
-  for (uint64_t idx = threadIdx.x; idx < count; idx += kOrthoThreads) {
-    const uint64_t r = rowMajor ? idx / x.d.k : idx % n, j = rowMajor ? idx % x.d.k : idx / n;
-    a[j * n + r] = m[r * x.d.rowStride + j * x.d.colStride];
+  for (uint64_t idx = (blockIdx.x % slices) * uint64_t(kOrthoThreads) + threadIdx.x; idx < count;
+       idx += step) {
+    uint64_t r, j;
+    denseElement(x.d, idx, &r, &j);
+    a[j * x.d.n + r] = m[r * x.d.rowStride + j * x.d.colStride];
   }
 }
 
-// Q D back to float32, D from Q's top k x k block.
+// After geqrf: R's diagonal, before orgqr overwrites it.
 __global__ void __launch_bounds__(kOrthoThreads)
-    denseStoreKernel(const OrthoDense* __restrict dense, float* __restrict base,
-                     double* __restrict ws) {
+    denseDiagKernel(const OrthoDense* __restrict dense, double* __restrict ws) {
   const OrthoDense x = dense[blockIdx.x];
-  const uint64_t n = x.d.n, count = n * x.d.k;
-  const int k = int(x.d.k);
+  for (uint64_t j = threadIdx.x; j < x.d.k; j += kOrthoThreads)
+    ws[x.rdiag + j] = ws[x.a + j * x.d.n + j];
+}
+
+// After orgqr: the column signs D from Q's top k x k block (into tau's place: tau is spent).
+__global__ void __launch_bounds__(kOrthoThreads)
+    denseSignKernel(const OrthoDense* __restrict dense, double* __restrict ws) {
+  const OrthoDense x = dense[blockIdx.x];
+  const uint64_t n = x.d.n;
+  const int k = int(x.d.k);  // k * k <= n * k < 2^31 (denseQrOrtho)
   const double* a = ws + x.a;
   double* q1 = ws + x.q1;
-  double* d = ws + x.tau;  // tau is spent: orgqr has run
   for (int e = threadIdx.x; e < k * k; e += kOrthoThreads) q1[e] = a[uint64_t(e % k) * n + e / k];
   __syncthreads();
-  householderSigns<kOrthoThreads>(q1, k, k, d);
+  householderSigns<kOrthoThreads>(q1, k, k, ws + x.tau, ws + x.rdiag);
+}
+
+// Q D back to float32.
+__global__ void __launch_bounds__(kOrthoThreads)
+    denseStoreKernel(const OrthoDense* __restrict dense, uint32_t slices, float* __restrict base,
+                     const double* __restrict ws) {
+  const OrthoDense x = dense[blockIdx.x / slices];
+  const uint64_t count = x.d.n * x.d.k, step = uint64_t(slices) * kOrthoThreads;
+  const double* a = ws + x.a;
+  const double* d = ws + x.tau;
   float* m = base + x.d.offset;
-  const bool rowMajor = x.d.colStride == 1;
-  for (uint64_t idx = threadIdx.x; idx < count; idx += kOrthoThreads) {
-    const uint64_t r = rowMajor ? idx / k : idx % n, j = rowMajor ? idx % k : idx / n;
-    m[r * x.d.rowStride + j * x.d.colStride] = float(a[j * n + r] * d[j]);
+  for (uint64_t idx = (blockIdx.x % slices) * uint64_t(kOrthoThreads) + threadIdx.x; idx < count;
+       idx += step) {
+    uint64_t r, j;
+    denseElement(x.d, idx, &r, &j);
+    m[r * x.d.rowStride + j * x.d.colStride] = float(a[j * x.d.n + r] * d[j]);
   }
 }
 
 cudaError_t denseQr(const OrthoTable* t, float* base, cudaStream_t stream) {
   const DenseQrApi* api = denseQrApi();
-  cudaError_t e = launch(denseLoadKernel, uint64_t(t->denseHost.size()), kOrthoThreads, stream,
-                         static_cast<const OrthoDense*>(t->dense),
-                         static_cast<const float*>(base), t->ws);
+  const uint64_t nd = t->denseHost.size();
+  const auto* dense = static_cast<const OrthoDense*>(t->dense);
+  cudaError_t e = launch(denseLoadKernel, nd * t->denseSlices, kOrthoThreads, stream, dense,
+                         t->denseSlices, static_cast<const float*>(base), t->ws);
   if (e != cudaSuccess) return e;
   if (api->setStream(t->solver, stream) != 0) return cudaErrorUnknown;
+  bool ok = true;
   for (const OrthoDense& x : t->denseHost) {
     const int n = int(x.d.n), k = int(x.d.k);
-    double* a = t->ws + x.a;
-    double* tau = t->ws + x.tau;
-    if (api->geqrf(t->solver, n, k, a, n, tau, t->solverWork, t->solverLwork, t->solverInfo) != 0 ||
-        api->orgqr(t->solver, n, k, k, a, n, tau, t->solverWork, t->solverLwork,
-                   t->solverInfo) != 0)
-      return cudaErrorUnknown;
+    ok = ok && api->geqrf(t->solver, n, k, t->ws + x.a, n, t->ws + x.tau, t->solverWork,
+                          t->solverLwork, t->solverInfo) == 0;
   }
-  return launch(denseStoreKernel, uint64_t(t->denseHost.size()), kOrthoThreads, stream,
-                static_cast<const OrthoDense*>(t->dense), base, t->ws);
+  if (ok) e = launch(denseDiagKernel, nd, kOrthoThreads, stream, dense, t->ws);
+  for (const OrthoDense& x : t->denseHost) {
+    const int n = int(x.d.n), k = int(x.d.k);
+    ok = ok && e == cudaSuccess &&
+         api->orgqr(t->solver, n, k, k, t->ws + x.a, n, t->ws + x.tau, t->solverWork,
+                    t->solverLwork, t->solverInfo) == 0;
+  }
+  // Back to the default stream: the handle must not keep the caller's stream, which may be
+  // destroyed before the table is.
+  api->setStream(t->solver, nullptr);
+  if (e != cudaSuccess) return e;
+  if (!ok) return cudaErrorUnknown;
+  e = launch(denseSignKernel, nd, kOrthoThreads, stream, dense, t->ws);
+  if (e != cudaSuccess) return e;
+  return launch(denseStoreKernel, nd * t->denseSlices, kOrthoThreads, stream, dense,
+                t->denseSlices, base, static_cast<const double*>(t->ws));
 }
 
 }  // namespace

@@ -222,8 +222,13 @@ cudaError_t createOrthoTable(const OrthoDesc* mats, size_t n, OrthoTable** out) 
       x.a = off[i];
       x.q1 = off[i] + x.d.n * x.d.k;  // k x k <= n x k: in the reflectors' place
       x.tau = off[i] + 2 * x.d.n * x.d.k;
+      x.rdiag = ws;
+      ws += x.d.k;
       t->denseHost.push_back(x);
       flagOff[i] = kSkipMatrix;
+      t->denseSlices = uint32_t(std::max<uint64_t>(
+          t->denseSlices, std::min<uint64_t>(kDenseMaxSlices,
+                                             ceilDiv(x.d.n * x.d.k, kDenseSliceElems))));
     } else if (multiBlockOrtho(mats[i])) {
       OrthoMulti m;
       m.d = mats[i];

@@ -76,16 +76,18 @@ constexpr uint64_t kNoFlag = ~uint64_t(0);
 // Orthonormalize, dense-QR path: cuSOLVER's geqrf + orgqr (kernels/cuda/dense_qr.h), where the
 // library loads, for the matrices too wide for the multi-block path and too large for one CUDA
 // block to be quick: k > kMultiMaxK, n k >= kMultiMinElems (and n, k within cuSOLVER's int).
-inline bool denseQrOrtho(const OrthoDesc& d) {
-  return d.k > kMultiMaxK && d.n >= d.k && d.n * d.k >= kMultiMinElems && d.n <= 0x7fffffffu;
+inline bool denseQrOrtho(const OrthoDesc& d) {  // cuSOLVER's int API: n k < 2^31
+  return d.k > kMultiMaxK && d.n >= d.k && d.n * d.k >= kMultiMinElems && d.n * d.k <= 0x7fffffffu;
 }
+constexpr uint64_t kDenseSliceElems = 16384;  // elements per CUDA block of the dense copies
+constexpr uint32_t kDenseMaxSlices = 256;
 constexpr uint64_t kSkipMatrix = kNoFlag - 1;  // flagOff: never done by the one-block kernel
 
 // A dense-QR matrix's places in the workspace (doubles): the column-major n x k copy (A, then Q),
-// the top k x k block of Q for the signs, and tau (then the column signs).
+// the top k x k block of Q for the signs, tau (then the column signs) and R's diagonal.
 struct OrthoDense {
   OrthoDesc d;
-  uint64_t a = 0, q1 = 0, tau = 0;
+  uint64_t a = 0, q1 = 0, tau = 0, rdiag = 0;
 };
 
 struct OrthoMulti {
@@ -146,6 +148,7 @@ struct OrthoTable {
   // its workspace (lwork doubles) for this table alone.
   std::vector<detail::OrthoDense> denseHost;
   detail::OrthoDense* dense = nullptr;  // device, denseHost.size()
+  uint32_t denseSlices = 1;             // CUDA blocks per matrix of the dense copies
   void* solver = nullptr;
   double* solverWork = nullptr;
   int solverLwork = 0;

@@ -5,7 +5,10 @@
 #include <fstream>
 #include <string>
 
+#include <cuda_runtime.h>  // __host__ __device__, for the tables' header
+
 #include "kernels/cuda/dense_qr.h"
+#include "kernels/cuda/tables.cuh"
 #include "tests/gpu/kernel_test_support.h"
 
 namespace lowrank::gputest {
@@ -18,6 +21,7 @@ struct OrthoMat {
   int zeroCol = -1;       // this column all zero
   int dependentCol = -1;  // this column = 2 * column 0 (k <= 2) or column 0 + column 1
   bool allZero = false;
+  int zeroRows = 0;       // the first rows all zero (an embedding's unused tokens)
 };
 
 class Orthonormalize : public ::testing::TestWithParam<double> {};
@@ -69,6 +73,8 @@ TEST_P(Orthonormalize, MatchesHostTwinOnOneTable) {
       {500, 40, true, 7},         // zero column
       {400, 36, false, -1, 35},   // dependent last column
       {100, 41, true, -1, -1, true},  // all zero
+      {1000, 48, true, -1, -1, false, 3},  // zero leading rows: full rank, the host's signs
+      {1024, 8, false, -1, -1, false, 2},  // the same on the CholeskyQR2 path
   };
   std::vector<cu::OrthoDesc> descs;
   uint64_t total = 3;
@@ -90,7 +96,7 @@ TEST_P(Orthonormalize, MatchesHostTwinOnOneTable) {
   for (size_t mi = 0; mi < mats.size(); ++mi) {
     const OrthoMat& m = mats[mi];
     for (uint64_t r = 0; r < m.n; ++r) {
-      if (m.allZero)
+      if (m.allZero || r < uint64_t(m.zeroRows))
         for (uint32_t j = 0; j < m.k; ++j) at(mi, r, j) = 0.f;
       if (m.zeroCol >= 0) at(mi, r, m.zeroCol) = 0.f;
       if (m.dependentCol >= 0)
@@ -105,6 +111,10 @@ TEST_P(Orthonormalize, MatchesHostTwinOnOneTable) {
   DeviceArray<float> da(a);
   cu::OrthoTable* tbl = nullptr;
   CUDA_OK(cu::createOrthoTable(descs.data(), descs.size(), &tbl));
+  // Every matrix for cuSOLVER takes that path where it loads (else the one-block kernel).
+  size_t denseExpected = 0;
+  for (const cu::OrthoDesc& d : descs) denseExpected += cu::detail::denseQrOrtho(d);
+  EXPECT_EQ(tbl->denseHost.size(), cu::detail::denseQrApi() ? denseExpected : 0);
   CUDA_OK(cu::orthonormalize(tbl, da.get(), eps, nullptr));
   const std::vector<float> dv = da.download();
   cu::destroy(tbl);
@@ -134,11 +144,12 @@ TEST_P(Orthonormalize, MatchesHostTwinOnOneTable) {
     // basis that rounding decides, so only the earlier ones are compared with the host.
     const uint32_t comparable = m.k > 2 && m.dependentCol >= 0 ? uint32_t(m.dependentCol) : m.k;
     // The dense-QR path gives a zero column's place the other sign than the host's (LAPACK
-    // leaves it unreflected); P Q^T does not change with the columns' signs.
-    const bool signFree = m.k > 32 && m.n * m.k >= 4096 && (m.zeroCol >= 0 || m.allZero);
+    // leaves it unreflected); P Q^T does not change with the columns' signs. Every other column
+    // has the host's sign.
+    const bool dense = m.k > 32 && m.n * m.k >= 4096;
     std::vector<float> sign(m.k, 1.f);
-    if (signFree)
-      for (uint32_t j = 0; j < m.k; ++j) {
+    for (uint32_t j = 0; j < m.k; ++j)
+      if (dense && (m.allZero || int(j) == m.zeroCol)) {
         uint64_t big = 0;
         for (uint64_t r = 0; r < m.n; ++r)
           if (std::fabs(hq(r, j)) > std::fabs(hq(big, j))) big = r;

@@ -22,12 +22,17 @@ Status CudaEngine::create(const DeviceCommDesc& desc, std::unique_ptr<DeviceEngi
 }
 
 CudaEngine::~CudaEngine() {
+  // On the engine's device (cuSOLVER handles and streams belong to it), whatever the caller's is.
+  int current = device_;
+  const bool switched =
+      cudaGetDevice(&current) == cudaSuccess && current != device_ && cudaSetDevice(device_) == cudaSuccess;
   for (auto& kv : buffers_) kv.second.release();
   if (comm_.stream) {
     cudaStreamSynchronize(comm_.stream);
     cudaStreamDestroy(comm_.stream);
   }
   if (planCheck_) cudaFree(planCheck_);
+  if (switched) cudaSetDevice(current);
 }
 
 Status CudaEngine::exact(const void* send, void* recv, size_t count, lowrankDataType_t dtype,
