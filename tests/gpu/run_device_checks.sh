@@ -104,5 +104,6 @@ if [ "${SKIP_DDP2:-0}" != 1 ]; then
 fi
 
 note "summary"
+[ -n "$CUSOLVER" ] || echo "NOTE: no libcusolver.so.12 found: the dense-QR orthonormalization (k > 32) was not run on the device (its fallback was)"
 [ $fail = 0 ] && echo "device checks: all passed" || echo "device checks: FAILED"
 exit $fail
