@@ -2,8 +2,11 @@
  * lowrank: PowerSGD compressed allreduce with error feedback, in the style of NCCL's C API.
  *
  * Method: Vogels, Karimireddy, Jaggi, "PowerSGD: Practical Low-Rank Gradient Compression for
- * Distributed Optimization", NeurIPS 2019 (arXiv 1905.13727), Algorithm 1 with error feedback
- * (Section 3) and warm start (Section 4.1). Per buffer and per call, on every comm rank i:
+ * Distributed Optimization", NeurIPS 2019 (arXiv 1905.13727): the rank-k compression of its
+ * Algorithm 1, warm-started from the previous call's Q, inside the error-feedback scheme of its
+ * Algorithm 2 (the optimizer's momentum stays the application's). P is orthonormalized by
+ * Gram-Schmidt for k <= 2 and Householder QR above, in float64. Per buffer and per call, on every
+ * comm rank i:
  *
  *   M_i  = G_i + E_i                     error feedback
  *   P    = sum_i M_i Q                   n x k, allreduce #1, then orthonormalized
@@ -15,8 +18,9 @@
  *
  * Thread safety: every function is thread-safe with respect to calls on *different* communicators.
  * Calls on one communicator must be serialized by the caller (as with NCCL), except
- * lowrankCommAbort and lowrankGetLastError, which may be called from any thread at any time.
- * No function throws or lets a C++ exception escape.
+ * lowrankCommAbort and lowrankGetLastError, which may be called from any thread while another
+ * call runs on it; never with or after lowrankCommDestroy / lowrankCommAbort of that communicator
+ * (it is freed then, as NCCL's). No function throws or lets a C++ exception escape.
  */
 #ifndef LOWRANK_LOWRANK_H_
 #define LOWRANK_LOWRANK_H_
@@ -28,6 +32,7 @@
 extern "C" {
 #endif
 
+/* The version of this header; lowrankGetVersion gives the library's (LOWRANK_VERSION_CODE). */
 #define LOWRANK_MAJOR 0
 #define LOWRANK_MINOR 1
 #define LOWRANK_PATCH 0
@@ -43,7 +48,7 @@ typedef enum {
   lowrankInvalidArgument = 4,    /* a bad argument: null or misaligned pointer, bad count, dtype, op */
   lowrankInvalidUsage = 5,       /* a bad sequence of calls, mismatched ranks, or a failed comm */
   lowrankRemoteError = 6,        /* a peer failed or disconnected */
-  lowrankInProgress = 7,         /* an operation is still running (non-blocking init) */
+  lowrankInProgress = 7,         /* reserved (NCCL's code for a non-blocking init): not returned */
   lowrankTimeout = 8,            /* a wait exceeded the configured timeout */
   lowrankNumResults = 9
 } lowrankResult_t;
@@ -73,6 +78,9 @@ typedef enum {
   lowrankNumOps = 5
 } lowrankRedOp_t;
 
+/* A communicator: a group of comm ranks that allreduce together, and the per-buffer state (residual,
+ * factors) of the buffers allreduced on it. Opaque; made by lowrankCommInit*, freed by
+ * lowrankCommDestroy or lowrankCommAbort. */
 typedef struct lowrankComm* lowrankComm_t;
 
 #define LOWRANK_UNIQUE_ID_BYTES 128
@@ -94,19 +102,20 @@ typedef struct {
 typedef struct {
   size_t size;          /* sizeof(lowrankConfig_t), set by the initializer */
   unsigned int magic;   /* LOWRANK_CONFIG_MAGIC */
-  unsigned int version; /* LOWRANK_VERSION_CODE */
-  int approxRank;       /* approximation rank k, >= 0; 0 turns compression off (every call is an
-                           exact allreduce). LOWRANK_APPROX_RANK, default 4 */
+  unsigned int version; /* LOWRANK_VERSION_CODE (informative: size and magic are what is checked) */
+  int approxRank;       /* approximation rank k, in [0, 65536]; 0 turns compression off (every
+                           call is an exact allreduce). LOWRANK_APPROX_RANK, default 4 */
   double minCompressionRate; /* a tensor is compressed only if (n + m) k rate < n m; >= 1.
                            LOWRANK_MIN_COMPRESSION_RATE, default 2 */
   int startIter;        /* calls per buffer done exactly before compression starts; >= 0.
                            LOWRANK_START_ITER, default 0 */
   int errorFeedback;    /* 0 or 1. LOWRANK_ERROR_FEEDBACK, default 1 */
   int warmStart;        /* 0 or 1: reuse Qbar of the previous call. LOWRANK_WARM_START, default 1 */
-  double orthoEpsilon;  /* added to column norms in Gram-Schmidt, as PyTorch's
-                           orthogonalization_epsilon; >= 0. LOWRANK_ORTHO_EPSILON, default 0
-                           (a zero or dependent column becomes zero, never NaN, whatever this is) */
-  long long seed;       /* seed of the initial Q, the same on every comm rank; >= 0.
+  double orthoEpsilon;  /* added to column norms in Gram-Schmidt (k <= 2 only; Householder QR,
+                           used above, needs none), as PyTorch's orthogonalization_epsilon; >= 0.
+                           LOWRANK_ORTHO_EPSILON, default 0 (a zero or dependent column becomes
+                           zero, never NaN, whatever this is) */
+  long long seed;       /* seed of the initial Q, the same on every comm rank; in [0, 2^63 - 1].
                            LOWRANK_SEED, default 0 */
   double timeoutSec;    /* bound on every wait for a peer, seconds, > 0. LOWRANK_TIMEOUT, default 300 */
   int pipeline;         /* 0 or 1: overlap the factor allreduces with the compression passes, chunk
@@ -131,8 +140,10 @@ lowrankResult_t lowrankGetVersion(int* version);
 /* A static, human-readable name of a result code; never null. */
 const char* lowrankGetErrorString(lowrankResult_t result);
 
-/* The message of the last error on `comm` (or of the calling thread's last error made without a
- * comm, when comm is null); "" when none. Valid until the next call on that comm or thread. */
+/* The message of the last error on `comm` (or, with comm null, of the calling thread's last error
+ * made without one: lowrankGetUniqueId, the lowrankCommInit* calls, null-comm errors, and
+ * lowrankCommCount / UserRank / GetConfig); "" when none. The text is this thread's copy: valid
+ * until the thread's next lowrankGetLastError. Never null. */
 const char* lowrankGetLastError(lowrankComm_t comm);
 
 /* ---- Communicators -------------------------------------------------------------------------- */
@@ -147,11 +158,14 @@ const char* lowrankGetLastError(lowrankComm_t comm);
 lowrankResult_t lowrankGetUniqueId(lowrankUniqueId* uniqueId);
 
 /* Creates a communicator of `nranks` comm ranks, this caller being `rank` (0 <= rank < nranks).
- * Collective: every comm rank must call it with the same id and nranks; it blocks until all have
- * joined or the timeout expires. With config null, LOWRANK_* variables and defaults apply.
+ * Collective: every comm rank must call it with the same id and nranks (1 to 65536), each from its
+ * own thread or process; it blocks until all have joined or timeoutSec (seconds, the config's or
+ * LOWRANK_TIMEOUT) has passed. With config null, LOWRANK_* variables and defaults apply.
  * Errors: lowrankInvalidArgument (null pointer, bad nranks/rank, malformed config or id),
  * lowrankInvalidUsage (a bad LOWRANK_* variable; the message names it), lowrankSystemError,
- * lowrankRemoteError (a peer refused), lowrankTimeout. *comm is null on error. */
+ * lowrankRemoteError (the root refused this rank: another nranks, a comm rank given twice, a wrong
+ * secret), lowrankTimeout. *comm is null on error.
+ * Thread safety: calls for different comm ranks run concurrently (that is how threads join). */
 lowrankResult_t lowrankCommInitRank(lowrankComm_t* comm, int nranks, lowrankUniqueId uniqueId,
                                     int rank);
 lowrankResult_t lowrankCommInitRankConfig(lowrankComm_t* comm, int nranks,
@@ -169,18 +183,23 @@ lowrankResult_t lowrankCommInitRankConfig(lowrankComm_t* comm, int nranks,
  *     world size, which refuses strays but is no protection against a hostile network.
  * LOWRANK_SOCKET_IFNAME picks the interface comm rank 0 listens on when the address is a wildcard.
  * With config null, LOWRANK_* variables and defaults apply (as lowrankCommInitRankConfig).
- * Errors: lowrankInvalidArgument (null comm), lowrankInvalidUsage (no launcher variables, or a
- * malformed one: the message names it), lowrankSystemError, lowrankRemoteError, lowrankTimeout. */
+ * Errors: lowrankInvalidArgument (null comm, or a bad config field), lowrankInvalidUsage (no
+ * launcher variables, or a malformed one: the message names it), lowrankSystemError,
+ * lowrankRemoteError, lowrankTimeout. *comm is null on error. */
 lowrankResult_t lowrankCommInitFromEnv(lowrankComm_t* comm);
 lowrankResult_t lowrankCommInitFromEnvConfig(lowrankComm_t* comm, lowrankConfig_t* config);
 
 /* Frees the communicator and every buffer state it holds. Not collective: peers that still run
- * collectives on it will see a remote error or time out. Errors: lowrankInvalidArgument (null). */
+ * collectives on it will see a remote error or time out. Waits for a call still running on it (on
+ * another thread) to return, and, for device buffers, for the device work queued on it to finish.
+ * Errors: lowrankInvalidArgument (null). */
 lowrankResult_t lowrankCommDestroy(lowrankComm_t comm);
 
-/* Marks the communicator failed: a call in progress on it (on another thread) returns
- * lowrankRemoteError promptly, later calls lowrankInvalidUsage; then frees it as
- * lowrankCommDestroy does. Errors: lowrankInvalidArgument (null). */
+/* Ends the communicator at once, as ncclCommAbort: a call blocked on it (on another thread, e.g.
+ * waiting for a dead peer) returns lowrankRemoteError promptly instead of at the timeout; then the
+ * communicator is freed as lowrankCommDestroy does (device buffers: after their queued work; the
+ * NCCL communicator of lowrankCommInitFromNccl is not aborted, it is the application's). The
+ * communicator must not be used afterwards. Errors: lowrankInvalidArgument (null). */
 lowrankResult_t lowrankCommAbort(lowrankComm_t comm);
 
 /* The configuration in force on comm: every field resolved (explicit field, else LOWRANK_*
@@ -194,9 +213,9 @@ lowrankResult_t lowrankCommUserRank(const lowrankComm_t comm, int* rank);
 
 /* ---- The allreduce --------------------------------------------------------------------------- */
 
-/* Allreduce of `count` elements of `datatype` from sendbuff into recvbuff (in-place when equal),
- * host memory. Collective: every comm rank calls it with the same count, datatype and op, in the
- * same order of buffers.
+/* Allreduce of `count` elements (not bytes) of `datatype` from sendbuff into recvbuff (in-place
+ * when equal), host memory, or device memory on an NCCL communicator (below). Collective: every
+ * comm rank calls it with the same count, datatype and op, in the same order of buffers.
  *
  * Compressed (PowerSGD) when datatype is lowrankFloat32, lowrankFloat16 or lowrankBfloat16 and op
  * is lowrankSum or lowrankAvg and approxRank > 0: computed in float32, residual in float32, the
@@ -208,8 +227,10 @@ lowrankResult_t lowrankCommUserRank(const lowrankComm_t comm, int* rank);
  * State is kept per (comm, recvbuff): a residual E of `count` float32 (when error feedback is on)
  * and the factors. A call with another count or datatype on the same recvbuff resets it. The view
  * is made at the buffer's first call: per-tensor (lowrankBufferSetLayout) or one matrix (batched).
- * If any comm rank's input has a NaN or Inf, every comm rank does an exact allreduce for this call
- * (NaN/Inf propagate as in NCCL) and the buffer's state is reset.
+ * If any comm rank's input has a NaN or Inf, or an element so large that the factors could
+ * overflow float32, every comm rank does an exact allreduce for this call (NaN/Inf propagate as in
+ * NCCL), and the buffer's state is reset (counted in lowrankStats_t.fallbackCalls). Device buffers
+ * take that decision on the GPU instead: see lowrank_nccl.h.
  *
  * `stream` is a cudaStream_t for device buffers, which need a communicator made by
  * lowrankCommInitFromNccl (lowrank_nccl.h); the call is then asynchronous on that stream. Host
@@ -217,10 +238,20 @@ lowrankResult_t lowrankCommUserRank(const lowrankComm_t comm, int* rank);
  * recognised through the CUDA driver when the process has loaded one; otherwise every buffer is
  * host memory. Host and device buffers in one call: lowrankInvalidArgument.
  * Buffers must be aligned to their element size.
- * Errors: lowrankInvalidArgument (null or misaligned buffer, count 0, unknown datatype or op,
- * null comm), lowrankInvalidUsage (comm failed or aborted; counts differ across comm ranks),
- * lowrankRemoteError, lowrankTimeout, lowrankSystemError. On error recvbuff may be partly written
- * but the buffer's state is reset, never left half-updated. */
+ * Errors:
+ *   lowrankInvalidArgument: null comm or buffer, misaligned buffer, count 0 or count * size
+ *     overflowing, unknown datatype or op, sendbuff and recvbuff partly overlapping, host and device
+ *     buffers mixed, a stream with host buffers on a communicator not made from NCCL;
+ *   lowrankInvalidUsage: the communicator failed earlier; device buffers on a communicator not made
+ *     from NCCL; a compressible call inside CUDA graph capture; a layout whose elements are not
+ *     `count`; comm ranks that disagree on (count, datatype, op, layout, k) of a buffer (found at
+ *     its first compressed call: an exact call with differing counts fails on some comm rank with
+ *     this, and on the others with a remote error or timeout) or on sum vs avg;
+ *   lowrankRemoteError (a peer died or left), lowrankTimeout (LOWRANK_TIMEOUT), lowrankSystemError
+ *     (allocation, the transport), lowrankUnhandledCudaError (device buffers), lowrankInternalError.
+ * Usage errors leave the communicator usable; the others mark it failed (later calls:
+ * lowrankInvalidUsage): destroy it. On error recvbuff may be partly written but the buffer's state
+ * is reset, never left half-updated. */
 lowrankResult_t lowrankAllReduce(const void* sendbuff, void* recvbuff, size_t count,
                                  lowrankDataType_t datatype, lowrankRedOp_t op,
                                  lowrankComm_t comm, void* stream);
@@ -230,11 +261,13 @@ lowrankResult_t lowrankAllReduce(const void* sendbuff, void* recvbuff, size_t co
 /* Declares the tensors packed in the flat buffer `recvbuff`, in order: tensor t has ndims[t]
  * dimensions, its sizes in shapes[t][0 .. ndims[t]-1]. A tensor of >= 2 dimensions is viewed as
  * (shape[0], prod(shape[1:])) and compressed if it passes the compression-rate test; 1-D tensors
- * and the rest are allreduced exactly (per-tensor mode, as PyTorch's powerSGD_hook). Takes effect at
- * the buffer's next plan (resets its state). The sum of the tensors' elements must equal the count
- * of the next call (else that call fails with lowrankInvalidUsage). Every comm rank must give the
+ * and the rest are allreduced exactly (per-tensor mode, as PyTorch's powerSGD_hook). Resets the
+ * buffer's state (host or device; for a device buffer this waits for its queued work): the next
+ * call plans with this layout. The sum of the tensors' elements must equal the count of the next
+ * compressible call (else that call fails with lowrankInvalidUsage). Every comm rank must give the
  * same layout. Local, not collective.
- * Errors: lowrankInvalidArgument (null pointers, ntensors <= 0, ndims[t] < 1 or > 8, a size 0). */
+ * Errors: lowrankInvalidArgument (null pointers, ntensors <= 0, ndims[t] < 1 or > 8, a size 0, a
+ * total number of elements that overflows size_t). */
 lowrankResult_t lowrankBufferSetLayout(lowrankComm_t comm, const void* recvbuff, int ntensors,
                                        const int* ndims, const size_t* const* shapes);
 
@@ -251,8 +284,8 @@ typedef struct {
   size_t pElements;     /* float32 elements of P (all compressed tensors) per call */
   size_t qElements;     /* float32 elements of Q (all compressed tensors) per call */
   size_t exactElements; /* elements allreduced exactly (1-D and incompressible tensors) per call */
-  size_t chunks;        /* pipelined: chunks per phase (P by row blocks, Q by column blocks);
-                           0 when the buffer runs one phase after another */
+  size_t chunks;        /* P chunks per call (P by row blocks; Q likewise by column blocks): host
+                           buffers 0 when not pipelined; device buffers always >= 1 */
 } lowrankBufferView_t;
 
 /* Reports the view of a buffer. A buffer never called has planned = 0 (lowrankSuccess).
@@ -262,11 +295,13 @@ lowrankResult_t lowrankBufferGetView(lowrankComm_t comm, const void* recvbuff,
 
 /* Drops the residual and factors of a buffer (its layout stays); the next call starts afresh, as
  * the first call did. Local; call it on every comm rank at the same point. A buffer never called
- * is not an error. Errors: lowrankInvalidArgument (null comm or buffer). */
+ * is not an error. A device buffer's state is dropped once its queued work is done (the host
+ * waits). Errors: lowrankInvalidArgument (null comm or buffer). */
 lowrankResult_t lowrankBufferReset(lowrankComm_t comm, const void* recvbuff);
 
 /* Frees everything held for a buffer, its layout included (call before freeing the memory if the
- * address may be reused for another tensor). Errors: lowrankInvalidArgument (null). */
+ * address may be reused for another tensor). Device buffers: as lowrankBufferReset, the host waits
+ * for the buffer's queued work. Errors: lowrankInvalidArgument (null). */
 lowrankResult_t lowrankBufferRelease(lowrankComm_t comm, const void* recvbuff);
 
 /* ---- Statistics -------------------------------------------------------------------------------- */
@@ -275,18 +310,23 @@ lowrankResult_t lowrankBufferRelease(lowrankComm_t comm, const void* recvbuff);
 typedef struct {
   uint64_t calls;              /* lowrankAllReduce calls that succeeded */
   uint64_t compressedCalls;    /* calls that ran PowerSGD */
-  uint64_t fallbackCalls;      /* compressed calls that fell back to exact (non-finite input) */
+  uint64_t fallbackCalls;      /* compressed calls that fell back to exact (non-finite input);
+                                  device buffers: counted once the device has run the call */
   uint64_t compressedElements; /* input elements that went through compression */
   uint64_t exactElements;      /* input elements allreduced exactly */
   uint64_t payloadElements;    /* elements handed to the transport: P, Q and exact parts */
-  uint64_t elementsSent;       /* elements this rank put on the wire (counted by the transport) */
-  uint64_t bytesSent;          /* bytes this rank put on the wire (counted by the transport) */
-  double ratio;                /* (compressedElements + exactElements) / payloadElements */
+  uint64_t elementsSent;       /* elements this rank put on the wire by the host engine: counted
+                                  by the UCX transport; over NCCL, the ring's 2 (N - 1) / N of each
+                                  payload (busbw's factor), not a count. Device buffers' traffic is
+                                  NCCL's alone and not counted here */
+  uint64_t bytesSent;          /* bytes of elementsSent */
+  double ratio;                /* (compressedElements + exactElements) / payloadElements: input
+                                  elements per element handed to the transport; 0 before any */
   uint64_t stateBytes;         /* bytes of per-buffer state held now (residuals, factors) */
   uint64_t buffers;            /* buffers with state held now */
 } lowrankStats_t;
 
-/* Errors: lowrankInvalidArgument (null). */
+/* Fills *stats. Errors: lowrankInvalidArgument (null). */
 lowrankResult_t lowrankGetStats(lowrankComm_t comm, lowrankStats_t* stats);
 
 #ifdef __cplusplus

@@ -38,6 +38,9 @@ LOWRANK_API lowrankResult_t lowrankBufferSetLayout(lowrankComm_t comm, const voi
     lowrank::BufferState& st = comm->buffers.get(recvbuff);
     st.reset();
     st.layout = std::move(layout);
+    // A device buffer's plan lives in the CUDA backend: dropped too, so that the next call plans
+    // with this layout.
+    if (comm->device) comm->device->resetBuffer(recvbuff);
     return lowrankSuccess;
   });
 }

@@ -1,6 +1,7 @@
 #include "api/config.h"
 
 #include <cerrno>
+#include <climits>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -59,7 +60,7 @@ Status envBool(const char* name, bool* out) {
   return Status::Ok();
 }
 
-Status envSeed(const char* name, uint64_t* out) {
+Status envSeed(const char* name, uint64_t* out, unsigned long long max = ULLONG_MAX) {
   const char* v = getenv(name);
   if (!v || !*v) return Status::Ok();
   char* end;
@@ -67,7 +68,11 @@ Status envSeed(const char* name, uint64_t* out) {
   // Decimal digits only: strtoull alone would take " -1" as 2^64 - 1 and "010" as octal.
   const bool digits = v[strspn(v, "0123456789")] == 0;
   unsigned long long x = strtoull(v, &end, 10);
-  if (!digits || errno || *end) return badEnv(name, v, "a non-negative decimal integer");
+  if (!digits || errno || *end || x > max) {
+    char want[96];
+    snprintf(want, sizeof want, "a decimal integer in [0, %llu]", max);
+    return badEnv(name, v, want);
+  }
   *out = x;
   return Status::Ok();
 }
@@ -100,7 +105,8 @@ Status resolveConfig(const lowrankConfig_t* user, EngineConfig* out) {
   LR_RETURN_IF_ERROR(envBool("LOWRANK_ERROR_FEEDBACK", &c.errorFeedback));
   LR_RETURN_IF_ERROR(envBool("LOWRANK_WARM_START", &c.warmStart));
   LR_RETURN_IF_ERROR(envDouble("LOWRANK_ORTHO_EPSILON", 0, false, &c.orthoEpsilon));
-  LR_RETURN_IF_ERROR(envSeed("LOWRANK_SEED", &c.seed));
+  // lowrankConfig_t.seed is a long long: a seed above it could not be given back there.
+  LR_RETURN_IF_ERROR(envSeed("LOWRANK_SEED", &c.seed, LLONG_MAX));
   LR_RETURN_IF_ERROR(envDouble("LOWRANK_TIMEOUT", 0, true, &c.timeoutSec));
   LR_RETURN_IF_ERROR(envBool("LOWRANK_PIPELINE", &c.pipeline));
   int chunk = int(c.pipelineChunk);

@@ -32,6 +32,7 @@ TEST(Config, MalformedVariablesAreErrorsNamingThem) {
                             {"LOWRANK_MIN_COMPRESSION_RATE", "0.5"}, {"LOWRANK_START_ITER", "1.5"},
                             {"LOWRANK_ERROR_FEEDBACK", "maybe"}, {"LOWRANK_WARM_START", "2"},
                             {"LOWRANK_ORTHO_EPSILON", "-1"},     {"LOWRANK_SEED", "-3"},
+                            {"LOWRANK_SEED", "9223372036854775808"},  // 2^63: no long long
                             {"LOWRANK_TIMEOUT", "0"},            {"LOWRANK_TIMEOUT", "10s"},
                             {"LOWRANK_DEBUG", "LOUD"}};
   for (auto& c : cases) {
@@ -65,6 +66,21 @@ TEST(Config, ExplicitFieldsWinEnvironmentFillsTheRest) {
   unsetenv("LOWRANK_APPROX_RANK");
   ASSERT_EQ(initWith(nullptr, &c), lowrankSuccess);
   EXPECT_TRUE(compresses(c)) << "default k = 4";
+  lowrankCommDestroy(c);
+}
+
+// The largest seed the environment takes is one lowrankConfig_t.seed can give back: the config
+// read with lowrankCommGetConfig makes a communicator again.
+TEST(Config, LargestSeedRoundTrips) {
+  EnvGuard g("LOWRANK_SEED", "9223372036854775807");
+  lowrankComm_t c = nullptr;
+  ASSERT_EQ(initWith(nullptr, &c), lowrankSuccess);
+  lowrankConfig_t got = LOWRANK_CONFIG_INITIALIZER;
+  ASSERT_EQ(lowrankCommGetConfig(c, &got), lowrankSuccess);
+  lowrankCommDestroy(c);
+  EXPECT_EQ(got.seed, 9223372036854775807LL);
+  unsetenv("LOWRANK_SEED");
+  ASSERT_EQ(initWith(&got, &c), lowrankSuccess) << lowrankGetLastError(nullptr);
   lowrankCommDestroy(c);
 }
 

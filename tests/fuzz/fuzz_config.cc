@@ -4,6 +4,7 @@
 // is then the value in force; a rejected one gives lowrankInvalidUsage naming the variable and
 // quoting the value.
 #include <cerrno>
+#include <climits>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -114,7 +115,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       CHECK(refDouble(*v, 0, false, &d) && cfg.orthoEpsilon == d);
     if (const std::string* v = given("LOWRANK_TIMEOUT"))
       CHECK(refDouble(*v, 0, true, &d) && cfg.timeoutSec == d);
-    if (const std::string* v = given("LOWRANK_SEED")) CHECK(refDecimal(*v, &u) && cfg.seed == u);
+    if (const std::string* v = given("LOWRANK_SEED"))
+      CHECK(refDecimal(*v, &u) && u <= uint64_t(LLONG_MAX) && cfg.seed == u);
     CHECK(cfg.approxRank >= 0 && cfg.minCompressionRate >= 1 && cfg.timeoutSec > 0 &&
           std::isfinite(cfg.timeoutSec) && cfg.pipelineChunk >= 1 && cfg.orthoEpsilon >= 0);
   }
