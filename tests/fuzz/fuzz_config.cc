@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <climits>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -71,11 +72,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   fuzz::Input in(data, size);
   std::string set[sizeof kVars / sizeof kVars[0]];
   bool isSet[sizeof kVars / sizeof kVars[0]] = {};
+  // putenv of fixed buffers, rewritten in place: setenv would keep every distinct value for the
+  // life of the process (glibc), a leak over millions of inputs.
+  static char entry[sizeof kVars / sizeof kVars[0]][128];
   for (size_t i = 0; i < sizeof kVars / sizeof kVars[0]; ++i) {
     if (in.byte() < 64) {
       set[i] = value(in);
       isSet[i] = true;
-      setenv(kVars[i], set[i].c_str(), 1);
+      std::snprintf(entry[i], sizeof entry[i], "%s=%s", kVars[i], set[i].c_str());
+      putenv(entry[i]);
     } else {
       unsetenv(kVars[i]);
     }

@@ -5,6 +5,7 @@
 #include <dirent.h>
 #include <sys/stat.h>
 
+#include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -38,10 +39,21 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if ((a == "--runs" || a == "--max-len" || a == "--seed") && i + 1 < argc) {
-      const long v = std::strtol(argv[++i], nullptr, 10);
+      char* end = nullptr;
+      errno = 0;
+      const long v = std::strtol(argv[++i], &end, 10);
+      if (errno || *end || end == argv[i] || v < 0 || (a == "--max-len" && v > (1L << 24))) {
+        std::fprintf(stderr, "%s: %s %s: not an integer in range (--max-len at most 2^24)\n",
+                     argv[0], a.c_str(), argv[i]);
+        return 2;
+      }
       if (a == "--runs") runs = v;
       else if (a == "--max-len") maxLen = v;
       else seed = uint64_t(v);
+    } else if (a.rfind("--", 0) == 0) {
+      std::fprintf(stderr, "usage: %s [--runs N] [--max-len L] [--seed S] [FILE|DIR]...\n",
+                   argv[0]);
+      return 2;
     } else {
       paths.push_back(a);
     }
