@@ -16,7 +16,10 @@ LOWRANK_API lowrankResult_t lowrankAllReduce(const void* sendbuff, void* recvbuf
     std::lock_guard<std::mutex> lock(comm->callMu);
     if (comm->failed)
       return fail(comm, lowrankInvalidUsage,
-                  "lowrankAllReduce: the communicator has failed or was aborted; destroy it");
+                  "lowrankAllReduce: the communicator failed at an earlier call%s%s%s; destroy it "
+                  "(lowrankCommDestroy) and make a new one",
+                  comm->failure.empty() ? "" : " (", comm->failure.c_str(),
+                  comm->failure.empty() ? "" : ")");
     if (!sendbuff || !recvbuff)
       return fail(comm, lowrankInvalidArgument, "lowrankAllReduce: %s is NULL",
                   sendbuff ? "recvbuff" : "sendbuff");

@@ -154,15 +154,19 @@ Status allReduce(lowrankComm* comm, const void* sendbuff, void* recvbuff, size_t
                         : exactAllReduce(comm, sendbuff, recvbuff, count, dtype, op);
   if (s.ok()) {
     ++comm->counters.calls;
-  } else if (s.code != lowrankInvalidArgument && s.code != lowrankInvalidUsage) {
+  } else if ((s.code != lowrankInvalidArgument && s.code != lowrankInvalidUsage) ||
+             comm->transport->broken()) {
     // A collective broke midway: the ranks may now be at different points of the call sequence,
-    // so refuse further calls. (Usage errors are agreed by all ranks at plan time.)
+    // so refuse further calls. (Usage errors found at plan time are agreed by all ranks and leave
+    // the communicator usable; one the transport found midway, such as counts that differ after
+    // the plan, does not.)
     comm->failed = true;
     // Name the buffer: a rank that skipped a call shows up here as a timeout on the others.
     char what[160];
     snprintf(what, sizeof what, "allreduce of buffer %p (count %zu, %s, %s), call %llu: ", recvbuff,
              count, dtypeName(dtype), opName(op), (unsigned long long)comm->counters.calls + 1);
     s.msg = what + s.msg;
+    comm->failure = s.msg;
   }
   return s;
 }

@@ -27,6 +27,7 @@ struct lowrankComm {
 
   std::mutex callMu;                 // held by every call; abort waits on it before freeing
   std::atomic<bool> failed{false};   // a collective failed: later calls are refused
+  std::string failure;               // why (under callMu)
   std::atomic<bool> aborted{false};
   std::mutex errMu;
   std::string lastError;

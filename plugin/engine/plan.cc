@@ -96,6 +96,12 @@ void makeChunks(Plan& p, size_t target) {
 
 Status PlanCheck::read(const Plan& p, lowrankRedOp_t op, const void* buf, bool allocated,
                        bool* exactOnly) const {
+  if (words[0] == kPlanFailed && words[1] == kPlanFailed)
+    return Status::Error(lowrankInvalidUsage,
+                         "buffer %p: another comm rank could not plan this buffer (its error says "
+                         "why: a layout whose elements are not the call's count?); this rank has "
+                         "count %zu, dtype %s, op %s",
+                         buf, p.count, dtypeName(p.dtype), opName(op));
   if (words[0] != p.hash || words[1] != ~p.hash)
     return Status::Error(lowrankInvalidUsage,
                          "buffer %p: comm ranks disagree on (count, dtype, op, layout, k); this "

@@ -78,12 +78,16 @@ void makeChunks(Plan& p, size_t target);
 // The agreement of a buffer's first call, shared by the host and device engines: every comm rank
 // puts three words into one max-allreduce of uint64: its plan's hash, the hash's complement (the
 // maxima equal both only if every rank has the same hash) and 1 if it could not allocate the
-// buffer's state. A rank whose planning failed sends zeros, but still takes part, so that its
-// peers do not hang.
+// buffer's state. A rank whose planning failed (a layout that does not add up to count) still
+// takes part, so that its peers do not hang, with all ones in both hash words: every peer then
+// finds the disagreement and fails the call too, so that no rank goes on to a collective the
+// others do not make.
 struct PlanCheck {
+  static constexpr uint64_t kPlanFailed = ~uint64_t(0);
   uint64_t words[3];
   PlanCheck(const Status& planned, const Plan& p, bool allocated)
-      : words{planned.ok() ? p.hash : 0, planned.ok() ? ~p.hash : 0, allocated ? 0u : 1u} {}
+      : words{planned.ok() ? p.hash : kPlanFailed, planned.ok() ? ~p.hash : kPlanFailed,
+              planned.ok() && !allocated ? 1u : 0u} {}
   // After the allreduce: lowrankInvalidUsage naming the buffer if the ranks' plans differ; else
   // Ok, with *exactOnly set (and a warning logged) when some comm rank could not allocate.
   Status read(const Plan& p, lowrankRedOp_t op, const void* buf, bool allocated,

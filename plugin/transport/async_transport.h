@@ -26,6 +26,7 @@ class AsyncTransport final : public Transport {
   int size() const override { return inner_->size(); }
   const TransportCounters& counters() const override { return inner_->counters(); }
   void abort() override;
+  bool broken() const override { return inner_->broken(); }
 
   // Inline allreduce: waits until no posted job is pending, then runs on the caller's thread.
   Status allreduce(void* buf, size_t count, lowrankDataType_t dtype, lowrankRedOp_t op) override;

@@ -35,6 +35,10 @@ class Transport {
   // Marks the transport failed; any thread may call it, any time.
   virtual void abort() = 0;
 
+  // True once a collective broke midway (a peer lost, counts that differ across ranks, an abort):
+  // the ranks may be out of step, and the transport refuses every later call.
+  virtual bool broken() const { return false; }
+
   virtual const TransportCounters& counters() const { return counters_; }
 
  protected:

@@ -127,4 +127,59 @@ TEST(State, MismatchedCountsAcrossRanksAreInvalidUsageOnEveryRank) {
   for (int r = 0; r < N; ++r) EXPECT_EQ(res[r], lowrankInvalidUsage) << "rank " << r;
 }
 
+// One comm rank's layout does not add up to the call's count: that rank's planning fails, and the
+// others must fail the call too (not go on to a collective that rank never makes), after which
+// the communicator still works on every rank.
+TEST(State, OneRanksBadLayoutFailsTheCallOnEveryRankAndTheCommStaysUsable) {
+  const int N = 3;
+  std::vector<lowrankResult_t> res(N);
+  std::vector<std::string> msg(N);
+  withComms(N, [&](int r, lowrankComm_t comm) {
+    std::vector<float> g(4096, 1.f);
+    if (r == 0) {
+      const int ndims[] = {2};
+      const size_t shape[] = {10, 1000};  // 10000 elements, the call has 4096
+      const size_t* shapes[] = {shape};
+      ASSERT_EQ(lowrankBufferSetLayout(comm, g.data(), 1, ndims, shapes), lowrankSuccess);
+    }
+    res[r] = lowrankAllReduce(g.data(), g.data(), 4096, lowrankFloat32, lowrankSum, comm, nullptr);
+    msg[r] = lowrankGetLastError(comm);
+    if (r == 0) ASSERT_EQ(lowrankBufferRelease(comm, g.data()), lowrankSuccess);  // the fix
+    std::fill(g.begin(), g.end(), 1.f);
+    EXPECT_EQ(lowrankAllReduce(g.data(), g.data(), 4096, lowrankFloat32, lowrankSum, comm, nullptr),
+              lowrankSuccess) << lowrankGetLastError(comm);
+    std::vector<int32_t> x(100, r);
+    EXPECT_EQ(lowrankAllReduce(x.data(), x.data(), x.size(), lowrankInt32, lowrankSum, comm, nullptr),
+              lowrankSuccess) << lowrankGetLastError(comm);
+    EXPECT_EQ(x[0], N * (N - 1) / 2);
+  });
+  for (int r = 0; r < N; ++r) EXPECT_EQ(res[r], lowrankInvalidUsage) << "rank " << r;
+  EXPECT_NE(msg[0].find("layout holds 10000 elements"), std::string::npos) << msg[0];
+  for (int r = 1; r < N; ++r)
+    EXPECT_NE(msg[r].find("another comm rank could not plan"), std::string::npos) << msg[r];
+}
+
+// After the plan, a dtype change on one rank only is found by the transport, midway through a
+// collective: the ranks are out of step, so the communicator is failed on every rank, and later
+// calls say so (with the first error), instead of repeating a transport message.
+TEST(State, MismatchFoundMidwayFailsTheCommWithAClearMessage) {
+  const int N = 2;
+  lowrankConfig_t cfg = config();
+  cfg.timeoutSec = 10;
+  withComms(N, [&](int r, lowrankComm_t comm) {
+    std::vector<float> g(4096, 1.f);
+    ASSERT_EQ(lowrankAllReduce(g.data(), g.data(), 4096, lowrankFloat32, lowrankSum, comm, nullptr),
+              lowrankSuccess);
+    const lowrankDataType_t dt = r == 1 ? lowrankFloat16 : lowrankFloat32;  // rank 1 re-plans
+    EXPECT_NE(lowrankAllReduce(g.data(), g.data(), 4096, dt, lowrankSum, comm, nullptr),
+              lowrankSuccess);
+    std::vector<int32_t> x(100, r);
+    EXPECT_EQ(lowrankAllReduce(x.data(), x.data(), x.size(), lowrankInt32, lowrankSum, comm, nullptr),
+              lowrankInvalidUsage);
+    const std::string m = lowrankGetLastError(comm);
+    EXPECT_NE(m.find("failed at an earlier call"), std::string::npos) << m;
+    EXPECT_NE(m.find("destroy it"), std::string::npos) << m;
+  }, cfg);
+}
+
 }  // namespace

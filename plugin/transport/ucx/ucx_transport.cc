@@ -22,6 +22,7 @@ class UcxTransport final : public Transport {
   int rank() const override { return comm_->rank(); }
   int size() const override { return comm_->size(); }
   void abort() override { comm_->abort(); }
+  bool broken() const override { return comm_->failed() || comm_->aborted(); }
 
   Status allreduce(void* buf, size_t count, lowrankDataType_t dtype, lowrankRedOp_t op) override {
     if (!transport::reductionValid(dtype, op))
@@ -34,8 +35,9 @@ class UcxTransport final : public Transport {
     if (comm_->aborted())
       return Status::Error(lowrankInvalidUsage, "ucx allreduce: the communicator was aborted");
     if (comm_->failed())
-      return Status::Error(lowrankInvalidUsage, "ucx allreduce: the communicator failed earlier: %s",
-                           comm_->failure().c_str());
+      return Status::Error(lowrankInvalidUsage,
+                           "ucx allreduce: the communicator failed at an earlier collective (%s); "
+                           "destroy it", comm_->failure().c_str());
     const uint32_t seq = ++seq_;  // every call, count 0 included, so ranks stay in step
     const int n = comm_->size();
     if (count == 0 || n == 1) return Status::Ok();  // avg over one rank is the identity
