@@ -130,9 +130,8 @@ ncclResult_t runCompressed(ShimComm& c, const RecordedCall& call) {
                call.op == 4 ? "avg" : "sum",
                planned ? "lowrankAllReduce" : "lowrankBufferSetLayout", msg,
                lowrankGetErrorString(r));
-    // A usage error inside lowrankAllReduce is the shim's to answer for: internal error.
-    const ncclResult_t n = toNccl(r);
-    return planned && n == ncclInvalidUsage ? ncclInternalError : n;
+    // As NCCL would say it: a usage error inside (comm ranks that disagree on the call) stays one.
+    return toNccl(r);
   }
   lowrankStats_t s{};
   {

@@ -112,5 +112,23 @@ TEST(NcclTransport, AbortRefusesLaterCallsAndBadInputIsRefused) {
   });
 }
 
+// An NCCL failure carries NCCL's own text (ncclGetLastError), not only its code's name: here the
+// double refuses an allreduce whose counts differ across its ranks.
+TEST(NcclTransport, ErrorsCarryNcclsLastErrorText) {
+  std::vector<Status> res(2);
+  withTransports(2, [&](int r, NcclTransport& t) {
+    std::vector<float> x(r == 0 ? 4 : 8, 1.f);
+    res[r] = t.allreduce(x.data(), x.size(), lowrankFloat32, lowrankSum);
+  });
+  int failed = 0;
+  for (const Status& s : res) {
+    if (s.ok()) continue;
+    ++failed;
+    EXPECT_NE(s.msg.find("(NCCL error "), std::string::npos) << s.msg;
+    EXPECT_NE(s.msg.find("): ncclAllReduce"), std::string::npos) << "NCCL's text missing: " << s.msg;
+  }
+  EXPECT_GE(failed, 1);
+}
+
 }  // namespace
 }  // namespace lowrank

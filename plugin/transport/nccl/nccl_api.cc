@@ -67,8 +67,12 @@ Status fromNccl(const Api& api, Result r, const char* what) {
   // ncclUnhandledCudaError 1, ncclSystemError 2, ncclInternalError 3, ncclInvalidArgument 4,
   // ncclInvalidUsage 5, ncclRemoteError 6: the same numbers as lowrankResult_t.
   lowrankResult_t code = r >= 1 && r <= 6 ? lowrankResult_t(r) : lowrankSystemError;
-  return Status::Error(code, "%s failed: %s (NCCL error %d)", what,
-                       api.getErrorString ? api.getErrorString(r) : "?", r);
+  // NCCL's own text of the failure, where the library keeps one (NCCL >= 2.13; per thread, the
+  // comm argument unused).
+  const char* last = api.getLastError ? api.getLastError(nullptr) : nullptr;
+  return Status::Error(code, "%s failed: %s (NCCL error %d)%s%s", what,
+                       api.getErrorString ? api.getErrorString(r) : "?", r,
+                       last && *last ? ": " : "", last && *last ? last : "");
 }
 
 }  // namespace lowrank::nccl
