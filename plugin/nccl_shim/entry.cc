@@ -5,6 +5,7 @@
 
 #include <dlfcn.h>
 
+#include <cstdio>
 #include <cstring>
 
 #include "nccl_shim/compress.h"
@@ -33,7 +34,9 @@ bool capturing(cudaStream_t stream) {
 
 // The real library could not be reached (real() printed why, once): this thread's last error.
 ncclResult_t noRealNccl() {
-  setLastError(realError());
+  char msg[1024];
+  snprintf(msg, sizeof msg, "lowrank NCCL shim: %s", realError());
+  setLastError(msg);
   return ncclSystemError;
 }
 

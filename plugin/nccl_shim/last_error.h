@@ -3,7 +3,9 @@
 // a bad variable, no real NCCL). Its text gives way to the real library's once that changes: a
 // later failure in a call the shim forwards, or in one it never sees (ncclSend, ncclCommInitRank,
 // ...). ncclGetLastError (entry.cc) returns the shim's text while it is the newer, else the real
-// library's. Like NCCL's, the text stays valid until the thread's next error.
+// library's. Like NCCL's, the text stays valid until the thread's next error. "Newer" is told by
+// the real library's text changing: a later NCCL failure with the very same text as its previous
+// one goes unseen (the shim's text stays).
 // Thread safety: all per thread.
 #pragma once
 #include <nccl.h>
