@@ -9,7 +9,14 @@ build=${LOWRANK_BUILD_DIR:-$root/build}
 # LOWRANK_MESON_ARGS: options for the first configure (CI sets -Dcuda=enabled).
 # shellcheck disable=SC2086
 "$root/scripts/build.sh" ${LOWRANK_MESON_ARGS:-} || { echo "0 passed, 1 failed (build)"; exit 1; }
-rm -rf "$build/tests/reports"
+# The tests set the LOWRANK_* and UCX variables they need: any left in the caller's shell (a
+# LOWRANK_APPROX_RANK from an experiment) would change what they check. Say so, and drop them.
+stray=$(env | grep -oE '^(LOWRANK_[A-Z0-9_]+|UCX_TLS|UCX_NET_DEVICES)=' | tr -d = | grep -vxE 'LOWRANK_BUILD_DIR|LOWRANK_MESON_ARGS' || true)
+if [ -n "$stray" ]; then
+  echo "test.sh: ignoring $(echo $stray | tr ' ' ',') from the environment for the tests"
+  for v in $stray; do unset "$v"; done
+fi
+rm -rf "$build/tests/reports" "$build/meson-logs/testlog.json"
 mkdir -p "$build/tests/reports"
 meson test -C "$build" --print-errorlogs --num-processes 1 "$@"
 rc=$?
