@@ -107,7 +107,7 @@ typedef struct {
                            call is an exact allreduce). LOWRANK_APPROX_RANK, default 4 */
   double minCompressionRate; /* a tensor is compressed only if (n + m) k rate < n m; >= 1.
                            LOWRANK_MIN_COMPRESSION_RATE, default 2 */
-  int startIter;        /* calls per buffer done exactly before compression starts; >= 0.
+  int startIter;        /* calls per buffer done exactly before compression starts; in [0, 2^30].
                            LOWRANK_START_ITER, default 0 */
   int errorFeedback;    /* 0 or 1. LOWRANK_ERROR_FEEDBACK, default 1 */
   int warmStart;        /* 0 or 1: reuse Qbar of the previous call. LOWRANK_WARM_START, default 1 */
