@@ -408,7 +408,30 @@ void Bench::measurePhases(const Case& c, Mode mode, Row& row) {
   setBound(compEl * (20.0 + 2.0 * ts) + exactEl * 2.0 * ts);
 }
 
+// Bytes of memory the system can still give (MemAvailable), or 0 if unknown.
+uint64_t memAvailable() {
+  std::FILE* f = std::fopen("/proc/meminfo", "r");
+  if (!f) return 0;
+  char line[256];
+  unsigned long long kb = 0;
+  while (std::fgets(line, sizeof line, f))
+    if (std::sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
+  std::fclose(f);
+  return uint64_t(kb) * 1024;
+}
+
 void Bench::allocateFor(size_t maxCount, size_t maxTs) {
+  // Refuse a size that cannot fit rather than be killed by the OOM killer mid-run: per comm rank
+  // of this process send, recv and the float64 reference, plus the state of its two compressing
+  // communicators (a float32 residual each); one float64 accumulator per process.
+  const double ranksHere = std::strcmp(h_.kind(), "threads") == 0 ? h_.nranks() : 1;
+  const double need = ranksHere * double(maxCount) * (2.0 * double(maxTs) + 8 + 8) +
+                      8.0 * double(maxCount);
+  if (const uint64_t avail = memAvailable(); avail && need > 0.9 * double(avail))
+    h_.fail("the largest size needs about " + std::to_string(int(need / (1 << 30) + 0.5)) +
+            " GiB of memory for " + std::to_string(int(ranksHere)) + " comm rank(s) here, and " +
+            std::to_string(int(double(avail) / (1 << 30))) +
+            " GiB are available: lower -e (or -t)");
   send_ = allocate(maxCount * maxTs);
   recv_ = allocate(maxCount * maxTs);
   ref_ = allocate(maxCount * sizeof(double));
