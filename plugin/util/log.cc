@@ -32,8 +32,9 @@ struct Sink {
       else if (!strcasecmp(v, "VERSION")) version = true;
       else {
         // A bad value is never silently ignored: say so and log warnings.
-        fprintf(stderr, "LOWRANK WARN LOWRANK_DEBUG=%s is not one of WARN, INFO, TRACE, VERSION, "
-                "NONE: logging warnings, and making a communicator fails\n", v);
+        fprintf(stderr, "%s:%d:%ld LOWRANK WARN LOWRANK_DEBUG=%s is not one of WARN, INFO, TRACE, "
+                "VERSION, NONE: logging warnings, and making a communicator fails\n", host,
+                getpid(), (long)syscall(SYS_gettid), v);
         level = LogLevel::Warn;
       }
     }
@@ -47,7 +48,8 @@ struct Sink {
         else path += *c;
       }
       if (FILE* fp = fopen(path.c_str(), "a")) out = fp;
-      else fprintf(stderr, "LOWRANK WARN cannot open LOWRANK_DEBUG_FILE=%s; logging to stderr\n", f);
+      else fprintf(stderr, "%s:%d:%ld LOWRANK WARN cannot open LOWRANK_DEBUG_FILE=%s; logging to "
+                   "stderr\n", host, getpid(), (long)syscall(SYS_gettid), f);
     }
   }
 };

@@ -5,6 +5,24 @@
 #include "util/log.h"
 
 namespace lowrank {
+namespace {
+
+// The code's name for the log line (lowrankGetErrorString's text points users to
+// lowrankGetLastError, which the log line itself already is).
+const char* codeName(lowrankResult_t code) {
+  switch (code) {
+    case lowrankUnhandledCudaError: return "unhandled CUDA error";
+    case lowrankSystemError: return "system error";
+    case lowrankInternalError: return "internal error";
+    case lowrankInvalidArgument: return "invalid argument";
+    case lowrankInvalidUsage: return "invalid usage";
+    case lowrankRemoteError: return "remote error";
+    case lowrankTimeout: return "timeout";
+    default: return lowrankGetErrorString(code);
+  }
+}
+
+}  // namespace
 
 Status Status::Error(lowrankResult_t code, const char* fmt, ...) {
   Status s;
@@ -15,7 +33,7 @@ Status Status::Error(lowrankResult_t code, const char* fmt, ...) {
   vsnprintf(buf, sizeof buf, fmt, ap);
   va_end(ap);
   s.msg = buf;
-  LR_WARN("%s: %s", lowrankGetErrorString(code), buf);
+  LR_WARN("%s: %s", codeName(code), buf);
   return s;
 }
 
