@@ -249,8 +249,9 @@ lowrankResult_t lowrankCommUserRank(const lowrankComm_t comm, int* rank);
  *     this, and on the others with a remote error or timeout) or on sum vs avg;
  *   lowrankRemoteError (a peer died or left), lowrankTimeout (LOWRANK_TIMEOUT), lowrankSystemError
  *     (allocation, the transport), lowrankUnhandledCudaError (device buffers), lowrankInternalError.
- * Usage errors leave the communicator usable; the others mark it failed (later calls:
- * lowrankInvalidUsage): destroy it. On error recvbuff may be partly written but the buffer's state
+ * Errors found before any data moves (argument checks, the plan agreement, sum vs avg) leave the
+ * communicator usable; the others, and a mismatch the transport finds midway through a collective,
+ * mark it failed (later calls: lowrankInvalidUsage naming the first error): destroy it. On error recvbuff may be partly written but the buffer's state
  * is reset, never left half-updated. */
 lowrankResult_t lowrankAllReduce(const void* sendbuff, void* recvbuff, size_t count,
                                  lowrankDataType_t datatype, lowrankRedOp_t op,

@@ -431,7 +431,7 @@ void Bench::allocateFor(size_t maxCount, size_t maxTs) {
     h_.fail("the largest size needs about " + std::to_string(int(need / (1 << 30) + 0.5)) +
             " GiB of memory for " + std::to_string(int(ranksHere)) + " comm rank(s) here, and " +
             std::to_string(int(double(avail) / (1 << 30))) +
-            " GiB are available: lower -e (or -t)");
+            " GiB are available (10% kept spare): lower -e (or -t)");
   send_ = allocate(maxCount * maxTs);
   recv_ = allocate(maxCount * maxTs);
   ref_ = allocate(maxCount * sizeof(double));

@@ -51,7 +51,13 @@ Status planBuffer(lowrankComm* comm, BufferState& st, size_t count, lowrankDataT
   if (x.ok() && s.ok()) x = check.read(plan, op, buf, allocated, &exactOnly);
   if (!x.ok() || !s.ok()) {
     st.reset();
-    return x.ok() ? s : x;
+    if (s.ok()) return x;
+    if (x.ok()) return s;
+    // This rank's own mistake (a layout set here only, after the other ranks planned) comes first;
+    // the plan check then met another collective, which broke the communicator.
+    return Status::Error(s.code, "%s; and the plan check with the other comm ranks failed, as they "
+                         "did not make it (was the layout set on this rank only?): %s",
+                         s.msg.c_str(), x.msg.c_str());
   }
   st.plan = std::move(plan);
   st.planned = true;

@@ -76,10 +76,9 @@ ncclResult_t ensureLowrank(ShimComm& c) {
   }
   if (r != lowrankSuccess) {
     c.initError = toNccl(r);
-    SHIM_ERROR("comm %p: cannot make the lowrank communicator: %s (%s); its eligible allreduces "
-               "fail with NCCL error %d",
-               (void*)c.nccl, lowrankGetLastError(nullptr), lowrankGetErrorString(r),
-               int(c.initError));
+    SHIM_ERROR("comm %p: cannot make the lowrank communicator (lowrank result %d): %s; its "
+               "eligible allreduces fail with NCCL error %d",
+               (void*)c.nccl, int(r), lowrankGetLastError(nullptr), int(c.initError));
     if (const char* m = lastError()) c.initMessage = m;
     return c.initError;
   }
@@ -124,12 +123,11 @@ ncclResult_t runCompressed(ShimComm& c, const RecordedCall& call) {
     // Another thread's ncclCommAbort may have freed lr: read nothing more from it then.
     const char* msg = c.aborted.load() ? "the communicator was aborted" : lowrankGetLastError(lr);
     SHIM_ERROR("comm %p (comm rank %d of %d): compressed allreduce of buffer %p (%zu %s, %s) "
-               "failed in %s: %s (%s). The output buffer may be partly written; the allreduce is "
-               "not retried",
+               "failed in %s (lowrank result %d): %s. The output buffer may be partly written; "
+               "the allreduce is not retried",
                (void*)c.nccl, c.rank, c.nranks, call.recv, call.count, dtypeName(call.dtype),
                call.op == 4 ? "avg" : "sum",
-               planned ? "lowrankAllReduce" : "lowrankBufferSetLayout", msg,
-               lowrankGetErrorString(r));
+               planned ? "lowrankAllReduce" : "lowrankBufferSetLayout", int(r), msg);
     // As NCCL would say it: a usage error inside (comm ranks that disagree on the call) stays one.
     return toNccl(r);
   }

@@ -115,7 +115,7 @@ ncclResult_t endComm(ncclComm_t comm, const char* when, bool abort) {
   if (lowrankComm_t lr = c->lr.exchange(nullptr)) {
     Guard g;
     if (lowrankResult_t r = lowrankCommDestroy(lr); r != lowrankSuccess)
-      SHIM_ERROR("comm %p: lowrankCommDestroy: %s", (void*)comm, lowrankGetErrorString(r));
+      SHIM_ERROR("comm %p: lowrankCommDestroy failed (lowrank result %d)", (void*)comm, int(r));
   }
   return ncclSuccess;
 }

@@ -184,4 +184,29 @@ TEST(State, MismatchFoundMidwayFailsTheCommWithAClearMessage) {
   }, cfg);
 }
 
+// A bad layout set on one rank only after the buffer was planned: that rank re-plans alone, so the
+// collectives meet out of step and the communicator fails; but the rank that made the mistake
+// is told its own cause first.
+TEST(State, LateBadLayoutOnOneRankNamesItsOwnCause) {
+  lowrankConfig_t cfg = config();
+  cfg.timeoutSec = 10;
+  std::vector<std::string> msg(2);
+  withComms(2, [&](int r, lowrankComm_t comm) {
+    std::vector<float> g(4096, 1.f);
+    ASSERT_EQ(lowrankAllReduce(g.data(), g.data(), 4096, lowrankFloat32, lowrankSum, comm, nullptr),
+              lowrankSuccess);
+    if (r == 0) {
+      const int ndims[] = {2};
+      const size_t shape[] = {10, 1000};
+      const size_t* shapes[] = {shape};
+      ASSERT_EQ(lowrankBufferSetLayout(comm, g.data(), 1, ndims, shapes), lowrankSuccess);
+    }
+    EXPECT_NE(lowrankAllReduce(g.data(), g.data(), 4096, lowrankFloat32, lowrankSum, comm, nullptr),
+              lowrankSuccess);
+    msg[r] = lowrankGetLastError(comm);
+  }, cfg);
+  EXPECT_NE(msg[0].find("layout holds 10000 elements"), std::string::npos) << msg[0];
+  EXPECT_NE(msg[0].find("on this rank only"), std::string::npos) << msg[0];
+}
+
 }  // namespace

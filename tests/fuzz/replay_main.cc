@@ -50,7 +50,7 @@ int main(int argc, char** argv) {
       if (a == "--runs") runs = v;
       else if (a == "--max-len") maxLen = v;
       else seed = uint64_t(v);
-    } else if (a.rfind("--", 0) == 0) {
+    } else if (a.rfind("--", 0) == 0 || a == "-h") {
       std::fprintf(stderr, "usage: %s [--runs N] [--max-len L] [--seed S] [FILE|DIR]...\n",
                    argv[0]);
       return 2;

@@ -443,7 +443,7 @@ def case_peerdeath(args, tmp):
     check(run.rcs[0] == 1 and "hang" not in e, f"comm rank 0 stopped with an error, no hang "
           f"(rc {run.rcs[0]})")
     check(re.search(r"LOWRANK WARN NCCL shim: comm \S+ \(comm rank 0 of 2\): compressed allreduce of "
-                    r"buffer .* failed in lowrankAllReduce: .*not retried", e) is not None,
+                    r"buffer .* failed in lowrankAllReduce \(lowrank result \d+\): .*not retried", e) is not None,
           "the shim says which compressed allreduce failed, why, and that it is not retried")
     m = re.search(r"nccl_app rank 0: ncclAllReduce\(.*failed: .*\((\d+)\): (.*)", e)
     check(m is not None and int(m.group(1)) in (2, 3, 6),

@@ -295,7 +295,7 @@ Status Exchange::test(Handle h, bool* done) {
                               "ucx: collective #%u: %s comm rank %d (message %u) failed: %s%s", seq_,
                               op.recv ? "receive from" : "send to", op.peer, op.index,
                               ucs_status_string(st),
-                              st == UCS_ERR_MESSAGE_TRUNCATED ? " (counts differ across comm ranks?)" : ""));
+                              st == UCS_ERR_MESSAGE_TRUNCATED ? " (counts or dtypes differ across comm ranks?)" : ""));
   }
   if (op.recv && len != op.bytes)
     return fail(Status::Error(lowrankInvalidUsage, "ucx: collective #%u: comm rank %d sent %zu bytes, "
