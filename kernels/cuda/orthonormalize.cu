@@ -156,6 +156,14 @@ __device__ __forceinline__ void householder(double* a, double* v, double* active
   }
 }
 
+// Element idx of matrix d as (r, j): the index walks the storage in order where a stride is 1.
+__device__ __forceinline__ void elementOf(const OrthoDesc& d, uint64_t idx, uint64_t* r,
+                                         uint64_t* j) {
+  const bool rowMajor = d.colStride == 1;
+  *r = rowMajor ? idx / d.k : idx % d.n;
+  *j = rowMajor ? idx % d.k : idx / d.n;
+}
+
 __global__ void __launch_bounds__(kOrthoThreads)
     orthoKernel(const OrthoDesc* __restrict mats, const uint64_t* __restrict wsOff,
                 const uint64_t* __restrict flagOff, float* __restrict base, double* __restrict ws,
@@ -171,11 +179,10 @@ __global__ void __launch_bounds__(kOrthoThreads)
   if (k == 0 || n == 0) return;
   double* a = ws + wsOff[blockIdx.x];
   float* m = base + d.offset;
-  // Element (r, j) of the matrix; the loop walks the storage in order where a stride is 1.
-  const bool rowMajor = d.colStride == 1;
   const uint64_t count = n * k;
   for (uint64_t idx = threadIdx.x; idx < count; idx += kOrthoThreads) {
-    const uint64_t r = rowMajor ? idx / k : idx % n, j = rowMajor ? idx % k : idx / n;
+    uint64_t r, j;
+    elementOf(d, idx, &r, &j);
     a[j * n + r] = m[r * d.rowStride + j * d.colStride];
   }
   __syncthreads();
@@ -185,7 +192,8 @@ __global__ void __launch_bounds__(kOrthoThreads)
     householder(a, a + count, a + 2 * count, n, k, sh);
   __syncthreads();
   for (uint64_t idx = threadIdx.x; idx < count; idx += kOrthoThreads) {
-    const uint64_t r = rowMajor ? idx / k : idx % n, j = rowMajor ? idx % k : idx / n;
+    uint64_t r, j;
+    elementOf(d, idx, &r, &j);
     m[r * d.rowStride + j * d.colStride] = float(a[j * n + r]);
   }
 }
@@ -540,14 +548,6 @@ __global__ void __launch_bounds__(kMultiThreads)
 // rank-deficient one, both give orthonormal columns with no NaN, but the columns past the rank
 // may differ (any completion). The copies in and out take denseSlices CUDA blocks per matrix.
 
-// Element idx of matrix x in (r, j), walking its storage in order where a stride is 1.
-__device__ __forceinline__ void denseElement(const OrthoDesc& d, uint64_t idx, uint64_t* r,
-                                            uint64_t* j) {
-  const bool rowMajor = d.colStride == 1;
-  *r = rowMajor ? idx / d.k : idx % d.n;
-  *j = rowMajor ? idx % d.k : idx / d.n;
-}
-
 // The matrices, float32 -> float64 column-major.
 __global__ void __launch_bounds__(kOrthoThreads)
     denseLoadKernel(const OrthoDense* __restrict dense, uint32_t slices,
@@ -559,7 +559,7 @@ __global__ void __launch_bounds__(kOrthoThreads)
   for (uint64_t idx = (blockIdx.x % slices) * uint64_t(kOrthoThreads) + threadIdx.x; idx < count;
        idx += step) {
     uint64_t r, j;
-    denseElement(x.d, idx, &r, &j);
+    elementOf(x.d, idx, &r, &j);
     a[j * x.d.n + r] = m[r * x.d.rowStride + j * x.d.colStride];
   }
 }
@@ -597,7 +597,7 @@ __global__ void __launch_bounds__(kOrthoThreads)
   for (uint64_t idx = (blockIdx.x % slices) * uint64_t(kOrthoThreads) + threadIdx.x; idx < count;
        idx += step) {
     uint64_t r, j;
-    denseElement(x.d, idx, &r, &j);
+    elementOf(x.d, idx, &r, &j);
     m[r * x.d.rowStride + j * x.d.colStride] = float(a[j * x.d.n + r] * d[j]);
   }
 }
