@@ -1,0 +1,32 @@
+"""lowrank: PowerSGD compressed allreduce with error feedback, from Python.
+
+A thin ctypes binding of lowrank's C API (include/lowrank/lowrank.h): communicators, the
+allreduce of torch tensors and NumPy arrays, per-buffer layout, view, stats and config.
+PyTorch's DDP communication hook is in lowrank.torch (imported on its own: it needs torch).
+
+Method: Vogels, Karimireddy, Jaggi, "PowerSGD: Practical Low-Rank Gradient Compression for
+Distributed Optimization", NeurIPS 2019 (arXiv 1905.13727).
+"""
+from ._capi import BufferView, Config, Stats, load as load_library
+from .comm import Communicator, get_unique_id, make_config, nccl_unique_id
+from .errors import InvalidArgumentError, LibraryNotFoundError, LowrankError
+
+__version__ = "0.1.0"
+
+
+def library_path():
+    """Path of the liblowrank that was loaded (loads it if needed; LibraryNotFoundError if none)."""
+    return load_library().lowrank_path
+
+
+def library_version():
+    """lowrankGetVersion of the loaded library, e.g. 100 for 0.1.0."""
+    import ctypes
+    v = ctypes.c_int()
+    load_library().lowrankGetVersion(ctypes.byref(v))
+    return v.value
+
+
+__all__ = ["Communicator", "get_unique_id", "nccl_unique_id", "make_config", "LowrankError",
+           "InvalidArgumentError", "LibraryNotFoundError", "library_path", "library_version",
+           "BufferView", "Config", "Stats"]

@@ -1,0 +1,180 @@
+"""ctypes declarations of lowrank's C API (include/lowrank/lowrank.h), and the loading of liblowrank.
+
+Why ctypes and not an extension module: one pure-Python package serves every Python and every torch
+(Debian's 1.13, PyPI's 2.x) with no compiler and no build per interpreter, and it sees exactly the
+ABI-stable C API that C users see. ctypes.CDLL releases the GIL for the duration of every foreign
+call, so a blocking allreduce never stalls the interpreter's other threads.
+
+The library is looked up, first found wins:
+  1. LOWRANK_LIBRARY: a path to liblowrank.so or to the folder holding it (when set, nothing else
+     is tried: an explicit choice is never silently replaced);
+  2. next to the package: lowrank/liblowrank.so*, the library folder recorded at `meson install`
+     (lowrank/_install.py), and, for a package used from a source checkout, build*/ of that checkout;
+  3. the system's paths (the dynamic loader's: ld.so.cache, LD_LIBRARY_PATH).
+"""
+import ctypes
+import glob
+import os
+import threading
+
+from .errors import LibraryNotFoundError
+
+# ---- Enums (values of lowrank.h, equal to NCCL's) ----------------------------------------------
+
+RESULT_NAMES = {0: "lowrankSuccess", 1: "lowrankUnhandledCudaError", 2: "lowrankSystemError",
+                3: "lowrankInternalError", 4: "lowrankInvalidArgument", 5: "lowrankInvalidUsage",
+                6: "lowrankRemoteError", 7: "lowrankInProgress", 8: "lowrankTimeout"}
+SUCCESS, INVALID_ARGUMENT, INVALID_USAGE = 0, 4, 5
+
+# dtype name -> lowrankDataType_t
+DTYPES = {"int8": 0, "uint8": 1, "int32": 2, "uint32": 3, "int64": 4, "uint64": 5,
+          "float16": 6, "float32": 7, "float64": 8, "bfloat16": 9}
+COMPRESSED_DTYPES = ("float32", "float16", "bfloat16")
+OPS = {"sum": 0, "prod": 1, "max": 2, "min": 3, "avg": 4}
+
+UNIQUE_ID_BYTES = 128
+CONFIG_MAGIC = 0x4C52434B
+UNDEF_INT, UNDEF_DOUBLE, UNDEF_SEED = -2147483648, -1.0, -1
+
+
+class UniqueId(ctypes.Structure):
+    """lowrankUniqueId: 128 opaque bytes (the root's bootstrap address and a secret)."""
+    _fields_ = [("internal", ctypes.c_char * UNIQUE_ID_BYTES)]
+
+
+class Config(ctypes.Structure):
+    """lowrankConfig_t. Fields left at their UNDEF value come from LOWRANK_* or the default."""
+    _fields_ = [("size", ctypes.c_size_t), ("magic", ctypes.c_uint), ("version", ctypes.c_uint),
+                ("approxRank", ctypes.c_int), ("minCompressionRate", ctypes.c_double),
+                ("startIter", ctypes.c_int), ("errorFeedback", ctypes.c_int),
+                ("warmStart", ctypes.c_int), ("orthoEpsilon", ctypes.c_double),
+                ("seed", ctypes.c_longlong), ("timeoutSec", ctypes.c_double),
+                ("pipeline", ctypes.c_int)]
+
+    @classmethod
+    def initializer(cls):
+        """LOWRANK_CONFIG_INITIALIZER: every field unset."""
+        return cls(ctypes.sizeof(cls), CONFIG_MAGIC, 100, UNDEF_INT, UNDEF_DOUBLE, UNDEF_INT,
+                   UNDEF_INT, UNDEF_INT, UNDEF_DOUBLE, UNDEF_SEED, UNDEF_DOUBLE, UNDEF_INT)
+
+
+class BufferView(ctypes.Structure):
+    """lowrankBufferView_t."""
+    _fields_ = [("planned", ctypes.c_int), ("perTensor", ctypes.c_int), ("ntensors", ctypes.c_int),
+                ("ncompressed", ctypes.c_int), ("rows", ctypes.c_size_t), ("cols", ctypes.c_size_t),
+                ("padded", ctypes.c_size_t), ("approxRank", ctypes.c_int),
+                ("calls", ctypes.c_size_t), ("pElements", ctypes.c_size_t),
+                ("qElements", ctypes.c_size_t), ("exactElements", ctypes.c_size_t),
+                ("chunks", ctypes.c_size_t)]
+
+
+class Stats(ctypes.Structure):
+    """lowrankStats_t."""
+    _fields_ = [("calls", ctypes.c_uint64), ("compressedCalls", ctypes.c_uint64),
+                ("fallbackCalls", ctypes.c_uint64), ("compressedElements", ctypes.c_uint64),
+                ("exactElements", ctypes.c_uint64), ("payloadElements", ctypes.c_uint64),
+                ("elementsSent", ctypes.c_uint64), ("bytesSent", ctypes.c_uint64),
+                ("ratio", ctypes.c_double), ("stateBytes", ctypes.c_uint64),
+                ("buffers", ctypes.c_uint64)]
+
+
+class NcclUniqueId(ctypes.Structure):
+    """ncclUniqueId: 128 opaque bytes."""
+    _fields_ = [("internal", ctypes.c_char * 128)]
+
+
+def struct_to_dict(s):
+    """A ctypes structure as a plain dict of its fields."""
+    return {name: getattr(s, name) for name, _ in s._fields_}
+
+
+# ---- Loading -------------------------------------------------------------------------------------
+
+_P, _I, _Z = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t
+_R = ctypes.c_int  # lowrankResult_t
+_PROTOTYPES = {
+    "lowrankGetVersion": (_R, [ctypes.POINTER(_I)]),
+    "lowrankGetErrorString": (ctypes.c_char_p, [_R]),
+    "lowrankGetLastError": (ctypes.c_char_p, [_P]),
+    "lowrankGetUniqueId": (_R, [ctypes.POINTER(UniqueId)]),
+    "lowrankCommInitRankConfig": (_R, [ctypes.POINTER(_P), _I, UniqueId, _I, ctypes.POINTER(Config)]),
+    "lowrankCommInitFromEnvConfig": (_R, [ctypes.POINTER(_P), ctypes.POINTER(Config)]),
+    "lowrankCommDestroy": (_R, [_P]),
+    "lowrankCommAbort": (_R, [_P]),
+    "lowrankCommGetConfig": (_R, [_P, ctypes.POINTER(Config)]),
+    "lowrankCommCount": (_R, [_P, ctypes.POINTER(_I)]),
+    "lowrankCommUserRank": (_R, [_P, ctypes.POINTER(_I)]),
+    "lowrankAllReduce": (_R, [_P, _P, _Z, _I, _I, _P, _P]),
+    "lowrankBufferSetLayout": (_R, [_P, _P, _I, ctypes.POINTER(_I), ctypes.POINTER(ctypes.POINTER(_Z))]),
+    "lowrankBufferGetView": (_R, [_P, _P, ctypes.POINTER(BufferView)]),
+    "lowrankBufferReset": (_R, [_P, _P]),
+    "lowrankBufferRelease": (_R, [_P, _P]),
+    "lowrankGetStats": (_R, [_P, ctypes.POINTER(Stats)]),
+}
+# Present only where the library was built with NCCL's header (lowrank_nccl.h).
+_OPTIONAL = {
+    "lowrankNcclGetUniqueId": (_R, [ctypes.POINTER(NcclUniqueId)]),
+    "lowrankCommInitNcclRank": (_R, [ctypes.POINTER(_P), _I, NcclUniqueId, _I, ctypes.POINTER(Config)]),
+}
+
+_lock = threading.Lock()
+_lib = None
+
+
+def _candidates():
+    """(paths to try in order, whether LOWRANK_LIBRARY decided them)."""
+    env = os.environ.get("LOWRANK_LIBRARY", "")
+    if env:
+        if os.path.isdir(env):
+            return [os.path.join(env, "liblowrank.so")], True
+        return [env], True
+    here = os.path.dirname(os.path.abspath(__file__))
+    paths = sorted(glob.glob(os.path.join(here, "liblowrank.so*")))
+    try:
+        from . import _install  # written by `meson install`
+        paths.append(os.path.join(_install.LIBDIR, "liblowrank.so"))
+    except ImportError:
+        pass
+    checkout = os.path.dirname(os.path.dirname(here))  # python/lowrank -> the repository
+    if os.path.exists(os.path.join(checkout, "meson.build")):
+        builds = glob.glob(os.path.join(checkout, "build*", "liblowrank.so"))
+        paths += sorted(builds, key=os.path.getmtime, reverse=True)  # the newest build first
+    paths += ["liblowrank.so.0", "liblowrank.so"]  # the dynamic loader's search
+    return paths, False
+
+
+def load():
+    """The loaded liblowrank (a ctypes.CDLL with prototypes set), loaded once per process.
+
+    Raises LibraryNotFoundError naming every path tried and why each failed."""
+    global _lib
+    with _lock:
+        if _lib is not None:
+            return _lib
+        paths, from_env = _candidates()
+        tried = []
+        for path in paths:
+            if os.sep in path and not os.path.exists(path):
+                tried.append(f"{path} (no such file)")
+                continue
+            try:
+                lib = ctypes.CDLL(path)
+            except OSError as e:
+                tried.append(f"{path} ({e})")
+                continue
+            if not hasattr(lib, "lowrankAllReduce"):
+                tried.append(f"{path} (not liblowrank: no lowrankAllReduce)")
+                continue
+            for name, (res, args) in _PROTOTYPES.items():
+                fn = getattr(lib, name)
+                fn.restype, fn.argtypes = res, args
+            for name, (res, args) in _OPTIONAL.items():
+                if hasattr(lib, name):
+                    fn = getattr(lib, name)
+                    fn.restype, fn.argtypes = res, args
+            lib.lowrank_path = path
+            _lib = lib
+            return lib
+        how = "LOWRANK_LIBRARY is set" if from_env else \
+            "set LOWRANK_LIBRARY to liblowrank.so, or build it (scripts/build.sh) or install it (meson install)"
+        raise LibraryNotFoundError("liblowrank not found (" + how + "); tried: " + "; ".join(tried))

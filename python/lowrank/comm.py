@@ -1,0 +1,270 @@
+"""Communicator: lowrank's communicator (lowrankComm_t) from Python.
+
+Thread safety: a Communicator serializes its own calls (a lock), so it may be shared between
+threads; abort() may be called from any thread while a call runs and makes that call return.
+Every C call runs with the GIL released (ctypes), so other Python threads go on meanwhile.
+"""
+import ctypes
+import threading
+
+from . import _capi
+from ._buffers import describe
+from .errors import InvalidArgumentError, LowrankError, error_for
+
+# Python keyword -> lowrankConfig_t field (lowrank.h documents ranges and defaults).
+CONFIG_FIELDS = {"approx_rank": "approxRank", "min_compression_rate": "minCompressionRate",
+                 "start_iter": "startIter", "error_feedback": "errorFeedback",
+                 "warm_start": "warmStart", "ortho_epsilon": "orthoEpsilon", "seed": "seed",
+                 "timeout": "timeoutSec", "pipeline": "pipeline"}
+
+
+def make_config(**kwargs):
+    """A lowrankConfig_t with the given fields set (keywords of CONFIG_FIELDS; None = unset: the
+    LOWRANK_* variable or the default applies). Unknown keywords raise TypeError."""
+    cfg = _capi.Config.initializer()
+    for key, value in kwargs.items():
+        if key not in CONFIG_FIELDS:
+            raise TypeError(f"unknown lowrank config field {key!r} (known: {', '.join(CONFIG_FIELDS)})")
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            value = int(value)
+        setattr(cfg, CONFIG_FIELDS[key], value)
+    return cfg
+
+
+def _fail(lib, code, function, handle=None):
+    """The exception of a failed call, with lowrank's message (read on the calling thread)."""
+    msg = lib.lowrankGetLastError(handle)
+    return error_for(code, (msg or b"").decode(errors="replace") or lib.lowrankGetErrorString(code).decode(),
+                     function)
+
+
+def get_unique_id():
+    """lowrankGetUniqueId: 128 bytes to hand to every comm rank (made on comm rank 0, which then
+    listens for the others). Raises LowrankError."""
+    lib = _capi.load()
+    uid = _capi.UniqueId()
+    rc = lib.lowrankGetUniqueId(ctypes.byref(uid))
+    if rc:
+        raise _fail(lib, rc, "lowrankGetUniqueId")
+    return ctypes.string_at(ctypes.addressof(uid), ctypes.sizeof(uid))  # NULs included
+
+
+def nccl_unique_id():
+    """lowrankNcclGetUniqueId: an NCCL unique id (128 bytes) from the NCCL library lowrank uses."""
+    lib = _capi.load()
+    if not hasattr(lib, "lowrankNcclGetUniqueId"):
+        raise LowrankError(5, f"{lib.lowrank_path} was built without NCCL's header: no NCCL "
+                              "communicators", "lowrankNcclGetUniqueId")
+    uid = _capi.NcclUniqueId()
+    rc = lib.lowrankNcclGetUniqueId(ctypes.byref(uid))
+    if rc:
+        raise _fail(lib, rc, "lowrankNcclGetUniqueId")
+    return ctypes.string_at(ctypes.addressof(uid), ctypes.sizeof(uid))  # NULs included
+
+
+class Communicator:
+    """A group of comm ranks that allreduce together, and the PowerSGD state of every buffer
+    allreduced on it (keyed by the output buffer's address).
+
+    Make one with init_rank (a unique id), from_env (a launcher's variables), from_nccl_id (a new
+    NCCL communicator, for CUDA tensors) or lowrank.torch.communicator_from_process_group. The
+    method: PowerSGD (Vogels, Karimireddy, Jaggi, NeurIPS 2019), see lowrank.h."""
+
+    def __init__(self, handle, device="cpu"):
+        self._lib = _capi.load()
+        self._handle = handle
+        self._lock = threading.Lock()
+        self.device = device  # "cpu": host communicator (UCX); "cuda": over NCCL
+        self.size = self._int_query("lowrankCommCount")
+        self.rank = self._int_query("lowrankCommUserRank")
+
+    # ---- construction --------------------------------------------------------------------------
+    @classmethod
+    def init_rank(cls, nranks, unique_id, rank, **config):
+        """lowrankCommInitRankConfig: collective over nranks callers (threads or processes) that
+        share unique_id (bytes from get_unique_id). config: keywords of CONFIG_FIELDS."""
+        lib = _capi.load()
+        if not isinstance(unique_id, (bytes, bytearray)) or len(unique_id) != _capi.UNIQUE_ID_BYTES:
+            raise InvalidArgumentError(4, f"unique_id must be {_capi.UNIQUE_ID_BYTES} bytes from "
+                                          "get_unique_id()", "lowrankCommInitRank")
+        uid = _capi.UniqueId.from_buffer_copy(bytes(unique_id))
+        cfg = make_config(**config)
+        h = ctypes.c_void_p()
+        rc = lib.lowrankCommInitRankConfig(ctypes.byref(h), int(nranks), uid, int(rank), ctypes.byref(cfg))
+        if rc:
+            raise _fail(lib, rc, "lowrankCommInitRank")
+        return cls(h.value)
+
+    @classmethod
+    def from_env(cls, **config):
+        """lowrankCommInitFromEnvConfig: comm rank and size from the launcher's variables (RANK,
+        WORLD_SIZE, MASTER_ADDR, MASTER_PORT + 1, or LOWRANK_*/Open MPI/Slurm: docs/launching.md)."""
+        lib = _capi.load()
+        cfg = make_config(**config)
+        h = ctypes.c_void_p()
+        rc = lib.lowrankCommInitFromEnvConfig(ctypes.byref(h), ctypes.byref(cfg))
+        if rc:
+            raise _fail(lib, rc, "lowrankCommInitFromEnv")
+        return cls(h.value)
+
+    @classmethod
+    def from_nccl_id(cls, nranks, nccl_id, rank, **config):
+        """lowrankCommInitNcclRank: a new NCCL communicator on the current CUDA device, owned by
+        the returned communicator (for CUDA tensors; host buffers work too, as NCCL allows)."""
+        lib = _capi.load()
+        if not hasattr(lib, "lowrankCommInitNcclRank"):
+            raise LowrankError(5, f"{lib.lowrank_path} was built without NCCL's header",
+                               "lowrankCommInitNcclRank")
+        if not isinstance(nccl_id, (bytes, bytearray)) or len(nccl_id) != 128:
+            raise InvalidArgumentError(4, "nccl_id must be 128 bytes from nccl_unique_id()",
+                                       "lowrankCommInitNcclRank")
+        uid = _capi.NcclUniqueId.from_buffer_copy(bytes(nccl_id))
+        cfg = make_config(**config)
+        h = ctypes.c_void_p()
+        rc = lib.lowrankCommInitNcclRank(ctypes.byref(h), int(nranks), uid, int(rank), ctypes.byref(cfg))
+        if rc:
+            raise _fail(lib, rc, "lowrankCommInitNcclRank")
+        return cls(h.value, device="cuda")
+
+    # ---- the allreduce -----------------------------------------------------------------------
+    def allreduce(self, sendbuf, recvbuf=None, op="avg", stream=None):
+        """Allreduce sendbuf into recvbuf (in place when recvbuf is None or the same object) and
+        return recvbuf. Both: contiguous torch tensors or NumPy arrays of the same dtype and
+        number of elements on the same device. float32/float16/bfloat16 with op "avg" or "sum" are
+        compressed (PowerSGD with error feedback: the result approximates the exact allreduce and
+        is identical on every comm rank); other dtypes and ops ("max", "min", "prod") are exact.
+        State is kept per recvbuf address: reuse the same buffer from call to call.
+        CUDA tensors: the call is queued on `stream` (a torch.cuda.Stream or a cudaStream_t as an
+        int; default the current stream) and returns once queued.
+        Raises InvalidArgumentError (bad arrays, dtype, op) or LowrankError (lowrank.h's errors)."""
+        if recvbuf is None:
+            recvbuf = sendbuf
+        s, r = describe(sendbuf, "sendbuf"), describe(recvbuf, "recvbuf")
+        if (s.dtype, s.count, s.device, s.index) != (r.dtype, r.count, r.device, r.index):
+            raise InvalidArgumentError(4, f"sendbuf ({s.count} {s.dtype} on {s.device}) and recvbuf "
+                                          f"({r.count} {r.dtype} on {r.device}) differ", "allreduce")
+        if op not in _capi.OPS:
+            raise InvalidArgumentError(4, f"op {op!r} is not one of {', '.join(_capi.OPS)}", "allreduce")
+        handle = None
+        if r.device == "cuda":
+            handle = _cuda_stream(stream, r.index)
+        self._call("lowrankAllReduce", ctypes.c_void_p(s.ptr), ctypes.c_void_p(r.ptr), r.count,
+                   _capi.DTYPES[r.dtype], _capi.OPS[op], _COMM, ctypes.c_void_p(handle))
+        return recvbuf
+
+    # ---- per-buffer state --------------------------------------------------------------------
+    def set_layout(self, buffer, shapes):
+        """Declare the tensors packed in `buffer` (a tensor/array, or its address as an int):
+        shapes is a sequence of tensor shapes, in order, whose elements add up to the buffer's
+        count. Tensors of >= 2 dimensions are viewed as (shape[0], prod(shape[1:])) and compressed
+        if they pass the compression-rate test; 1-D ones are exact. Resets the buffer's state."""
+        shapes = [tuple(int(d) for d in s) for s in shapes]
+        n = len(shapes)
+        if n == 0:
+            raise InvalidArgumentError(4, "set_layout: no shapes", "lowrankBufferSetLayout")
+        ndims = (ctypes.c_int * n)(*[len(s) for s in shapes])
+        rows = [(ctypes.c_size_t * max(1, len(s)))(*s) for s in shapes]
+        ptrs = (ctypes.POINTER(ctypes.c_size_t) * n)(*[ctypes.cast(a, ctypes.POINTER(ctypes.c_size_t)) for a in rows])
+        self._call("lowrankBufferSetLayout", self._addr(buffer), n, ndims, ptrs)
+
+    def view(self, buffer):
+        """lowrankBufferGetView as a dict (planned, perTensor, ncompressed, approxRank, calls, ...)."""
+        v = _capi.BufferView()
+        self._call("lowrankBufferGetView", self._addr(buffer), ctypes.byref(v))
+        return _capi.struct_to_dict(v)
+
+    def reset(self, buffer):
+        """Drop the buffer's residual and factors (its layout stays): the next call starts afresh."""
+        self._call("lowrankBufferReset", self._addr(buffer))
+
+    def release(self, buffer):
+        """Free everything held for the buffer, its layout included."""
+        self._call("lowrankBufferRelease", self._addr(buffer))
+
+    # ---- queries -------------------------------------------------------------------------------
+    def stats(self):
+        """lowrankGetStats as a dict: calls, compressedCalls, fallbackCalls, compressedElements,
+        exactElements, payloadElements, elementsSent, bytesSent, ratio, stateBytes, buffers."""
+        st = _capi.Stats()
+        self._call("lowrankGetStats", ctypes.byref(st))
+        return _capi.struct_to_dict(st)
+
+    def config(self):
+        """The configuration in force (every field resolved), as a dict of CONFIG_FIELDS keys."""
+        cfg = _capi.Config.initializer()
+        self._call("lowrankCommGetConfig", ctypes.byref(cfg))
+        return {key: getattr(cfg, field) for key, field in CONFIG_FIELDS.items()}
+
+    # ---- lifetime ------------------------------------------------------------------------------
+    def destroy(self):
+        """lowrankCommDestroy (not collective). Later calls raise; a second destroy does nothing."""
+        with self._lock:
+            h, self._handle = self._handle, None
+            if h:
+                self._lib.lowrankCommDestroy(ctypes.c_void_p(h))
+
+    def abort(self):
+        """lowrankCommAbort: a call blocked on this communicator (another thread) returns promptly
+        with an error; then the communicator is freed. Callable from any thread."""
+        h, self._handle = self._handle, None  # without the lock: a call may hold it
+        if h:
+            self._lib.lowrankCommAbort(ctypes.c_void_p(h))
+
+    @property
+    def closed(self):
+        return self._handle is None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.destroy()
+
+    def __del__(self):
+        try:
+            self.destroy()
+        except Exception:
+            pass
+
+    def __repr__(self):
+        state = "closed" if self.closed else f"comm rank {self.rank} of {self.size}"
+        return f"<lowrank.Communicator {self.device}, {state}>"
+
+    # ---- internals -----------------------------------------------------------------------------
+    def _int_query(self, fn):
+        out = ctypes.c_int()
+        self._call(fn, ctypes.byref(out))
+        return out.value
+
+    def _addr(self, buffer):
+        if isinstance(buffer, int):
+            return ctypes.c_void_p(buffer)
+        return ctypes.c_void_p(describe(buffer, "buffer").ptr)
+
+    def _call(self, fn, *args):
+        with self._lock:
+            h = self._handle
+            if h is None:
+                raise LowrankError(5, "the communicator was destroyed or aborted", fn)
+            comm = ctypes.c_void_p(h)
+            if _COMM in args:  # the comm is not the first argument (lowrankAllReduce)
+                rc = getattr(self._lib, fn)(*[comm if a is _COMM else a for a in args])
+            else:
+                rc = getattr(self._lib, fn)(comm, *args)
+            if rc:
+                raise _fail(self._lib, rc, fn, ctypes.c_void_p(h))
+
+
+_COMM = object()  # stands for the communicator's handle in _call's arguments
+
+
+def _cuda_stream(stream, index):
+    """cudaStream_t (int) of `stream`: None -> torch's current stream on device `index`."""
+    if stream is None:
+        import torch
+        return torch.cuda.current_stream(index).cuda_stream
+    if isinstance(stream, int):
+        return stream
+    return stream.cuda_stream

@@ -1,0 +1,12 @@
+"""lowrank for PyTorch: a DDP communication hook with PowerSGD, drop-in for PyTorch's own.
+
+    from lowrank.torch import PowerSGDState, powerSGD_hook
+    state = PowerSGDState(process_group=None, matrix_approximation_rank=4, start_powerSGD_iter=10)
+    ddp_model.register_comm_hook(state, powerSGD_hook)
+
+Differences from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook: docs/pytorch.md.
+"""
+from .hook import PowerSGDState, powerSGD_hook
+from .process_group import communicator_from_process_group
+
+__all__ = ["PowerSGDState", "powerSGD_hook", "communicator_from_process_group"]

@@ -1,0 +1,62 @@
+"""The thread that runs a communicator's calls for the hook, one per communicator.
+
+DDP calls the hook bucket by bucket, in bucket order, on every rank. The worker runs the jobs in
+the order they were submitted, so every comm rank issues its lowrank calls in the same order
+(which the C API requires), while backward goes on computing the next buckets' gradients. A job's
+result or exception completes its torch future from this thread.
+"""
+import queue
+import threading
+
+
+class Worker:
+    """A FIFO of jobs (callables) run by one daemon thread, started at the first submit."""
+
+    def __init__(self, name):
+        self._name = name
+        self._jobs = queue.SimpleQueue()
+        self._thread = None
+        self._lock = threading.Lock()
+
+    def submit(self, job, future=None):
+        """Queue job(); its return value (or exception) completes `future` when given. A job
+        without a future that raises is re-raised by the next job's future instead."""
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+                self._thread.start()
+        self._jobs.put((job, future))
+
+    def drain(self):
+        """Wait until every job submitted so far has run."""
+        done = threading.Event()
+        self.submit(done.set)
+        done.wait()
+
+    def stop(self):
+        """Run what is queued, then end the thread."""
+        with self._lock:
+            thread, self._thread = self._thread, None
+        if thread is not None:
+            self._jobs.put((None, None))
+            thread.join()
+
+    def _run(self):
+        pending_error = None
+        while True:
+            job, future = self._jobs.get()
+            if job is None:
+                return
+            try:
+                if pending_error is not None and future is not None:
+                    err, pending_error = pending_error, None
+                    raise err
+                result = job()
+            except BaseException as e:  # noqa: B902 - every failure goes to a future
+                if future is None:
+                    pending_error = e
+                else:
+                    future.set_exception(e)
+                continue
+            if future is not None:
+                future.set_result(result)
