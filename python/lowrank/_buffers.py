@@ -22,44 +22,44 @@ class Buffer:
     index: int      # CUDA device index (-1 for host memory)
 
 
-def describe(x, what="tensor"):
+def describe(x, what="tensor", function="allreduce"):
     """Buffer of a contiguous torch tensor or NumPy array; InvalidArgumentError otherwise
     (non-contiguous, sparse, empty, an unsupported dtype or device, a read-only array)."""
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(x, torch.Tensor):
-        return _describe_tensor(x, what)
+        return _describe_tensor(x, what, function)
     np = sys.modules.get("numpy")
     if np is not None and isinstance(x, np.ndarray):
-        return _describe_ndarray(x, what)
+        return _describe_ndarray(x, what, function)
     raise InvalidArgumentError(4, f"{what} must be a torch.Tensor or a numpy.ndarray, "
-                                  f"not {type(x).__name__}", "allreduce")
+                                  f"not {type(x).__name__}", function)
 
 
-def _describe_tensor(t, what):
+def _describe_tensor(t, what, function):
     if t.layout != sys.modules["torch"].strided:
-        raise InvalidArgumentError(4, f"{what} is {t.layout}: only dense (strided) tensors", "allreduce")
+        raise InvalidArgumentError(4, f"{what} is {t.layout}: only dense (strided) tensors", function)
     if not t.is_contiguous():
         raise InvalidArgumentError(4, f"{what} is not contiguous (shape {tuple(t.shape)}, stride "
-                                      f"{t.stride()}): call .contiguous() first", "allreduce")
+                                      f"{t.stride()}): call .contiguous() first", function)
     dtype = _TORCH_DTYPES.get(str(t.dtype))
     if dtype is None:
         raise InvalidArgumentError(4, f"{what} has dtype {t.dtype}: lowrank takes "
-                                      f"{', '.join(_TORCH_DTYPES.values())}", "allreduce")
+                                      f"{', '.join(_TORCH_DTYPES.values())}", function)
     if t.device.type not in ("cpu", "cuda"):
-        raise InvalidArgumentError(4, f"{what} is on {t.device}: only cpu and cuda", "allreduce")
+        raise InvalidArgumentError(4, f"{what} is on {t.device}: only cpu and cuda", function)
     if t.numel() == 0:
-        raise InvalidArgumentError(4, f"{what} is empty", "allreduce")
+        raise InvalidArgumentError(4, f"{what} is empty", function)
     index = t.device.index if t.device.type == "cuda" else -1
     return Buffer(t.data_ptr(), t.numel(), dtype, t.device.type, index)
 
 
-def _describe_ndarray(a, what):
+def _describe_ndarray(a, what, function):
     if not a.flags.c_contiguous:
         raise InvalidArgumentError(4, f"{what} is not C-contiguous: use numpy.ascontiguousarray",
-                                   "allreduce")
+                                   function)
     if a.dtype.name not in DTYPES or a.dtype.byteorder == ">":
         raise InvalidArgumentError(4, f"{what} has dtype {a.dtype}: lowrank takes "
-                                      "native-endian float16/32/64, int8/32/64, uint8/32/64", "allreduce")
+                                      "native-endian float16/32/64, int8/32/64, uint8/32/64", function)
     if a.size == 0:
-        raise InvalidArgumentError(4, f"{what} is empty", "allreduce")
+        raise InvalidArgumentError(4, f"{what} is empty", function)
     return Buffer(a.ctypes.data, a.size, a.dtype.name, "cpu", -1)

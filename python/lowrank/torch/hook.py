@@ -211,7 +211,7 @@ def powerSGD_hook(state, bucket):
     the future completes with LowrankError when lowrank fails (a dead peer, ranks whose buckets
     differ: lowrankInvalidUsage on every rank)."""
     buf = bucket.buffer()
-    info = describe(buf, f"bucket {bucket.index()}'s buffer")
+    info = describe(buf, f"bucket {bucket.index()}'s buffer", "powerSGD_hook")
     for g in bucket.gradients():
         if g.device != buf.device:
             raise InvalidArgumentError(4, f"bucket {bucket.index()} mixes devices: a gradient on "
@@ -243,7 +243,14 @@ def powerSGD_hook(state, bucket):
 
     state._workers[device].submit(job, fut)
     _maybe_log_stats(state)
-    return fut
+    # torch's Future.set_exception stores the exception as the value (a Python-side unwrap), which
+    # DDP's C++ reads as "Unable to cast ... to Tensor"; re-raised inside then(), it becomes the
+    # child future's error, and backward raises RuntimeError with lowrank's message.
+    return fut.then(_value)
+
+
+def _value(fut):
+    return fut.wait()
 
 
 def _maybe_log_stats(state):
