@@ -1,0 +1,97 @@
+#!/usr/bin/env python3
+"""Data-parallel training on CPU with lowrank's PowerSGD hook: DDP over gloo, the digits CNN of
+perf/data/README.md on scikit-learn's digits images (perf/data/digits).
+
+Launch one process per worker, with torchrun:
+    torchrun --nproc_per_node 4 examples/ddp_cpu.py
+or by hand with torchrun's variables (Debian's torchrun fails on Python 3.11), which --spawn does:
+    python3 examples/ddp_cpu.py --spawn 4
+Prints per epoch the training loss, the test accuracy and lowrank's counters.
+"""
+import argparse
+import datetime
+import os
+import subprocess
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "perf", "train"))  # digits.py: data and model
+sys.path.insert(0, os.path.join(HERE, "..", "python"))         # lowrank, when not installed
+import digits  # noqa: E402
+from lowrank.torch import PowerSGDState, powerSGD_hook  # noqa: E402
+
+
+def spawn(n, argv):
+    """Starts n copies of this script with torchrun's variables; returns the worst exit code."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = [subprocess.Popen([sys.executable, __file__] + argv,
+                              env=dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(n),
+                                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)))
+             for r in range(n)]
+    return max(abs(p.wait()) for p in procs)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--spawn", type=int, metavar="N", help="start N worker processes on this host")
+    ap.add_argument("--epochs", type=int, default=8)
+    ap.add_argument("--rank", type=int, default=4, help="approximation rank k (0: no compression)")
+    ap.add_argument("--start-iter", type=int, default=10, help="exact steps before compression")
+    ap.add_argument("--batch", type=int, default=32, help="images per worker per step")
+    ap.add_argument("--lr", type=float, default=0.05)
+    args, rest = ap.parse_known_args()
+    if args.spawn:
+        argv = sys.argv[1:]
+        i = next(i for i, a in enumerate(argv) if a.startswith("--spawn"))
+        del argv[i:i + (1 if "=" in argv[i] else 2)]
+        sys.exit(spawn(args.spawn, argv))
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    images, labels = digits.load_digits()
+    xtr, ytr, xte, yte = digits.train_test_split(images, labels)
+    xs, ys = digits.shard(xtr, ytr, rank, world)
+    xs, ys = torch.from_numpy(xs), torch.from_numpy(ys)
+
+    model = DDP(digits.DigitsCNN())
+    # The two lines of PyTorch's PowerSGD, with the import from lowrank.torch:
+    state = PowerSGDState(process_group=None, matrix_approximation_rank=args.rank,
+                          start_powerSGD_iter=args.start_iter)
+    model.register_comm_hook(state, powerSGD_hook)
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+
+    for epoch in range(1, args.epochs + 1):
+        model.train()
+        order = torch.randperm(len(xs), generator=torch.Generator().manual_seed(epoch))
+        total, steps, t0 = 0.0, 0, time.perf_counter()
+        for i in range(0, len(xs) - args.batch + 1, args.batch):  # the same step count on every rank
+            idx = order[i:i + args.batch]
+            opt.zero_grad()
+            loss = F.cross_entropy(model(xs[idx]), ys[idx])
+            loss.backward()
+            opt.step()
+            total, steps = total + loss.item(), steps + 1
+        elapsed = time.perf_counter() - t0
+        test_loss, acc = digits.evaluate(model.module, xte, yte)
+        st = state.stats()
+        if rank == 0:
+            print(f"epoch {epoch}: loss {total / steps:.4f}, test accuracy {acc:.4f}, "
+                  f"{1000 * elapsed / steps:.1f} ms/step; lowrank: {st['compressedCalls']} compressed "
+                  f"calls of {st['calls']}, ratio {st['ratio']:.1f}", flush=True)
+    state.close()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
