@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Counts the results of the last `meson test` run in BUILD: each GoogleTest case from the XML
-report its binary wrote under tests/reports/, every other meson test as one. Prints
+report its binary (or, for pytest, the test of that name) wrote under tests/reports/, every other meson test as one. Prints
 "K skipped (...)" if any, then "N passed, M failed" as the last line; exits 1 if anything failed or nothing ran."""
 import glob, json, os, sys
 import xml.etree.ElementTree as ET
@@ -24,14 +24,17 @@ for line in open(log):
     t = json.loads(line)
     binary = os.path.basename(t["command"][0]) if t.get("command") else ""
     ok = t["result"] in ("OK", "EXPECTEDFAIL")
-    if binary in reports:
-        p, f, s = reports[binary]
+    # a report named after the test (pytest's), else after its binary (GoogleTest's)
+    key = t["name"] if t["name"] in reports else binary
+    if key in reports:
+        p, f, s = reports[key]
         passed, failed, skipped = passed + p, failed + f + (0 if ok or f else 1), skipped + s
     elif t["result"] == "SKIP":
         skipped += 1
     else:
         passed, failed = passed + ok, failed + (not ok)
 if skipped:  # device tests on a machine without a GPU: said on a line of its own
-    print(f"{skipped} skipped (they need a GPU: tests/gpu/run_device_checks.sh runs them)")
+    print(f"{skipped} skipped (they need a GPU: tests/gpu/run_device_checks.sh runs them; "
+          "or a Python without torch: the test log says)")
 print(f"{passed} passed, {failed} failed")
 sys.exit(1 if failed or passed == 0 else 0)

@@ -1,0 +1,260 @@
+"""The lowrank package over the C API, in one process: comm ranks as threads."""
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import lowrank
+from conftest import ROOT
+
+
+def on_ranks(n, body, **config):
+    """Runs body(comm) on n comm ranks (threads); returns their results, re-raising a failure."""
+    uid = lowrank.get_unique_id()
+    out, errs = [None] * n, []
+
+    def run(r):
+        try:
+            with lowrank.Communicator.init_rank(n, uid, r, **config) as c:
+                out[r] = body(c)
+        except BaseException as e:  # noqa: BLE001
+            errs.append(e)
+    ts = [threading.Thread(target=run, args=(r,)) for r in range(n)]
+    [t.start() for t in ts]
+    [t.join(120) for t in ts]
+    if errs:
+        raise errs[0]
+    return out
+
+
+def test_numpy_compressed_and_exact():
+    """float32 compressed (identical on every rank, a rank-k input reproduced), int64 and
+    float64 exact, sum and avg."""
+    rng = np.random.default_rng(0)
+    # A sum of rank-2 matrices over ranks with a shared column space: rank 2 overall.
+    u, v = rng.standard_normal((48, 2)), rng.standard_normal((2, 40))
+    mats = [(u @ (v * (r + 1))).astype(np.float32) for r in range(3)]
+    ints = [rng.integers(-100, 100, 500) for _ in range(3)]
+
+    def body(c):
+        buf = mats[c.rank].reshape(-1).copy()
+        c.set_layout(buf, [(48, 40)])
+        c.allreduce(buf, op="avg")
+        iv = ints[c.rank].copy()
+        c.allreduce(iv, op="sum")
+        d = np.full(7, float(c.rank))
+        c.allreduce(d, op="max")
+        return buf, iv, d, c.view(buf), c.stats()
+    res = on_ranks(3, body, approx_rank=2, seed=3)
+    exact_mean = np.mean(mats, axis=0).reshape(-1)
+    for buf, iv, d, view, st in res:
+        assert np.array_equal(buf, res[0][0])
+        assert np.linalg.norm(buf - exact_mean) / np.linalg.norm(exact_mean) < 1e-4
+        assert np.array_equal(iv, np.sum(ints, axis=0))
+        assert np.array_equal(d, np.full(7, 2.0))
+        assert view["planned"] == 1 and view["perTensor"] == 1 and view["ncompressed"] == 1
+        assert st["compressedCalls"] == 1 and st["calls"] == 3
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_torch_tensors_compressed(dtype):
+    """torch tensors of the three compressed dtypes, out of place, batched mode."""
+    g = torch.Generator().manual_seed(1)
+    ins = [torch.randn(64, 64, generator=g).to(dtype) for _ in range(2)]
+
+    def body(c):
+        out = torch.empty_like(ins[c.rank])
+        c.allreduce(ins[c.rank], out)
+        return out, c.view(out), c.stats()
+    res = on_ranks(2, body, approx_rank=4)
+    for out, view, st in res:
+        assert out.dtype == dtype and torch.equal(out, res[0][0])
+        assert view["planned"] == 1 and view["perTensor"] == 0 and st["compressedCalls"] == 1
+    assert torch.isfinite(res[0][0].float()).all()
+
+
+def test_bad_arguments_raise_and_comm_goes_on():
+    """Each bad argument raises InvalidArgumentError (a ValueError) with lowrank's code 4; a bad
+    layout is lowrank's own InvalidUsage at the next call; the communicator stays usable."""
+    def body(c):
+        seen = {}
+        x = torch.randn(32, 16)
+        for name, call in {
+            "non_contiguous": lambda: c.allreduce(x.t()),
+            "dtype": lambda: c.allreduce(torch.zeros(4, dtype=torch.complex64)),
+            "bool": lambda: c.allreduce(np.zeros(4, dtype=bool)),
+            "mixed_device": lambda: c.allreduce(x, torch.empty(32, 16, device="meta")),
+            "count": lambda: c.allreduce(x, torch.empty(31, 16)),
+            "op": lambda: c.allreduce(x, op="mean"),
+            "not_array": lambda: c.allreduce([1.0, 2.0]),
+            "zero_size": lambda: c.set_layout(x, [(32, 0, 16)]),
+        }.items():
+            with pytest.raises(lowrank.InvalidArgumentError) as e:
+                call()
+            assert e.value.code == 4 and isinstance(e.value, ValueError)
+            seen[name] = str(e.value)
+        buf = torch.randn(100)
+        c.set_layout(buf, [(10, 9)])  # 90 elements for a buffer of 100
+        with pytest.raises(lowrank.LowrankError) as e:
+            c.allreduce(buf)
+        assert e.value.code == 5 and e.value.result == "lowrankInvalidUsage"
+        assert e.value.message and e.value.function == "lowrankAllReduce"
+        c.set_layout(buf, [(10, 10)])
+        c.allreduce(buf)
+        return seen, c.stats()
+    seen, st = on_ranks(1, body, approx_rank=2)[0]
+    assert "contiguous" in seen["non_contiguous"] and "complex64" in seen["dtype"]
+    assert "meta" in seen["mixed_device"] and "differ" in seen["count"]
+    assert "size" in seen["zero_size"].lower() or "0" in seen["zero_size"]
+    assert st["calls"] == 1 and st["buffers"] == 1
+
+
+def test_init_errors_carry_code_and_nothing_leaks():
+    """A refused init raises with lowrank's code and message; repeated failures and
+    create/destroy cycles leave no descriptor and no thread behind."""
+    uid = lowrank.get_unique_id()
+    with pytest.raises(lowrank.InvalidArgumentError) as e:
+        lowrank.Communicator.init_rank(2, uid, 5)
+    assert e.value.code == 4 and "rank" in e.value.message
+    with pytest.raises(lowrank.LowrankError) as e:
+        lowrank.Communicator.init_rank(1, lowrank.get_unique_id(), 0, approx_rank=-3)
+    assert e.value.code == 4
+    with pytest.raises(TypeError):
+        lowrank.make_config(rank=4)
+
+    def cycle():  # (an id never used keeps its listening socket until LOWRANK_TIMEOUT: not made)
+        uid = lowrank.get_unique_id()
+        with lowrank.Communicator.init_rank(1, uid, 0) as c:
+            buf = np.ones(4096, dtype=np.float32)
+            c.allreduce(buf)
+            for bad in (lambda: c.allreduce(buf, op="x"), lambda: c.set_layout(buf, [(3, 3)]),
+                        lambda: c.allreduce(buf)):
+                try:
+                    bad()
+                except lowrank.LowrankError:
+                    pass
+        try:
+            lowrank.Communicator.init_rank(2, uid, 7)
+        except lowrank.LowrankError:
+            pass
+    cycle()  # the first one loads UCX's context
+    time.sleep(0.5)
+    fds, threads = len(os.listdir("/proc/self/fd")), threading.active_count()
+    for _ in range(10):
+        cycle()
+    time.sleep(1.0)
+    assert len(os.listdir("/proc/self/fd")) <= fds
+    assert threading.active_count() <= threads
+
+
+def test_closed_communicator_raises():
+    c = lowrank.Communicator.init_rank(1, lowrank.get_unique_id(), 0)
+    c.destroy()
+    c.destroy()  # a second destroy does nothing
+    with pytest.raises(lowrank.LowrankError) as e:
+        c.stats()
+    assert e.value.code == 5 and "destroyed" in str(e.value)
+
+
+def test_gil_released_during_a_blocking_call():
+    """Comm rank 0 blocks in an allreduce until rank 1 joins 0.5 s later; meanwhile this
+    thread keeps running Python (it could not if the call held the GIL)."""
+    uid = lowrank.get_unique_id()
+    comms = [None, None]
+    ready = threading.Barrier(3)
+
+    def make(r):
+        comms[r] = lowrank.Communicator.init_rank(2, uid, r)
+        ready.wait()
+    ts = [threading.Thread(target=make, args=(r,)) for r in range(2)]
+    [t.start() for t in ts]
+    ready.wait()
+    [t.join() for t in ts]
+    a, b = np.ones(1 << 16), np.ones(1 << 16)  # float64: exact
+    done = threading.Event()
+    t0 = threading.Thread(target=lambda: (comms[0].allreduce(a, op="sum"), done.set()))
+    t0.start()
+    time.sleep(0.05)
+    spins, end = 0, time.monotonic() + 0.5
+    while time.monotonic() < end:
+        spins += 1
+    assert not done.is_set(), "rank 0's allreduce returned before rank 1 joined"
+    comms[1].allreduce(b, op="sum")
+    t0.join(30)
+    assert done.is_set() and spins > 10000
+    assert np.array_equal(a, np.full(1 << 16, 2.0))
+    [c.destroy() for c in comms]
+
+
+def test_abort_from_another_thread_ends_a_blocked_call():
+    """abort() while a call waits for a peer that never comes: the call raises promptly."""
+    uid = lowrank.get_unique_id()
+    comms = [None, None]
+    ts = [threading.Thread(target=lambda r=r: comms.__setitem__(r, lowrank.Communicator.init_rank(2, uid, r)))
+          for r in range(2)]
+    [t.start() for t in ts]
+    [t.join() for t in ts]
+    errs = []
+
+    def blocked():
+        try:
+            comms[0].allreduce(np.ones(1000, dtype=np.float32), op="sum")
+        except lowrank.LowrankError as e:
+            errs.append(e)
+    t = threading.Thread(target=blocked)
+    t.start()
+    time.sleep(0.3)
+    t_abort = time.monotonic()
+    comms[0].abort()
+    t.join(20)
+    assert not t.is_alive() and errs and time.monotonic() - t_abort < 10
+    comms[1].destroy()
+
+
+def _run(code, **env):
+    e = dict(os.environ, **env)
+    return subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_library_not_found_names_the_paths_tried():
+    """LOWRANK_LIBRARY pointing nowhere: LibraryNotFoundError naming the path; the process goes on.
+    A copy of the package away from any build, with no LOWRANK_LIBRARY: the error lists the
+    places tried (or the library is found in the system's paths, if installed there)."""
+    code = ("import sys; sys.path.insert(0, %r)\n"
+            "import lowrank\n"
+            "try:\n    lowrank.library_path()\n"
+            "except lowrank.LibraryNotFoundError as e:\n    print('ERR', e.code, e)\n"
+            "print('went on')\n")
+    r = _run(code % os.path.join(ROOT, "python"), LOWRANK_LIBRARY="/nonexistent/liblowrank.so")
+    assert "ERR 2" in r.stdout and "/nonexistent/liblowrank.so" in r.stdout, r.stdout + r.stderr
+    assert "LOWRANK_LIBRARY" in r.stdout and "went on" in r.stdout
+    import shutil
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        shutil.copytree(os.path.join(ROOT, "python", "lowrank"), os.path.join(tmp, "lowrank"),
+                        ignore=shutil.ignore_patterns("__pycache__", "_install.py"))
+        env = {k: v for k, v in os.environ.items() if k not in ("LOWRANK_LIBRARY", "LD_LIBRARY_PATH")}
+        r = subprocess.run([sys.executable, "-c", code % tmp], env=env, capture_output=True,
+                           text=True, timeout=60)
+        if "ERR" in r.stdout:
+            assert "liblowrank.so.0" in r.stdout and os.path.join(tmp, "lowrank") not in r.stdout \
+                or "tried" in r.stdout
+            assert "went on" in r.stdout
+        else:
+            assert "went on" in r.stdout  # installed in the system's paths
+
+
+def test_stats_and_config_shapes():
+    def body(c):
+        cfg, st = c.config(), c.stats()
+        return cfg, st, c.size, c.rank
+    cfg, st, size, rank = on_ranks(1, body, approx_rank=3, start_iter=2, pipeline=False)[0]
+    assert cfg["approx_rank"] == 3 and cfg["start_iter"] == 2 and cfg["pipeline"] == 0
+    assert cfg["timeout"] > 0 and size == 1 and rank == 0
+    assert st["calls"] == 0 and st["ratio"] == 0.0
