@@ -7,7 +7,8 @@
 # Runs: the device kernel tests (each kernel vs its host twin), the device engine tests (one rank
 # over NCCL), two ranks over NCCL on the one GPU with distinct NCCL_HOSTID, the per-phase kernel
 # perf table beside a copy kernel and cuBLAS (>= 1 GB working sets), the two-rank pipelining bench, and a
-# PyTorch DDP run with and without LD_PRELOAD of the shim. Fails if any device test skips, any
+# PyTorch DDP run with and without LD_PRELOAD of the shim, and lowrank.torch's hook on CUDA buckets
+# (tests/python/test_cuda.py, 1 and 2 processes). Fails if any device test skips, any
 # check fails, or the DDP losses differ by more than 10%. Meant to finish in under 4 minutes.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -101,6 +102,18 @@ if [ "${SKIP_DDP2:-0}" != 1 ]; then
   echo "two processes (distinct NCCL_HOSTID): final loss plain $plain2, with the shim $shim2"
   within10 "$plain2" "$shim2" || bad "two-process DDP: loss with the shim not within 10%"
   grep -qE '[1-9][0-9]* calls compressed' "$OUTDIR/ddp_shim2.log" || bad "two-process DDP: no compressed call"
+fi
+
+note "lowrank.torch on CUDA: DDP over NCCL with lowrank's hook (pytest, 1 and 2 processes)"
+# PyTorch's own Python on that machine, the package in-tree, pytest from the pack (device-py).
+if PYTHONPATH="python:${PYTHONPATH:-}:$B/device-py/site" python3 -c 'import torch, pytest' 2>/dev/null; then
+  LOWRANK_LIBRARY="$B/liblowrank.so" PYTHONPATH="python:${PYTHONPATH:-}:$B/device-py/site" \
+    timeout 300 python3 -m pytest -q -p no:cacheprovider -rs tests/python/test_cuda.py 2>&1 \
+    | tee "$OUTDIR/pytest_cuda.log" | tail -15
+  [ "${PIPESTATUS[0]}" = 0 ] || bad "tests/python/test_cuda.py failed"
+  grep -q skipped "$OUTDIR/pytest_cuda.log" && bad "tests/python/test_cuda.py skipped although a device is present"
+else
+  bad "no torch or pytest for python3 here: tests/python/test_cuda.py not run"
 fi
 
 note "summary"

@@ -21,15 +21,17 @@ def free_port():
         return s.getsockname()[1]
 
 
-def run_ranks(world, *args, timeout=120, env=None):
+def run_ranks(world, *args, timeout=120, env=None, rank_env=None):
     """Runs ddp_worker.py ARGS as `world` processes; returns [(returncode, result dict or None,
-    output, seconds)], returncode "HUNG" for a process killed at the deadline."""
+    output, seconds)], returncode "HUNG" for a process killed at the deadline. rank_env(r): more
+    variables for rank r."""
     port = free_port()
     procs = []
     for r in range(world):
         e = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r),
                  MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONUNBUFFERED="1")
         e.update(env or {})
+        e.update(rank_env(r) if rank_env else {})
         procs.append((time.monotonic(), subprocess.Popen(
             [sys.executable, os.path.join(HERE, "ddp_worker.py")] + [str(a) for a in args],
             env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)))

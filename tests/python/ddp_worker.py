@@ -15,7 +15,6 @@ import signal
 import sys
 import time
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -59,15 +58,16 @@ class Net(nn.Module):
         return self.fc2(x)
 
 
-def match(k, start, unused, steps=8):
+def match(k, start, unused, cuda=0, steps=8):
     torch.manual_seed(1234)  # the same initial model on every rank (DDP also broadcasts it)
-    model = Net(unused)
+    dev = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    model = Net(unused).to(dev)
     ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.02,
-                                              find_unused_parameters=unused)
+                                              find_unused_parameters=bool(unused))
     state = PowerSGDState(None, matrix_approximation_rank=k, start_powerSGD_iter=start,
                           random_seed=7, timeout=30)
     # The reference: a second communicator with the same settings, driven directly.
-    ref = communicator_from_process_group(None, "cpu", approx_rank=k, seed=7, timeout=30,
+    ref = communicator_from_process_group(None, dev.type, approx_rank=k, seed=7, timeout=30,
                                           min_compression_rate=2.0)
     inputs, outputs, params = {}, {}, {}
 
@@ -88,11 +88,13 @@ def match(k, start, unused, steps=8):
     ref_bufs, mismatches, compared, ptr_history, bucket_counts = {}, [], 0, [], []
     for step in range(steps):
         inputs.clear(), outputs.clear()
-        x = torch.randn(16, 1, 8, 8, generator=gen)
-        y = torch.randint(0, 10, (16,), generator=gen)
+        x = torch.randn(16, 1, 8, 8, generator=gen).to(dev)
+        y = torch.randint(0, 10, (16,), generator=gen).to(dev)
         opt.zero_grad()
         nn.functional.cross_entropy(ddp(x, step), y).backward()
         opt.step()
+        if cuda:
+            torch.cuda.synchronize()
         bucket_counts.append(len(inputs))
         ptr_history.append(sorted(p for p, _ in inputs.values()))
         for i, (ptr, inp) in sorted(inputs.items()):
@@ -109,6 +111,8 @@ def match(k, start, unused, steps=8):
                 expect = ref_bufs[key][0]
                 expect.copy_(inp)
                 ref.allreduce(expect, op="avg")
+                if cuda:
+                    torch.cuda.synchronize()
             compared += 1
             if not torch.equal(outputs[i], expect):
                 mismatches.append(f"step {step} bucket {i}: max diff "
@@ -128,6 +132,7 @@ def match(k, start, unused, steps=8):
 
 
 def load_safetensors(path):
+    import numpy as np  # only here: a GPU machine's Python may lack numpy
     with open(path, "rb") as f:
         n = int.from_bytes(f.read(8), "little")
         header = json.loads(f.read(n))
@@ -256,7 +261,11 @@ def _mixed_bucket():
 
 if __name__ == "__main__":
     early = not_initialized() if sys.argv[1] == "bad_use" else None
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=20))
+    if os.environ.get("LOWRANK_TEST_CUDA") == "1":  # one GPU per rank, else all on device 0
+        torch.cuda.set_device(RANK % torch.cuda.device_count())
+        dist.init_process_group("nccl", timeout=datetime.timedelta(seconds=60))
+    else:
+        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=20))
     if sys.argv[1] == "bad_use":
         print("NOTINIT " + json.dumps(early), flush=True)
     what, args = sys.argv[1], [int(a) for a in sys.argv[2:]]
