@@ -192,14 +192,17 @@ lowrankResult_t lowrankCommInitFromEnvConfig(lowrankComm_t* comm, lowrankConfig_
 /* Frees the communicator and every buffer state it holds. Not collective: peers that still run
  * collectives on it will see a remote error or time out. Waits for a call still running on it (on
  * another thread) to return, and, for device buffers, for the device work queued on it to finish.
- * Errors: lowrankInvalidArgument (null). */
+ * An NCCL communicator it owns (lowrankCommInitNcclRank, lowrank_nccl.h) is destroyed last.
+ * Errors: lowrankInvalidArgument (null); that ncclCommDestroy's error, mapped (comm is freed all
+ * the same). */
 lowrankResult_t lowrankCommDestroy(lowrankComm_t comm);
 
 /* Ends the communicator at once, as ncclCommAbort: a call blocked on it (on another thread, e.g.
  * waiting for a dead peer) returns lowrankRemoteError promptly instead of at the timeout; then the
  * communicator is freed as lowrankCommDestroy does (device buffers: after their queued work; the
- * NCCL communicator of lowrankCommInitFromNccl is not aborted, it is the application's). The
- * communicator must not be used afterwards. Errors: lowrankInvalidArgument (null). */
+ * NCCL communicator of lowrankCommInitFromNccl is not aborted, it is the application's; the one
+ * lowrankCommInitNcclRank made is aborted last, with ncclCommAbort). The communicator must not be
+ * used afterwards. Errors: lowrankInvalidArgument (null); that ncclCommAbort's error, mapped. */
 lowrankResult_t lowrankCommAbort(lowrankComm_t comm);
 
 /* The configuration in force on comm: every field resolved (explicit field, else LOWRANK_*

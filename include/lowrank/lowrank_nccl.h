@@ -27,6 +27,8 @@
  * order (as for any NCCL call), and not inside an ncclGroupStart/ncclGroupEnd of its own.
  * Asynchronous NCCL failures (a peer lost mid-collective) surface as NCCL's do: poll
  * ncclCommGetAsyncError and abort the NCCL communicator; lowrankCommAbort does not abort it.
+ * (lowrankCommInitNcclRank instead makes an NCCL communicator that lowrank owns: there,
+ * lowrankCommDestroy and lowrankCommAbort destroy and abort it.)
  * Compressed dtypes are float32, float16 and bfloat16; other NCCL dtypes (float8 too) are passed
  * to ncclAllReduce unchanged.
  */
@@ -53,6 +55,42 @@ extern "C" {
 lowrankResult_t lowrankCommInitFromNccl(lowrankComm_t* comm, ncclComm_t nccl);
 lowrankResult_t lowrankCommInitFromNcclConfig(lowrankComm_t* comm, ncclComm_t nccl,
                                               const lowrankConfig_t* config);
+
+/* ---- An NCCL communicator made and owned by lowrank ------------------------------------------
+ * For callers that cannot reach an ncclComm_t of their own (the Python package over PyTorch):
+ * lowrank makes the NCCL communicator with the real NCCL library (the one its NCCL transport uses:
+ * LOWRANK_NCCL_LIBRARY, else libnccl.so.2), so the caller need not load NCCL itself. The
+ * communicator then behaves as one from lowrankCommInitFromNccl, except that it is lowrank's: no
+ * other NCCL call may be made on it (there is no way to reach it), and it ends with *comm.
+ *
+ * Writes in *id a new NCCL unique id (ncclGetUniqueId of the real library). Make it on one comm
+ * rank and pass it to the others (e.g. over a store), as with ncclGetUniqueId.
+ * Errors: lowrankInvalidArgument (null id), lowrankSystemError (the real NCCL library could not be
+ * loaded or lacks a symbol, ncclGetUniqueId included: the message names the library and the
+ * symbol), and NCCL's own errors mapped to lowrank's codes.
+ * Thread safety: may be called from any thread. */
+lowrankResult_t lowrankNcclGetUniqueId(ncclUniqueId* id);
+
+/* Makes a new NCCL communicator (ncclCommInitRank of the real library, on the calling thread's
+ * current CUDA device: select it with cudaSetDevice first) and *comm over it, with `config` (may be
+ * NULL: LOWRANK_* variables, then defaults), as lowrankCommInitFromNcclConfig. Collective, as
+ * ncclCommInitRank: all `nranks` comm ranks call it with the same `id` (lowrankNcclGetUniqueId)
+ * and each its own `rank`, and the call blocks until they all have; every comm rank must use the
+ * same configuration.
+ * *comm OWNS the NCCL communicator: lowrankCommDestroy destroys it (ncclCommDestroy) and
+ * lowrankCommAbort aborts it (ncclCommAbort), in both cases after lowrank's own state is freed;
+ * an error of that NCCL call is the result of lowrankCommDestroy / lowrankCommAbort (*comm is
+ * freed all the same).
+ * Errors: lowrankInvalidArgument (null comm, nranks < 1, rank not in [0, nranks), bad config),
+ * lowrankInvalidUsage (a malformed LOWRANK_* variable; the message names it), lowrankSystemError
+ * (the real NCCL library could not be loaded or lacks a symbol, ncclCommInitRank included: the
+ * message names the library and the symbol), and NCCL's own errors mapped to lowrank's codes.
+ * Argument and configuration errors are found before any communication. *comm is null on error,
+ * and no NCCL communicator is left behind (one already made is destroyed).
+ * Thread safety: as ncclCommInitRank: one thread per comm rank; inits of different communicators
+ * may run concurrently. */
+lowrankResult_t lowrankCommInitNcclRank(lowrankComm_t* comm, int nranks, ncclUniqueId id, int rank,
+                                        const lowrankConfig_t* config);
 
 /* ---- The NCCL shim (liblowrank_nccl.so, LD_PRELOAD; or the drop-in libnccl.so.2) -------------
  * Defined by the shim, not by liblowrank: look it up in the process (dlsym(RTLD_DEFAULT, ...), or

@@ -50,8 +50,11 @@ LOWRANK_API lowrankResult_t lowrankCommInitRank(lowrankComm_t* comm, int nranks,
   return lowrankCommInitRankConfig(comm, nranks, uniqueId, rank, nullptr);
 }
 
-LOWRANK_API lowrankResult_t lowrankCommDestroy(lowrankComm_t comm) {
-  if (!comm) return fail(nullptr, lowrankInvalidArgument, "lowrankCommDestroy: comm is NULL");
+namespace {
+
+// Destroy and abort: waits for a running call, then frees the comm (lowrank::deleteComm, which
+// also destroys or aborts an NCCL communicator the comm owns). `fn` names the entry point.
+lowrankResult_t destroy(lowrankComm_t comm, const char* fn) {
   return guarded(nullptr, [&]() -> lowrankResult_t {
     {
       std::lock_guard<std::mutex> wait(comm->callMu);  // no call may still be running on it
@@ -59,9 +62,18 @@ LOWRANK_API lowrankResult_t lowrankCommDestroy(lowrankComm_t comm) {
     LR_INFO("comm rank %d/%d destroyed: %llu calls, %llu compressed", comm->rank, comm->nranks,
             (unsigned long long)comm->counters.calls,
             (unsigned long long)comm->counters.compressedCalls);
-    delete comm;
-    return lowrankSuccess;
+    Status s = lowrank::deleteComm(comm);
+    if (s.ok()) return lowrankSuccess;
+    s.msg = std::string(fn) + ": " + s.msg;
+    return fail(nullptr, s);
   });
+}
+
+}  // namespace
+
+LOWRANK_API lowrankResult_t lowrankCommDestroy(lowrankComm_t comm) {
+  if (!comm) return fail(nullptr, lowrankInvalidArgument, "lowrankCommDestroy: comm is NULL");
+  return destroy(comm, "lowrankCommDestroy");
 }
 
 LOWRANK_API lowrankResult_t lowrankCommAbort(lowrankComm_t comm) {
@@ -69,7 +81,7 @@ LOWRANK_API lowrankResult_t lowrankCommAbort(lowrankComm_t comm) {
   comm->aborted = true;
   comm->failed = true;
   if (comm->transport) comm->transport->abort();  // a waiting call returns promptly
-  return lowrankCommDestroy(comm);
+  return destroy(comm, "lowrankCommAbort");
 }
 
 LOWRANK_API lowrankResult_t lowrankCommCount(const lowrankComm_t comm, int* count) {

@@ -17,7 +17,8 @@ struct lowrankComm {
   std::unique_ptr<lowrank::AsyncTransport> transport;
   lowrank::BufferRegistry buffers;
   int rank = 0, nranks = 1;
-  void* ncclComm = nullptr;                       // lowrankCommInitFromNccl: not owned
+  void* ncclComm = nullptr;  // ncclComm_t of lowrankCommInitFromNccl / lowrankCommInitNcclRank
+  bool ownsNccl = false;     // lowrankCommInitNcclRank: released by deleteComm, after the rest
   std::unique_ptr<lowrank::DeviceEngine> device;  // made at the first device buffer
 
   struct Counters {
@@ -34,6 +35,12 @@ struct lowrankComm {
 };
 
 namespace lowrank {
+
+// Frees `comm` (no call may still run on it): lowrank's own state first (device engine, buffer
+// states, transport), then, when it owns its NCCL communicator (ownsNccl), that communicator:
+// ncclCommAbort if the comm was aborted, else ncclCommDestroy. The one place an owned NCCL
+// communicator is let go. Errors: that NCCL call's (nccl::fromNccl); comm is freed regardless.
+Status deleteComm(lowrankComm* comm);
 
 // The allreduce of lowrank.h, arguments already checked. Chooses exact or compressed, keeps the
 // buffer's state. On a transport error the buffer's state is reset and the comm marked failed.

@@ -10,6 +10,12 @@
 namespace lowrank::nccl {
 namespace {
 
+Status missingSymbol(const std::string& path, const char* name) {
+  const char* env = getenv("LOWRANK_NCCL_LIBRARY");
+  return Status::Error(lowrankSystemError, "the NCCL library %s%s has no symbol %s", path.c_str(),
+                       env && *env ? " (LOWRANK_NCCL_LIBRARY)" : "", name);
+}
+
 Status load(Api* a) {
   const char* env = getenv("LOWRANK_NCCL_LIBRARY");
   a->path = env && *env ? env : "libnccl.so.2";
@@ -39,11 +45,12 @@ Status load(Api* a) {
       {"ncclGetErrorString", resolveEntry(a->handle, "ncclGetErrorString", &a->getErrorString)},
   };
   for (const Need& n : need)
-    if (!n.ok)
-      return Status::Error(lowrankSystemError, "the NCCL library %s has no symbol %s",
-                           a->path.c_str(), n.name);
+    if (!n.ok) return missingSymbol(a->path, n.name);
   resolveEntry(a->handle, "ncclCommFinalize", &a->commFinalize);  // optional: NCCL >= 2.14
   resolveEntry(a->handle, "ncclGetLastError", &a->getLastError);  // optional: NCCL >= 2.13
+  // Optional for the transport; lowrankCommInitNcclRank checks them (requireEntry).
+  resolveEntry(a->handle, "ncclGetUniqueId", &a->getUniqueId);
+  resolveEntry(a->handle, "ncclCommInitRank", &a->commInitRank);
   int v = 0;
   a->getVersion(&v);
   LR_INFO("NCCL transport: %s, NCCL version %d", a->path.c_str(), v);
@@ -60,6 +67,10 @@ Status realNccl(const Api** api) {
   if (!loaded.ok()) return loaded;
   *api = &table;
   return Status::Ok();
+}
+
+Status requireEntry(const Api& api, bool resolved, const char* name) {
+  return resolved ? Status::Ok() : missingSymbol(api.path, name);
 }
 
 Status fromNccl(const Api& api, Result r, const char* what) {

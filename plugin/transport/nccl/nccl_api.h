@@ -21,6 +21,11 @@ namespace lowrank::nccl {
 using Result = int;
 constexpr Result kSuccess = 0, kInProgress = 7;
 
+// ncclUniqueId's layout (NCCL_UNIQUE_ID_BYTES = 128 since NCCL 2.0), passed by value as NCCL does.
+struct UniqueId {
+  char internal[128];
+};
+
 struct Api {
   void* handle = nullptr;  // dlopen handle of the real library
   std::string path;        // what was opened
@@ -34,6 +39,10 @@ struct Api {
   Result (*commDestroy)(void* comm) = nullptr;
   Result (*commAbort)(void* comm) = nullptr;
   Result (*commFinalize)(void* comm) = nullptr;    // null before NCCL 2.14
+  // Optional here (lowrankNcclGetUniqueId and lowrankCommInitNcclRank need them; the transport
+  // does not): null when the library lacks them, see requireEntry.
+  Result (*getUniqueId)(UniqueId* id) = nullptr;
+  Result (*commInitRank)(void** comm, int nranks, UniqueId id, int rank) = nullptr;
   Result (*getVersion)(int* version) = nullptr;
   const char* (*getErrorString)(Result) = nullptr;
   const char* (*getLastError)(void* comm) = nullptr;  // null before NCCL 2.13
@@ -52,6 +61,10 @@ bool resolveEntry(void* handle, const char* name, F* fn) {
 // The real library's entry points, resolved once per process. Errors: lowrankSystemError naming
 // the library and the symbol that could not be found (and LOWRANK_NCCL_LIBRARY when it was set).
 Status realNccl(const Api** api);
+
+// An optional entry point that a caller needs (`resolved`: its pointer in Api is not null): Ok, or
+// the same lowrankSystemError as a missing required one, naming the library and `name`.
+Status requireEntry(const Api& api, bool resolved, const char* name);
 
 // "ncclAllReduce failed: <NCCL's error string> (<code>)" as a lowrank Status
 // (lowrankRemoteError for ncclRemoteError, lowrankInvalidUsage/InvalidArgument for those, else

@@ -16,6 +16,7 @@ namespace {
 
 thread_local std::string lastError;  // NCCL's last error is not per comm either
 thread_local int groupDepth = 0;
+std::atomic<int> live{0};  // communicators made and not yet destroyed or aborted
 
 constexpr unsigned int kNcclConfigMagic = 0xcafebeef;  // NCCL_CONFIG_INITIALIZER's magic
 
@@ -57,6 +58,8 @@ ncclResult_t checkDtype(ncclDataType_t t, const char* what) {
   return ncclSuccess;
 }
 
+int liveComms() { return live.load(); }
+
 ncclResult_t getVersion(int* version) {
   if (!version) return fail(ncclInvalidArgument, "ncclGetVersion: version is NULL");
   *version = NCCL_VERSION_CODE;  // the header the double was built against
@@ -90,6 +93,7 @@ ncclResult_t commInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId id, i
   c->rank = rank;
   c->nranks = nranks;
   *comm = c.release();
+  ++live;
   return ncclSuccess;
 }
 
@@ -114,6 +118,7 @@ ncclResult_t commDestroy(ncclComm_t comm) {
   if (!comm) return ncclSuccess;
   lowrankResult_t r = lowrankCommDestroy(comm->lr);
   delete comm;
+  --live;
   return fromLowrank(r, nullptr, "ncclCommDestroy");
 }
 
@@ -126,6 +131,7 @@ ncclResult_t commAbort(ncclComm_t comm) {
   lowrankResult_t r = lowrankCommAbort(comm->lr);  // a call in progress returns promptly
   while (comm->inflight.load() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   delete comm;
+  --live;
   return fromLowrank(r, nullptr, "ncclCommAbort");
 }
 

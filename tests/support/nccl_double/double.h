@@ -53,6 +53,9 @@ size_t dtypeSize(ncclDataType_t t);
 // Checks a dtype (and names `what` in the error): ncclSuccess or ncclInvalidArgument.
 ncclResult_t checkDtype(ncclDataType_t t, const char* what);
 
+// Communicators made and not yet destroyed or aborted, in this process (ncclDoubleLiveComms).
+int liveComms();
+
 // The implementations behind both exported names (ncclX and pncclX) of each entry point.
 ncclResult_t getVersion(int* version);
 ncclResult_t getUniqueId(ncclUniqueId* id);

@@ -1,9 +1,11 @@
 // Every entry point the NCCL test double exports, each under its NCCL name and its p-prefixed
 // profiling twin (what lowrank's NCCL transport calls). The two are separate functions over one
-// implementation so that ncclDoubleCallCount can tell them apart. Streams are ignored.
+// implementation so that ncclDoubleCallCount can tell them apart (and ncclDoubleFailNext can make
+// one of them fail). Streams are ignored.
 #include <map>
 #include <mutex>
 #include <string>
+#include <type_traits>
 
 #include "double.h"
 #include "nccl_double.h"
@@ -15,23 +17,43 @@ std::map<std::string, unsigned long long>& counts() {
   static auto* m = new std::map<std::string, unsigned long long>;  // never destroyed: used at exit
   return *m;
 }
+std::map<std::string, int>& injected() {  // ncclDoubleFailNext, under countMu
+  static auto* m = new std::map<std::string, int>;
+  return *m;
+}
 
-void count(const char* entry) {
+// Counts a call of `entry`; true (and *r) when an injected failure is due for it.
+bool count(const char* entry, ncclResult_t* r) {
   std::lock_guard<std::mutex> lock(countMu);
   ++counts()[entry];
+  auto it = injected().find(entry);
+  if (it == injected().end()) return false;
+  *r = ncclResult_t(it->second);
+  injected().erase(it);
+  return true;
+}
+
+// The entry's result: an injected failure if one is due (entries returning ncclResult_t), else
+// the implementation's.
+template <typename R, typename F>
+R call(const char* entry, F&& impl) {
+  ncclResult_t r;
+  if (count(entry, &r)) {
+    if constexpr (std::is_same_v<R, ncclResult_t>)
+      return nccl_double::fail(r, "%s: failure injected by ncclDoubleFailNext", entry);
+  }
+  return impl();
 }
 
 }  // namespace
 
 #define NCCL_EXPORT extern "C" __attribute__((visibility("default")))
-#define NCCL_ENTRY(ret, name, impl, params, args)               \
-  NCCL_EXPORT ret name params {                                 \
-    count(#name);                                               \
-    return nccl_double::impl args;                               \
-  }                                                             \
-  NCCL_EXPORT ret p##name params {                              \
-    count("p" #name);                                           \
-    return nccl_double::impl args;                               \
+#define NCCL_ENTRY(ret, name, impl, params, args)                          \
+  NCCL_EXPORT ret name params {                                            \
+    return call<ret>(#name, [&] { return nccl_double::impl args; });      \
+  }                                                                        \
+  NCCL_EXPORT ret p##name params {                                         \
+    return call<ret>("p" #name, [&] { return nccl_double::impl args; });  \
   }
 
 NCCL_ENTRY(ncclResult_t, ncclGetVersion, getVersion, (int* v), (v))
@@ -74,6 +96,17 @@ NCCL_ENTRY(ncclResult_t, ncclReduceScatter, reduceScatter,
 NCCL_ENTRY(ncclResult_t, ncclReduce, reduce,
            (const void* s, void* r, size_t n, ncclDataType_t t, ncclRedOp_t op, int root,
             ncclComm_t c, cudaStream_t), (s, r, n, t, op, root, c))
+
+NCCL_EXPORT int ncclDoubleLiveComms() { return nccl_double::liveComms(); }
+
+NCCL_EXPORT void ncclDoubleFailNext(const char* entry, int result) {
+  if (!entry) return;
+  std::lock_guard<std::mutex> lock(countMu);
+  if (result == ncclSuccess)
+    injected().erase(entry);
+  else
+    injected()[entry] = result;
+}
 
 NCCL_EXPORT unsigned long long ncclDoubleCallCount(const char* entry) {
   if (!entry) return 0;

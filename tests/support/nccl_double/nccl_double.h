@@ -1,4 +1,4 @@
-// The one test-only entry point of the NCCL test double (libnccl.so.2 in this directory), beside
+// The test-only entry points of the NCCL test double (libnccl.so.2 in this directory), beside
 // NCCL's own API. Tests use it to see which entry points were really called, e.g. that lowrank's
 // NCCL transport goes through pncclAllReduce and never the interposable ncclAllReduce.
 #pragma once
@@ -11,6 +11,16 @@ extern "C" {
 // "pncclAllReduce", "ncclGroupStart", ...): the plain and p-prefixed names count apart. 0 for a
 // name the double does not export or never saw called.
 unsigned long long ncclDoubleCallCount(const char* entry);
+
+// NCCL communicators made in this process (ncclCommInitRank, ncclCommInitAll) and not yet
+// destroyed or aborted: tests see whether a communicator someone else owns was let go.
+int ncclDoubleLiveComms(void);
+
+// Makes the next call in this process to the exported entry point `entry` (as in
+// ncclDoubleCallCount: "pncclCommCount" and "ncclCommCount" apart) return `result` at once,
+// doing nothing else: tests reach error paths that follow a successful NCCL call. Only for entry
+// points returning ncclResult_t; result 0 (ncclSuccess) cancels a pending injection.
+void ncclDoubleFailNext(const char* entry, int result);
 
 #ifdef __cplusplus
 }
