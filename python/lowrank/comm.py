@@ -75,7 +75,9 @@ class Communicator:
     def __init__(self, handle, device="cpu"):
         self._lib = _capi.load()
         self._handle = handle
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()       # serializes calls (the C API's rule per communicator)
+        self._err_lock = threading.Lock()   # abort vs reading a failed call's message
+        self._aborting = False
         self.device = device  # "cpu": host communicator (UCX); "cuda": over NCCL
         self.size = self._int_query("lowrankCommCount")
         self.rank = self._int_query("lowrankCommUserRank")
@@ -208,7 +210,9 @@ class Communicator:
     def abort(self):
         """lowrankCommAbort: a call blocked on this communicator (another thread) returns promptly
         with an error; then the communicator is freed. Callable from any thread."""
-        h, self._handle = self._handle, None  # without the lock: a call may hold it
+        with self._err_lock:  # from here no thread reads the comm's last error (it may be freed)
+            self._aborting = True
+            h, self._handle = self._handle, None  # without self._lock: a call may hold it
         if h:
             self._lib.lowrankCommAbort(ctypes.c_void_p(h))
 
@@ -254,7 +258,11 @@ class Communicator:
             else:
                 rc = getattr(self._lib, fn)(comm, *args)
             if rc:
-                raise _fail(self._lib, rc, fn, ctypes.c_void_p(h))
+                with self._err_lock:
+                    if self._aborting:  # the comm is being freed: its message is gone with it
+                        raise error_for(rc, "the communicator was aborted (lowrankCommAbort) during "
+                                            "the call", fn)
+                    raise _fail(self._lib, rc, fn, ctypes.c_void_p(h))
 
 
 _COMM = object()  # stands for the communicator's handle in _call's arguments

@@ -222,6 +222,23 @@ def shapes():
     state.close()
 
 
+def from_env():
+    """lowrank.Communicator.from_env (torchrun's variables; lowrank's root at MASTER_PORT + 1)
+    and communicator_from_process_group give the same compressed result."""
+    g = torch.Generator().manual_seed(RANK)
+    x = torch.randn(96, 80, generator=g)
+    outs = []
+    for comm in (lowrank.Communicator.from_env(approx_rank=2, seed=9),
+                 communicator_from_process_group(None, "cpu", approx_rank=2, seed=9)):
+        buf = x.clone().reshape(-1)
+        comm.set_layout(buf, [(96, 80)])
+        comm.allreduce(buf)
+        outs.append(buf)
+        size, rank, compressed = comm.size, comm.rank, comm.stats()["compressedCalls"]
+        comm.destroy()
+    result(same=torch.equal(outs[0], outs[1]), size=size, rank=rank, compressed=compressed)
+
+
 def not_initialized():
     """Before init_process_group: PowerSGDState must refuse with a clear error."""
     try:
@@ -270,6 +287,6 @@ if __name__ == "__main__":
         print("NOTINIT " + json.dumps(early), flush=True)
     what, args = sys.argv[1], [int(a) for a in sys.argv[2:]]
     {"match": match, "vs_torch": vs_torch, "peer_death": peer_death, "shapes": shapes,
-     "bad_use": bad_use}[what](*args)
+     "bad_use": bad_use, "from_env": from_env}[what](*args)
     dist.barrier()
     dist.destroy_process_group()

@@ -79,3 +79,9 @@ def test_bad_use_is_a_clear_exception():
     assert "complex64" in res["dtype"]["message"]
     assert "mixes devices" in res["mixed_device"]["message"]
     assert res["after"] == {"finite": True, "stats": 1}
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_communicator_from_env_and_from_process_group_agree(world):
+    for r, res in enumerate(results(run_ranks(world, "from_env", timeout=90))):
+        assert res == {"same": True, "size": world, "rank": r, "compressed": 1}

@@ -6,6 +6,7 @@ in each argument's description and in docs/pytorch.md. Method: PowerSGD (Vogels,
 Jaggi, NeurIPS 2019, arXiv 1905.13727), per tensor as PyTorch's hook: each gradient of >= 2
 dimensions viewed as (shape[0], -1) and compressed if (n + m) k rate < n m, the rest exact.
 """
+import contextlib
 import logging
 
 import torch
@@ -232,21 +233,26 @@ def powerSGD_hook(state, bucket):
     def job():
         for act in actions:
             act()
-        if stream is not None:
-            with torch.cuda.device(buf.device), torch.cuda.stream(stream):
-                comm.allreduce(buf, op="avg", stream=stream)
-        else:
-            comm.allreduce(buf, op="avg")
+        comm.allreduce(buf, op="avg", stream=stream)
         for act in after:
             act()
         return buf
 
-    state._workers[device].submit(job, fut)
+    # CUDA: the job runs, and the future records its event, with the hook's stream current on the
+    # bucket's device, so that DDP's later kernels wait for lowrank's (the host does not).
+    context = (lambda: _on_stream(buf.device, stream)) if stream is not None else None
+    state._workers[device].submit(job, fut, context)
     _maybe_log_stats(state)
     # torch's Future.set_exception stores the exception as the value (a Python-side unwrap), which
     # DDP's C++ reads as "Unable to cast ... to Tensor"; re-raised inside then(), it becomes the
     # child future's error, and backward raises RuntimeError with lowrank's message.
     return fut.then(_value)
+
+
+@contextlib.contextmanager
+def _on_stream(device, stream):
+    with torch.cuda.device(device), torch.cuda.stream(stream):
+        yield
 
 
 def _value(fut):

@@ -5,6 +5,7 @@ the order they were submitted, so every comm rank issues its lowrank calls in th
 (which the C API requires), while backward goes on computing the next buckets' gradients. A job's
 result or exception completes its torch future from this thread.
 """
+import contextlib
 import queue
 import threading
 
@@ -18,14 +19,15 @@ class Worker:
         self._thread = None
         self._lock = threading.Lock()
 
-    def submit(self, job, future=None):
-        """Queue job(); its return value (or exception) completes `future` when given. A job
+    def submit(self, job, future=None, context=None):
+        """Queue job(); its return value (or exception) completes `future` when given, inside
+        `context()` when given (CUDA: the stream the future must record its event on). A job
         without a future that raises is re-raised by the next job's future instead."""
         with self._lock:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
                 self._thread.start()
-        self._jobs.put((job, future))
+        self._jobs.put((job, future, context))
 
     def drain(self):
         """Wait until every job submitted so far has run."""
@@ -38,25 +40,26 @@ class Worker:
         with self._lock:
             thread, self._thread = self._thread, None
         if thread is not None:
-            self._jobs.put((None, None))
+            self._jobs.put((None, None, None))
             thread.join()
 
     def _run(self):
         pending_error = None
         while True:
-            job, future = self._jobs.get()
+            job, future, context = self._jobs.get()
             if job is None:
                 return
-            try:
-                if pending_error is not None and future is not None:
-                    err, pending_error = pending_error, None
-                    raise err
-                result = job()
-            except BaseException as e:  # noqa: B902 - every failure goes to a future
-                if future is None:
-                    pending_error = e
-                else:
-                    future.set_exception(e)
-                continue
-            if future is not None:
-                future.set_result(result)
+            with context() if context is not None else contextlib.nullcontext():
+                try:
+                    if pending_error is not None and future is not None:
+                        err, pending_error = pending_error, None
+                        raise err
+                    result = job()
+                except BaseException as e:  # noqa: B902 - every failure goes to a future
+                    if future is None:
+                        pending_error = e
+                    else:
+                        future.set_exception(e)
+                    continue
+                if future is not None:
+                    future.set_result(result)
