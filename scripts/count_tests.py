@@ -25,7 +25,8 @@ for line in open(log):
     binary = os.path.basename(t["command"][0]) if t.get("command") else ""
     ok = t["result"] in ("OK", "EXPECTEDFAIL")
     # a report named after the test (pytest's), else after its binary (GoogleTest's)
-    key = t["name"] if t["name"] in reports else binary
+    name = t["name"].split(" / ")[-1]  # "project:suite / name"
+    key = name if name in reports else binary
     if key in reports:
         p, f, s = reports[key]
         passed, failed, skipped = passed + p, failed + f + (0 if ok or f else 1), skipped + s
@@ -34,7 +35,7 @@ for line in open(log):
     else:
         passed, failed = passed + ok, failed + (not ok)
 if skipped:  # device tests on a machine without a GPU: said on a line of its own
-    print(f"{skipped} skipped (they need a GPU: tests/gpu/run_device_checks.sh runs them; "
-          "or a Python without torch: the test log says)")
+    print(f"{skipped} skipped (most need a GPU: tests/gpu/run_device_checks.sh runs them; "
+          "the test log names each one's reason)")
 print(f"{passed} passed, {failed} failed")
 sys.exit(1 if failed or passed == 0 else 0)
