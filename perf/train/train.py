@@ -1,0 +1,532 @@
+#!/usr/bin/env python3
+"""Data-parallel training on CPU with a choice of gradient reducer: DDP over gloo, one process per
+worker, one thread each. Models and data: the digits CNN (perf/train/digits.py) and a small
+character-level transformer on CPython sources (perf/train/charlm.py). What it measures and how:
+docs/training.md.
+
+Reducers (--reducer):
+  allreduce       DDP's own exact allreduce (no hook)
+  lowrank-exact   lowrank's hook with matrix_approximation_rank=0: every step an exact allreduce by
+                  lowrank (start_powerSGD_iter=0, so every step goes through lowrank)
+  fp16            PyTorch's fp16_compress_hook
+  torch-powersgd  PyTorch's powerSGD_hook at rank --rank, each bucket waited before the hook returns
+                  (unwrapped it aborts over gloo with more than one bucket: see _torch_powersgd)
+  lowrank         lowrank's powerSGD_hook at rank --rank
+  local           no reduction: the bucket comes back as it is (compute-only floor, timing only;
+                  the workers' models drift apart, so its accuracy means nothing)
+
+Launch one process per worker with torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT),
+or let --spawn N start N local workers (Debian's torchrun fails on Python 3.11):
+  /opt/venv-t2/bin/python perf/train/train.py --spawn 16 --model cnn --reducer lowrank --rank 2 \
+      --seed 0 --out perf/results/train/cnn_lowrank_r2_s0.json
+Rank 0 prints one line per epoch and writes --out (JSON: config, machine, per-epoch metrics).
+"""
+import argparse
+import datetime
+import faulthandler
+import functools
+import json
+import math
+import os
+import platform
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.normpath(os.path.join(HERE, os.pardir, os.pardir))
+sys.path.insert(0, HERE)                          # digits.py, charlm.py
+sys.path.insert(0, os.path.join(REPO, "python"))  # lowrank, when not installed
+import charlm  # noqa: E402
+import digits  # noqa: E402
+
+REDUCERS = ["allreduce", "lowrank-exact", "fp16", "torch-powersgd", "lowrank", "local"]
+# Per model: epochs, per-worker batch, learning rate; chosen with allreduce (full precision) and
+# used for every reducer. Schedule for both: linear warm-up over the first 10% of the steps, then
+# cosine decay to 0 at the end of the last epoch. Optimizer: SGD momentum 0.9 (CNN), AdamW without
+# weight decay (transformer).
+DEFAULTS = {"cnn": dict(epochs=10, batch=8, lr=0.05),
+            "transformer": dict(epochs=8, batch=4, lr=5e-3)}
+
+
+# ---- launcher ------------------------------------------------------------------------------------
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker_env(rank, n, port):
+    return dict(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(n), LOCAL_WORLD_SIZE=str(n),
+                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+
+
+def _preload():
+    """Imports the workers need, done once before forking: torch 2.x's DDP imports torch._dynamo on
+    construction, and 16 workers importing torch and dynamo at once on 2 cores take ~40 s."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook  # noqa: F401
+    try:
+        import torch._dynamo  # noqa: F401
+    except ImportError:
+        pass
+
+
+def spawn(n, argv, fresh=False):
+    """Starts n workers with torchrun's variables on a free local port: forked from this process
+    after the imports (default), or with fresh=True new interpreters running this script (as
+    torchrun would). If one exits with an error, the others are terminated. Returns the worst exit
+    status."""
+    port = _free_port()
+    if fresh:
+        procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__)] + argv,
+                                  env=dict(os.environ, **_worker_env(r, n, port)))
+                 for r in range(n)]
+        poll, stop = (lambda p: p.poll()), (lambda p: p.terminate())
+    else:
+        _preload()
+        args = parse(argv)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        procs = []
+        for r in range(n):
+            pid = os.fork()
+            if pid == 0:  # the worker: run, then leave without the interpreter's slow teardown
+                code = 1
+                try:
+                    os.environ.update(_worker_env(r, n, port))
+                    run(args)
+                    code = 0
+                except SystemExit as e:
+                    code = e.code if isinstance(e.code, int) else 1
+                except BaseException:
+                    import traceback
+                    traceback.print_exc()
+                finally:
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                    os._exit(code)
+            procs.append(pid)
+
+        def poll(pid):
+            done, status = os.waitpid(pid, os.WNOHANG)
+            return None if done == 0 else os.waitstatus_to_exitcode(status)
+
+        def stop(pid):
+            os.kill(pid, signal.SIGTERM)
+    worst = 0
+    while procs:
+        for p in list(procs):
+            rc = poll(p)
+            if rc is None:
+                continue
+            procs.remove(p)
+            worst = max(worst, abs(rc))
+            if rc != 0:
+                for q in procs:
+                    stop(q)
+        time.sleep(0.05)
+    return worst
+
+
+# ---- hooks ---------------------------------------------------------------------------------------
+def _completed(value):
+    fut = torch.futures.Future()
+    fut.set_result(value)
+    return fut
+
+
+def _local_hook(_state, bucket):
+    """No reduction: each worker keeps its own gradient (timing floor only)."""
+    return _completed(bucket.buffer())
+
+
+def _torch_powersgd(torch_hook):
+    """PyTorch's powerSGD_hook, its future waited before returning.
+
+    Why: PyTorch's hook issues the allreduce of Q (and of the uncompressed tensors' result use) from
+    completion callbacks (fut.then) of the previous allreduce, which gloo runs on its own threads.
+    With more than one bucket, those callbacks fire in an order that differs from rank to rank, so
+    one rank's allreduce of bucket 0's Q meets another rank's allreduce of bucket 1's P: gloo aborts
+    with a size mismatch. Waiting for each bucket's result inside the hook serialises the buckets
+    (the same order on every rank) at the price of overlap: the hook returns an already-completed
+    future holding the reduced buffer."""
+    def hook(state, bucket):
+        return _completed(torch_hook(state, bucket).wait())
+    return hook
+
+
+class HookTimer:
+    """Wall time spent inside the hook's call (on DDP's autograd thread, during backward): for the
+    waited torch-powersgd that is the whole reduction; for lowrank the set-up and hand-off to its
+    worker thread; for fp16 the cast and the launch. Also records each bucket's gradient shapes."""
+
+    def __init__(self, hook):
+        self.seconds = 0.0
+        self.shapes = {}
+
+        @functools.wraps(hook)  # DDP reads the hook's __name__ and __qualname__
+        def timed(state, bucket):
+            t = time.perf_counter()
+            try:
+                return hook(state, bucket)
+            finally:
+                self.seconds += time.perf_counter() - t
+                i = bucket.index()
+                if i not in self.shapes or len(self.shapes[i]) != len(bucket.gradients()):
+                    self.shapes[i] = [list(g.shape) for g in bucket.gradients()]
+        self.fn = timed
+
+
+# ---- bits per step (message-size model) ----------------------------------------------------------
+def powersgd_split(shapes, k, min_compression_rate=2.0):
+    """PyTorch's per-tensor rule: each gradient viewed as (shape[0], -1) = (n, m); with
+    k' = min(k, n, m) it is compressed if (n + m) k' rate < n m, sending P (n x k') and Q (m x k');
+    else sent exactly (1-D tensors never pass: (n + 1) * 1 * 2 >= n). Returns
+    (P + Q elements, exact elements, compressed tensors, all elements)."""
+    pq = exact = ncomp = total = 0
+    for s in shapes:
+        numel = int(np.prod(s)) if len(s) else 1
+        total += numel
+        n = s[0] if len(s) else 1
+        m = numel // n if n else 0
+        kk = min(k, n, m)
+        if len(s) >= 1 and (n + m) * kk * min_compression_rate < n * m:
+            pq += (n + m) * kk
+            ncomp += 1
+        else:
+            exact += numel
+    return pq, exact, ncomp, total
+
+
+def ring_factor(world):
+    """Elements a worker sends per element reduced, by a ring allreduce: 2 (N - 1) / N."""
+    return 2.0 * (world - 1) / world
+
+
+def model_bits_per_step(reducer, shapes, k, world, compressed_step):
+    """Bits one worker sends in one step, by the message-size model (documented in
+    docs/training.md): 32 or 16 bits per element times the ring's 2 (N - 1) / N."""
+    r = ring_factor(world)
+    grad = sum(int(np.prod(s)) for s in shapes)
+    if reducer == "local":
+        return 0.0
+    if reducer == "fp16":
+        return 16.0 * grad * r
+    if reducer in ("torch-powersgd", "lowrank") and compressed_step:
+        pq, exact, _, _ = powersgd_split(shapes, k)
+        return 32.0 * (pq + exact) * r
+    return 32.0 * grad * r
+
+
+# ---- models and data -----------------------------------------------------------------------------
+class CnnTask:
+    name = "cnn"
+
+    def __init__(self, rank, world, batch, seed):
+        images, labels = digits.load_digits()
+        xtr, ytr, xte, yte = digits.train_test_split(images, labels)
+        xs, ys = digits.shard(xtr, ytr, rank, world)
+        self.xs, self.ys = torch.from_numpy(xs), torch.from_numpy(ys)
+        # Test set sharded the same way: every rank evaluates its part, the sums are allreduced.
+        self.xte, self.yte = torch.from_numpy(xte[rank::world]), torch.from_numpy(yte[rank::world])
+        # The same step count on every rank: the smallest shard's full batches.
+        self.steps = (len(ytr) // world) // batch
+        self.batch, self.seed, self.rank = batch, seed, rank
+        self.data = dict(train_images=len(ytr), test_images=len(yte),
+                         images_per_worker_per_epoch=self.steps * batch)
+
+    def model(self):
+        return digits.DigitsCNN()
+
+    def batches(self, epoch):
+        order = torch.from_numpy(np.random.default_rng((self.seed, epoch, self.rank))
+                                 .permutation(len(self.ys)))
+        for i in range(self.steps):
+            idx = order[i * self.batch:(i + 1) * self.batch]
+            yield self.xs[idx], self.ys[idx]
+
+    @staticmethod
+    def loss(model, b):
+        return F.cross_entropy(model(b[0]), b[1])
+
+    def evaluate(self, module):
+        """(summed loss, correct, count) over this rank's part of the test set."""
+        loss, acc = digits.evaluate(module, self.xte, self.yte)
+        n = len(self.yte)
+        return loss * n, round(acc * n), n
+
+
+class CharTask:
+    name = "transformer"
+
+    def __init__(self, rank, world, batch, seed, windows):
+        train, test = charlm.load_corpus()
+        self.train = train
+        self.test = charlm.test_windows(test)[rank::world]
+        self.per_worker = windows // world
+        self.steps = self.per_worker // batch
+        self.batch, self.seed, self.rank = batch, seed, rank
+        self.data = dict(train_chars=len(train), test_chars=len(test), windows_per_epoch=windows,
+                         windows_per_worker_per_epoch=self.steps * batch,
+                         context=charlm.CONTEXT)
+
+    def model(self):
+        return charlm.CharTransformer()
+
+    def batches(self, epoch):
+        ws = charlm.sample_windows(self.train, self.steps * self.batch, self.seed, epoch, self.rank)
+        for i in range(self.steps):
+            yield ws[i * self.batch:(i + 1) * self.batch]
+
+    @staticmethod
+    def loss(model, b):
+        return charlm.loss_of(model, b)
+
+    def evaluate(self, module):
+        total, n = charlm.evaluate(module, self.test)
+        return total, 0, n
+
+
+# ---- the run -------------------------------------------------------------------------------------
+def lr_at(step, total, lr):
+    """Linear warm-up over the first 10% of the steps, then cosine decay to 0 at step `total`."""
+    warm = max(1, round(0.1 * total))
+    if step < warm:
+        return lr * (step + 1) / warm
+    return lr * 0.5 * (1.0 + math.cos(math.pi * (step - warm) / max(1, total - warm)))
+
+
+def machine_info():
+    info = dict(hostname=socket.gethostname(), platform=platform.platform(),
+                python=platform.python_version(), executable=sys.executable,
+                torch=torch.__version__, numpy=np.__version__, cpu_count=os.cpu_count(),
+                cpus_allowed=len(os.sched_getaffinity(0)), torch_threads=torch.get_num_threads(),
+                blas=next((w.split("=", 1)[1].split(",")[0] for w in torch.__config__.show().split()
+                           if w.startswith("BLAS_INFO=")), None),
+                loadavg_start=os.getloadavg())
+    try:
+        with open("/proc/cpuinfo") as f:
+            info["cpu"] = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), None)
+    except OSError:
+        pass
+    try:
+        info["git"] = subprocess.run(["git", "-C", REPO, "describe", "--always", "--dirty"],
+                                     capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return info
+
+
+_KEEP = []
+
+
+def run(args):
+    faulthandler.register(signal.SIGUSR1)  # kill -USR1 <pid>: a stuck worker's Python stacks
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(args.seed)
+    if args.model == "cnn":
+        task = CnnTask(rank, world, args.batch, args.seed)
+    else:
+        task = CharTask(rank, world, args.batch, args.seed, args.windows)
+    if task.steps < 1:
+        raise SystemExit(f"--batch {args.batch} leaves no full batch per worker per epoch")
+    module = task.model()
+    shapes = [list(p.shape) for p in module.parameters() if p.requires_grad]
+    ddp_kw = {} if args.bucket_cap_mb is None else dict(bucket_cap_mb=args.bucket_cap_mb)
+    model = DDP(module, **ddp_kw)
+
+    # Step s (0-based) is compressed by either PowerSGD hook iff s >= start_iter.
+    start_iter = 0 if args.reducer == "lowrank-exact" else args.start_iter
+    state, timer, lowrank_state = None, None, None
+    if args.reducer in ("lowrank", "lowrank-exact"):
+        from lowrank.torch import PowerSGDState, powerSGD_hook
+        k = 0 if args.reducer == "lowrank-exact" else args.rank
+        state = lowrank_state = PowerSGDState(process_group=None, matrix_approximation_rank=k,
+                                              start_powerSGD_iter=start_iter, random_seed=args.seed)
+        timer = HookTimer(powerSGD_hook)
+    elif args.reducer == "torch-powersgd":
+        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as tp
+        state = tp.PowerSGDState(process_group=None, matrix_approximation_rank=args.rank,
+                                 start_powerSGD_iter=start_iter, random_seed=args.seed)
+        timer = HookTimer(_torch_powersgd(tp.powerSGD_hook))
+    elif args.reducer == "fp16":
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        timer = HookTimer(default_hooks.fp16_compress_hook)
+    elif args.reducer == "local":
+        timer = HookTimer(_local_hook)
+    if timer is not None:
+        model.register_comm_hook(state, timer.fn)
+
+    if args.model == "cnn":
+        opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    else:
+        opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    total_steps = task.steps * args.epochs
+    pq, exact, ncomp, grad = powersgd_split(shapes, args.rank)
+    config = dict(vars(args), world=world, start_iter_effective=start_iter,
+                  steps_per_epoch=task.steps, total_steps=total_steps, data=task.data,
+                  parameters=grad, parameter_tensors=len(shapes), parameter_shapes=shapes,
+                  powersgd_rule=dict(rank=args.rank, pq_elements=pq, exact_elements=exact,
+                                     compressed_tensors=ncomp, ratio=grad / max(1, pq + exact)),
+                  ring_factor=ring_factor(world))
+    for key in ("spawn", "fresh"):
+        config.pop(key, None)
+    info = machine_info() if rank == 0 else None
+
+    if rank == 0:
+        print(f"{args.model} {args.reducer}" + (f" rank {args.rank}" if "powersgd" in args.reducer
+                                                 or args.reducer == "lowrank" else "")
+              + f": {world} workers, {task.steps} steps of {args.batch} per epoch, "
+              f"{grad} parameters; torch {torch.__version__}", flush=True)
+    epochs, step, bits_total, prev_sent = [], 0, 0.0, 0
+    t_run = time.perf_counter()
+    for epoch in range(1, args.epochs + 1):
+        t_epoch = time.perf_counter()
+        model.train()
+        batch_ms, loss_sum = [], 0.0
+        hook_s0 = timer.seconds if timer else 0.0
+        bits_model, warm_steps = 0.0, 0
+        for b in task.batches(epoch):
+            for g in opt.param_groups:
+                g["lr"] = lr_at(step, total_steps, args.lr)
+            t0 = time.perf_counter()
+            opt.zero_grad()
+            loss = task.loss(model, b)
+            loss.backward()
+            opt.step()
+            lv = loss.item()
+            batch_ms.append(1000.0 * (time.perf_counter() - t0))
+            loss_sum += lv
+            compressed = step >= start_iter
+            warm_steps += not compressed
+            bits_model += model_bits_per_step(args.reducer, shapes, args.rank, world, compressed)
+            step += 1
+        train_s = time.perf_counter() - t_epoch
+
+        # Measured bits: lowrank's own counter for the steps it reduced, plus DDP's exact allreduce
+        # (message-size model) for the warm-up steps that went over the process group.
+        st = lowrank_state.stats() if lowrank_state is not None else None
+        if st is not None:
+            sent = st["bytesSent"] - prev_sent
+            prev_sent = st["bytesSent"]
+            bits = 8.0 * sent + warm_steps * 32.0 * grad * ring_factor(world)
+            bits_source = "lowrank bytesSent + warm-up by model"
+        else:
+            bits, bits_source = bits_model, "model"
+        bits_total += bits
+
+        # Evaluation: rank 0's buffers (BatchNorm statistics) on every rank, each rank its part of
+        # the test set, sums allreduced, so the result is rank 0's model on the whole test set.
+        for buf in model.module.buffers():
+            dist.broadcast(buf, 0)
+        loss_t, correct, n = task.evaluate(model.module)
+        agg = torch.tensor([loss_t, correct, n, loss_sum / task.steps, float(np.mean(batch_ms))],
+                           dtype=torch.float64)
+        dist.all_reduce(agg)
+        rec = dict(epoch=epoch, steps=task.steps, train_loss=agg[3].item() / world,
+                   test_loss=agg[0].item() / agg[2].item(),
+                   batch_ms_mean=float(np.mean(batch_ms)), batch_ms_mean_all_ranks=agg[4].item() / world,
+                   batch_ms=[round(x, 3) for x in batch_ms],
+                   hook_call_ms_mean=(1000.0 * (timer.seconds - hook_s0) / task.steps) if timer else None,
+                   bits=bits, bits_cumulative=bits_total, bits_source=bits_source,
+                   bits_model=bits_model, lr_end=opt.param_groups[0]["lr"],
+                   train_s=train_s, epoch_s=time.perf_counter() - t_epoch)
+        if args.model == "cnn":
+            rec["test_accuracy"] = agg[1].item() / agg[2].item()
+        if st is not None:
+            rec["lowrank_stats"] = st
+        epochs.append(rec)
+        if rank == 0:
+            metric = (f"test accuracy {rec['test_accuracy']:.4f}" if args.model == "cnn"
+                      else f"test loss {rec['test_loss']:.4f}")
+            print(f"epoch {epoch}: train loss {rec['train_loss']:.4f}, {metric}, "
+                  f"{rec['batch_ms_mean']:.1f} ms/batch, {bits / 8e6:.3f} MB sent per worker"
+                  + (f", ratio {st['ratio']:.1f}" if st else "") + f" ({rec['epoch_s']:.1f} s)",
+                  flush=True)
+
+    result = dict(config=config, machine=info, epochs=epochs, wall_s=time.perf_counter() - t_run)
+    if lowrank_state is not None:
+        result["lowrank_stats"] = lowrank_state.stats()
+        result["buckets"] = []
+        for i in sorted(timer.shapes):
+            bshapes = timer.shapes[i]
+            result["buckets"].append(dict(index=i, shapes=bshapes,
+                                          compressible=powersgd_split(bshapes, args.rank)[2]
+                                          if args.reducer == "lowrank" else 0,
+                                          view=lowrank_state.view(i)))
+        lowrank_state.close()
+    elif args.reducer == "torch-powersgd":
+        rate, before, after = state.compression_stats()
+        result["torch_powersgd_stats"] = dict(compress_rate=rate, numel_before=before,
+                                              numel_after=after)
+    if rank == 0:
+        result["machine"]["loadavg_end"] = os.getloadavg()
+        if args.out:
+            os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+            tmp = args.out + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump(result, f, indent=1)
+            os.replace(tmp, args.out)  # a finished run's file is whole: the study skips it
+            print(f"wrote {args.out}", flush=True)
+    dist.destroy_process_group()
+    # The caller leaves by os._exit. Freeing DDP's objects before that can block: seen on rank 0
+    # with 16 forked workers under torch 2.11, a destructor waiting on a gloo thread. Kept alive.
+    _KEEP.append(locals())
+
+
+def parse(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--reducer", choices=REDUCERS, default="allreduce")
+    ap.add_argument("--rank", type=int, default=4, help="approximation rank k of the PowerSGD reducers")
+    ap.add_argument("--model", choices=["cnn", "transformer"], default="cnn")
+    ap.add_argument("--epochs", type=int, help="default: cnn 10, transformer 8")
+    ap.add_argument("--seed", type=int, default=0, help="data order, initial weights, PowerSGD's Q")
+    ap.add_argument("--batch", type=int, help="samples per worker per step (default: cnn 8 images, "
+                                              "transformer 4 windows)")
+    ap.add_argument("--lr", type=float, help="peak learning rate (default: cnn 0.05, transformer 5e-3)")
+    ap.add_argument("--start-iter", type=int, default=10,
+                    help="start_powerSGD_iter of both PowerSGD hooks: exact steps before compression "
+                         "(PyTorch's hook requires > 1)")
+    ap.add_argument("--windows", type=int, default=charlm.WINDOWS_PER_EPOCH * 2,
+                    help="transformer: windows per epoch, all workers together (default 2048)")
+    ap.add_argument("--bucket-cap-mb", type=float, help="DDP's bucket_cap_mb (default DDP's, 25)")
+    ap.add_argument("--timeout", type=float, default=300, help="seconds for the process group's waits")
+    ap.add_argument("--spawn", type=int, metavar="N", help="start N worker processes on this host")
+    ap.add_argument("--fresh", action="store_true",
+                    help="with --spawn: start the workers as new interpreters instead of forking")
+    ap.add_argument("--out", metavar="FILE.json", help="rank 0 writes the results here")
+    args = ap.parse_args(argv)
+    for key, val in DEFAULTS[args.model].items():
+        if getattr(args, key) is None:
+            setattr(args, key, val)
+    if args.reducer == "torch-powersgd" and args.start_iter <= 1:
+        ap.error("--start-iter must be > 1 for torch-powersgd (PyTorch's hook requires it with error "
+                 "feedback and warm start); use the same value for lowrank to compare")
+    return args
+
+
+def main():
+    args = parse()
+    if args.spawn:
+        argv = sys.argv[1:]
+        i = next(i for i, a in enumerate(argv) if a.startswith("--spawn"))
+        del argv[i:i + (1 if "=" in argv[i] else 2)]
+        sys.exit(spawn(args.spawn, argv, fresh=args.fresh))
+    run(args)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # torch 2.x's interpreter teardown takes seconds per process
+
+
+if __name__ == "__main__":
+    main()
