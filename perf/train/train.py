@@ -122,17 +122,21 @@ def spawn(n, argv, fresh=False):
         def stop(pid):
             os.kill(pid, signal.SIGTERM)
     worst = 0
-    while procs:
-        for p in list(procs):
-            rc = poll(p)
-            if rc is None:
-                continue
-            procs.remove(p)
-            worst = max(worst, abs(rc))
-            if rc != 0:
-                for q in procs:
-                    stop(q)
-        time.sleep(0.05)
+    try:
+        while procs:
+            for p in list(procs):
+                rc = poll(p)
+                if rc is None:
+                    continue
+                procs.remove(p)
+                worst = max(worst, abs(rc))
+                if rc != 0:
+                    for q in procs:
+                        stop(q)
+            time.sleep(0.05)
+    finally:  # interrupted: the workers go too
+        for q in procs:
+            stop(q)
     return worst
 
 
