@@ -48,7 +48,7 @@ def main():
     ap.add_argument("--start-iter", type=int, default=10, help="exact steps before compression")
     ap.add_argument("--batch", type=int, default=32, help="images per worker per step")
     ap.add_argument("--lr", type=float, default=0.05)
-    args, rest = ap.parse_known_args()
+    args = ap.parse_args()
     if args.spawn:
         argv = sys.argv[1:]
         i = next(i for i, a in enumerate(argv) if a.startswith("--spawn"))
@@ -63,6 +63,8 @@ def main():
     xtr, ytr, xte, yte = digits.train_test_split(images, labels)
     xs, ys = digits.shard(xtr, ytr, rank, world)
     xs, ys = torch.from_numpy(xs), torch.from_numpy(ys)
+    if len(xs) < args.batch:
+        ap.error(f"--batch {args.batch} is more than this worker's {len(xs)} training images")
 
     model = DDP(digits.DigitsCNN())
     # The two lines of PyTorch's PowerSGD, with the import from lowrank.torch:

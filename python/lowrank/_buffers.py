@@ -22,14 +22,18 @@ class Buffer:
     index: int      # CUDA device index (-1 for host memory)
 
 
-def describe(x, what="tensor", function="allreduce"):
+def describe(x, what="tensor", function="allreduce", writable=False):
     """Buffer of a contiguous torch tensor or NumPy array; InvalidArgumentError otherwise
-    (non-contiguous, sparse, empty, an unsupported dtype or device, a read-only array)."""
+    (non-contiguous, sparse, empty, an unsupported dtype or device; a read-only array where
+    `writable`)."""
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(x, torch.Tensor):
         return _describe_tensor(x, what, function)
     np = sys.modules.get("numpy")
     if np is not None and isinstance(x, np.ndarray):
+        if writable and not x.flags.writeable:
+            raise InvalidArgumentError(4, f"{what} is a read-only array: lowrank writes the result "
+                                          "into it", function)
         return _describe_ndarray(x, what, function)
     raise InvalidArgumentError(4, f"{what} must be a torch.Tensor or a numpy.ndarray, "
                                   f"not {type(x).__name__}", function)

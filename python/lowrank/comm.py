@@ -29,7 +29,18 @@ def make_config(**kwargs):
             continue
         if isinstance(value, bool):
             value = int(value)
-        setattr(cfg, CONFIG_FIELDS[key], value)
+        field = CONFIG_FIELDS[key]
+        kind = dict(cfg._fields_)[field]
+        # ctypes wraps out-of-range integers silently, and the C "unset" sentinels (-1 for
+        # doubles and the seed, INT_MIN for ints) would quietly mean "the default": refuse both
+        # here; the C library checks the documented ranges of the rest.
+        if kind is ctypes.c_int and not -2**31 < int(value) < 2**31:
+            raise InvalidArgumentError(4, f"config {key}={value} is out of range", "make_config")
+        if kind is ctypes.c_longlong and not 0 <= int(value) < 2**63:
+            raise InvalidArgumentError(4, f"config {key}={value} must be in [0, 2^63 - 1]", "make_config")
+        if kind is ctypes.c_double and float(value) < 0:
+            raise InvalidArgumentError(4, f"config {key}={value} must be >= 0", "make_config")
+        setattr(cfg, field, value)
     return cfg
 
 
@@ -143,7 +154,7 @@ class Communicator:
         Raises InvalidArgumentError (bad arrays, dtype, op) or LowrankError (lowrank.h's errors)."""
         if recvbuf is None:
             recvbuf = sendbuf
-        s, r = describe(sendbuf, "sendbuf"), describe(recvbuf, "recvbuf")
+        s, r = describe(sendbuf, "sendbuf"), describe(recvbuf, "recvbuf", writable=True)
         if (s.dtype, s.count, s.device, s.index) != (r.dtype, r.count, r.device, r.index):
             raise InvalidArgumentError(4, f"sendbuf ({s.count} {s.dtype} on {s.device}) and recvbuf "
                                           f"({r.count} {r.dtype} on {r.device}) differ", "allreduce")
@@ -162,7 +173,13 @@ class Communicator:
         shapes is a sequence of tensor shapes, in order, whose elements add up to the buffer's
         count. Tensors of >= 2 dimensions are viewed as (shape[0], prod(shape[1:])) and compressed
         if they pass the compression-rate test; 1-D ones are exact. Resets the buffer's state."""
-        shapes = [tuple(int(d) for d in s) for s in shapes]
+        try:
+            shapes = [tuple(int(d) for d in s) for s in shapes]
+        except (TypeError, ValueError):
+            raise InvalidArgumentError(4, f"shapes must be a sequence of shapes (sequences of ints), "
+                                          f"not {shapes!r}", "lowrankBufferSetLayout") from None
+        if any(d < 0 for s in shapes for d in s):
+            raise InvalidArgumentError(4, f"negative size in {shapes}", "lowrankBufferSetLayout")
         n = len(shapes)
         if n == 0:
             raise InvalidArgumentError(4, "set_layout: no shapes", "lowrankBufferSetLayout")

@@ -205,7 +205,7 @@ def peer_death(victim):
             ddp(torch.randn(8, 1, 8, 8), step).sum().backward()
     except Exception as e:  # noqa: BLE001 - any failure is what we wait for
         result(raised=type(e).__name__, message=str(e)[:300], after=time.monotonic() - t0)
-        os._exit(0)  # gloo's teardown with a dead peer is not what is tested here
+        sys.exit(0)  # a normal exit: lowrank's threads must not abort the interpreter's teardown
     result(raised=None)
 
 
@@ -265,8 +265,23 @@ def bad_use():
             errors[name] = {"type": type(e).__name__, "message": str(e)}
     buf = torch.randn(64 * 32)
     out = powerSGD_hook(state, SyntheticBucket(0, buf, [(64, 32)])).wait()
-    errors["after"] = {"finite": bool(torch.isfinite(out).all()), "stats": state.stats()["compressedCalls"]}
+    errors["after"] = {"finite": bool(torch.isfinite(out).all()), "stats": state.stats()["compressedCalls"],
+                       "start_iter": state.communicator().config()["start_iter"]}
+    # one state for two models: the same bucket index twice in a step, with other buffers
+    try:
+        powerSGD_hook(state, SyntheticBucket(0, torch.randn(64 * 32), [(64, 32)], last=False))
+        powerSGD_hook(state, SyntheticBucket(0, torch.randn(64 * 32), [(64, 32)], last=False))
+        errors["two_models"] = None
+    except lowrank.LowrankError as e:
+        errors["two_models"] = str(e)
+    state._workers["cpu"].drain()
     state.close()
+    try:
+        powerSGD_hook(state, SyntheticBucket(0, buf, [(64, 32)]))
+        errors["closed"] = None
+    except lowrank.LowrankError as e:
+        errors["closed"] = str(e)
+    errors["closed_stats"] = [state.stats(), state.compression_stats()]
     result(**errors)
 
 

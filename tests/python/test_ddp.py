@@ -49,7 +49,7 @@ def test_error_against_pytorch_hook(k):
 
 def test_peer_killed_mid_step():
     """Rank 2 is SIGKILLed inside its hook at step 4: the others raise within lowrank's timeout
-    (5 s) + 10 s, none hangs."""
+    (5 s) + 10 s, none hangs, and each then exits normally (status 0, no abort at teardown)."""
     runs = run_ranks(3, "peer_death", 2, timeout=60)
     assert runs[2][0] == -9
     for rc, res, text, _ in runs[:2]:
@@ -70,7 +70,7 @@ def test_bucket_shapes_differ_across_ranks(world):
 def test_bad_use_is_a_clear_exception():
     """torch.distributed not initialized; a non-contiguous, complex or mixed-device bucket: each
     raises a clear exception, and the hook works afterwards in the same process."""
-    runs = run_ranks(1, "bad_use", timeout=90)
+    runs = run_ranks(1, "bad_use", timeout=90, env={"LOWRANK_START_ITER": "5"})
     res = results(runs)[0]
     notinit = [line for line in runs[0][2].splitlines() if line.startswith("NOTINIT ")][0]
     assert '"code": 5' in notinit and "init_process_group" in notinit
@@ -78,7 +78,10 @@ def test_bad_use_is_a_clear_exception():
     assert res["non_contiguous"]["type"] == "InvalidArgumentError"
     assert "complex64" in res["dtype"]["message"]
     assert "mixes devices" in res["mixed_device"]["message"]
-    assert res["after"] == {"finite": True, "stats": 1}
+    # the hook counts the warm-up itself: LOWRANK_START_ITER does not delay it further
+    assert res["after"] == {"finite": True, "stats": 1, "start_iter": 0}
+    assert "one PowerSGDState serves one DDP model" in res["two_models"]
+    assert "closed" in res["closed"] and res["closed_stats"] == [{}, [0.0, 0, 0]]
 
 
 @pytest.mark.parametrize("world", [2, 3])

@@ -93,6 +93,8 @@ def test_bad_arguments_raise_and_comm_goes_on():
             "op": lambda: c.allreduce(x, op="mean"),
             "not_array": lambda: c.allreduce([1.0, 2.0]),
             "zero_size": lambda: c.set_layout(x, [(32, 0, 16)]),
+            "shapes_not_sequences": lambda: c.set_layout(x, [512]),
+            "read_only": lambda: c.allreduce(np.frombuffer(b"\0" * 64, dtype=np.float32)),
         }.items():
             with pytest.raises(lowrank.InvalidArgumentError) as e:
                 call()
@@ -110,6 +112,7 @@ def test_bad_arguments_raise_and_comm_goes_on():
     seen, st = on_ranks(1, body, approx_rank=2)[0]
     assert "contiguous" in seen["non_contiguous"] and "complex64" in seen["dtype"]
     assert "meta" in seen["mixed_device"] and "differ" in seen["count"]
+    assert "read-only" in seen["read_only"] and "sequence" in seen["shapes_not_sequences"]
     assert "size" in seen["zero_size"].lower() or "0" in seen["zero_size"]
     assert st["calls"] == 1 and st["buffers"] == 1
 
@@ -126,6 +129,11 @@ def test_init_errors_carry_code_and_nothing_leaks():
     assert e.value.code == 4
     with pytest.raises(TypeError):
         lowrank.make_config(rank=4)
+    # values ctypes would wrap, or that equal C's "unset" sentinels, are refused
+    for bad in ({"approx_rank": 2**33}, {"seed": -1}, {"seed": 2**64}, {"timeout": -1},
+                {"ortho_epsilon": -1}, {"min_compression_rate": -1.0}):
+        with pytest.raises(lowrank.InvalidArgumentError):
+            lowrank.make_config(**bad)
 
     def cycle():  # (an id never used keeps its listening socket until LOWRANK_TIMEOUT: not made)
         uid = lowrank.get_unique_id()

@@ -6,6 +6,7 @@ in each argument's description and in docs/pytorch.md. Method: PowerSGD (Vogels,
 Jaggi, NeurIPS 2019, arXiv 1905.13727), per tensor as PyTorch's hook: each gradient of >= 2
 dimensions viewed as (shape[0], -1) and compressed if (n + m) k rate < n m, the rest exact.
 """
+import atexit
 import contextlib
 import logging
 
@@ -13,11 +14,23 @@ import torch
 import torch.distributed as dist
 
 from .._buffers import describe
-from ..errors import InvalidArgumentError
+from ..errors import InvalidArgumentError, LowrankError
 from .process_group import communicator_from_process_group, require_initialized
 from .worker import Worker
 
 logger = logging.getLogger("lowrank.torch")
+_live_states = set()  # closed at interpreter exit (held here, so not collected before that)
+
+
+@atexit.register
+def _close_at_exit():
+    """Stop the worker threads before the interpreter goes: a daemon thread still completing a
+    torch future while Python finalizes aborts the process (seen after a peer died)."""
+    for state in list(_live_states):
+        try:
+            state.close(timeout=5)
+        except Exception:  # noqa: BLE001 - nothing to report to at exit
+            pass
 
 
 class PowerSGDState:
@@ -74,7 +87,9 @@ class PowerSGDState:
         self.batch_tensors_with_same_shape = batch_tensors_with_same_shape
         self.iter = 0
         self.next_stats_report = 0
-        self._config = dict(approx_rank=matrix_approximation_rank,
+        # start_iter 0: the warm-up is counted here in steps, as PyTorch's (LOWRANK_START_ITER
+        # would otherwise add per-buffer calls of its own).
+        self._config = dict(approx_rank=matrix_approximation_rank, start_iter=0,
                             min_compression_rate=float(min_compression_rate),
                             error_feedback=bool(use_error_feedback), warm_start=bool(warm_start),
                             ortho_epsilon=float(orthogonalization_epsilon), seed=int(random_seed),
@@ -83,10 +98,12 @@ class PowerSGDState:
         self._workers = {}  # the same keys -> Worker
         self._buckets = {}  # bucket index -> (device, buffer address, shapes)
         self._seen = set()  # bucket indices called in the current step
+        self._closed = False
         if device is None:
             backend = str(dist.get_backend(process_group)).lower()
             device = "cuda" if backend == "nccl" else "cpu"
         self._comm(device)
+        _live_states.add(self)
 
     # ---- PyTorch's interface -------------------------------------------------------------------
     def maybe_increase_iter(self, bucket):
@@ -100,6 +117,8 @@ class PowerSGDState:
         """(compress_rate, numel_before_compression, numel_after_compression) as PyTorch's: input
         elements of the compressed calls (and their exact parts) per element sent, from lowrank."""
         s = self.stats()
+        if not s:
+            return 0.0, 0, 0
         before = s["compressedElements"] + s["exactElements"]
         return s["ratio"], before, s["payloadElements"]
 
@@ -130,15 +149,26 @@ class PowerSGDState:
         """The lowrank.Communicator this state uses for buckets on `device` (made if needed)."""
         return self._comm(device)
 
-    def close(self):
-        """Finish queued work, free every bucket's state and destroy the communicators."""
+    def close(self, timeout=None):
+        """Finish queued work, free every bucket's state and destroy the communicators (not
+        collective). The hook refuses a closed state: make a new one to go on training. Called at
+        interpreter exit for every state still open. timeout: seconds to wait for queued work
+        (None: as long as it takes, bounded by lowrank's own timeout); past it the communicator
+        is aborted."""
+        self._closed = True
         for dev in list(self._comms):
-            self._workers.pop(dev).stop()
-            self._comms.pop(dev).destroy()
+            worker, comm = self._workers.pop(dev), self._comms.pop(dev)
+            if not worker.stop(timeout):
+                comm.abort()  # a call blocked on a peer: end it, then let the thread finish
+                worker.stop(timeout)
+            comm.destroy()
         self._buckets.clear()
+        _live_states.discard(self)
 
     # ---- internals -----------------------------------------------------------------------------
     def _comm(self, device):
+        if self._closed:
+            raise LowrankError(5, "this PowerSGDState was closed: make a new one", "powerSGD_hook")
         if device not in self._comms:
             self._comms[device] = communicator_from_process_group(self.process_group, device,
                                                                   **self._config)
@@ -157,6 +187,10 @@ class PowerSGDState:
         index, ptr = bucket.index(), buf.data_ptr()
         record = (device, ptr, shapes)
         old = self._buckets.get(index)
+        if index in self._seen and old != record:
+            raise LowrankError(5, f"bucket {index} came twice in one step with other buffers: one "
+                                  "PowerSGDState serves one DDP model (make one per model)",
+                               "powerSGD_hook")
         self._seen.add(index)
         if old == record:
             return []

@@ -18,12 +18,15 @@ class Worker:
         self._jobs = queue.SimpleQueue()
         self._thread = None
         self._lock = threading.Lock()
+        self._stopping = False
 
     def submit(self, job, future=None, context=None):
         """Queue job(); its return value (or exception) completes `future` when given, inside
         `context()` when given (CUDA: the stream the future must record its event on). A job
         without a future that raises is re-raised by the next job's future instead."""
         with self._lock:
+            if self._stopping:
+                raise RuntimeError(f"{self._name}: the worker was stopped")
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
                 self._thread.start()
@@ -35,13 +38,22 @@ class Worker:
         self.submit(done.set)
         done.wait()
 
-    def stop(self):
-        """Run what is queued, then end the thread."""
+    def stop(self, timeout=None):
+        """Run what is queued, then end the thread; False if it is still running after
+        `timeout` seconds (None: wait as long as it takes)."""
         with self._lock:
-            thread, self._thread = self._thread, None
-        if thread is not None:
-            self._jobs.put((None, None, None))
-            thread.join()
+            thread = self._thread
+            if thread is not None and not self._stopping:
+                self._stopping = True
+                self._jobs.put((None, None, None))
+        if thread is None:
+            return True
+        thread.join(timeout)
+        if thread.is_alive():
+            return False
+        with self._lock:
+            self._thread = None
+        return True
 
     def _run(self):
         pending_error = None
