@@ -211,6 +211,29 @@ def summarize(ranks):
     return rows, targets
 
 
+def time_table(rows):
+    """The reference's table of time per batch (rows Full precision, Float16, Rank k; columns
+    PyTorch and lowrank), from the accuracy runs: ms per batch, mean over seeds ± SE."""
+    out = []
+    for model in ("cnn", "transformer"):
+        def cell(reducer, k=None):
+            r = next((r for r in rows if (r["model"], r["reducer"], r["rank"]) == (model, reducer, k)), None)
+            if r is None:
+                return "—"
+            return f"{r['batch_ms']:.1f} ± {r['batch_ms_se']:.1f}" if r["batch_ms_se"] is not None \
+                else f"{r['batch_ms']:.1f}"
+        if not any(r["model"] == model for r in rows):
+            continue
+        out += ["", f"### Time per batch, {model} (ms, mean over seeds ± SE; 16 workers sharing 2 "
+                    "cores over loopback: compute-bound, not the network setting)", "",
+                "| | PyTorch | lowrank |", "|---|---|---|",
+                f"| Full precision | {cell('allreduce')} (DDP allreduce) | {cell('lowrank-exact')} (lowrank-exact) |",
+                f"| Float16 | {cell('fp16')} (fp16_compress_hook) | — |"]
+        ks = sorted({r["rank"] for r in rows if r["model"] == model and r["rank"]})
+        out += [f"| Rank {k} | {cell('torch-powersgd', k)} | {cell('lowrank', k)} |" for k in ks]
+    return out
+
+
 def write_summary(rows, targets):
     os.makedirs(RESULTS, exist_ok=True)
     with open(os.path.join(RESULTS, "accuracy_summary.json"), "w") as f:
@@ -230,6 +253,7 @@ def write_summary(rows, targets):
                      if r["se"] is not None else
                      f"| {r['model']} | {r['reducer']} | {r['rank'] or '—'} | {r['n']} | "
                      f"{r['mean']:.4f} | — | {r['batch_ms']:.1f} | {r['bits_per_worker']:.3g} | — |")
+    lines += time_table(rows)
     lines += ["", "## Targets", ""]
     lines += [f"- {'MET' if t['met'] else 'NOT MET'}: {t['text']} (seeds {t['n'][0]} and {t['n'][1]})"
               for t in targets] or ["- no results yet"]
