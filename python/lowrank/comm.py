@@ -54,25 +54,36 @@ def _fail(lib, code, function, handle=None):
 def get_unique_id():
     """lowrankGetUniqueId: 128 bytes to hand to every comm rank (made on comm rank 0, which then
     listens for the others). Raises LowrankError."""
-    lib = _capi.load()
-    uid = _capi.UniqueId()
-    rc = lib.lowrankGetUniqueId(ctypes.byref(uid))
-    if rc:
-        raise _fail(lib, rc, "lowrankGetUniqueId")
-    return ctypes.string_at(ctypes.addressof(uid), ctypes.sizeof(uid))  # NULs included
+    return _make_id(_capi.UniqueId, "lowrankGetUniqueId")
 
 
 def nccl_unique_id():
     """lowrankNcclGetUniqueId: an NCCL unique id (128 bytes) from the NCCL library lowrank uses."""
+    return _make_id(_capi.NcclUniqueId, "lowrankNcclGetUniqueId")
+
+
+def _entry(lib, fn, name):
+    """lib's C function fn; LowrankError (lowrankInvalidUsage) for the NCCL entry points of a
+    library built without NCCL's header."""
+    if not hasattr(lib, fn):
+        raise LowrankError(5, f"{lib.lowrank_path} was built without NCCL's header: no {fn}", name)
+    return getattr(lib, fn)
+
+
+def _make_id(struct, fn):
     lib = _capi.load()
-    if not hasattr(lib, "lowrankNcclGetUniqueId"):
-        raise LowrankError(5, f"{lib.lowrank_path} was built without NCCL's header: no NCCL "
-                              "communicators", "lowrankNcclGetUniqueId")
-    uid = _capi.NcclUniqueId()
-    rc = lib.lowrankNcclGetUniqueId(ctypes.byref(uid))
+    uid = struct()
+    rc = _entry(lib, fn, fn)(ctypes.byref(uid))
     if rc:
-        raise _fail(lib, rc, "lowrankNcclGetUniqueId")
+        raise _fail(lib, rc, fn)
     return ctypes.string_at(ctypes.addressof(uid), ctypes.sizeof(uid))  # NULs included
+
+
+def _id_struct(struct, data, maker, name):
+    """The id bytes `data` as a ctypes `struct`; InvalidArgumentError unless they are its size."""
+    if not isinstance(data, (bytes, bytearray)) or len(data) != ctypes.sizeof(struct):
+        raise InvalidArgumentError(4, f"the id must be {ctypes.sizeof(struct)} bytes from {maker}", name)
+    return struct.from_buffer_copy(bytes(data))
 
 
 class Communicator:
@@ -98,48 +109,35 @@ class Communicator:
     def init_rank(cls, nranks, unique_id, rank, **config):
         """lowrankCommInitRankConfig: collective over nranks callers (threads or processes) that
         share unique_id (bytes from get_unique_id). config: keywords of CONFIG_FIELDS."""
-        lib = _capi.load()
-        if not isinstance(unique_id, (bytes, bytearray)) or len(unique_id) != _capi.UNIQUE_ID_BYTES:
-            raise InvalidArgumentError(4, f"unique_id must be {_capi.UNIQUE_ID_BYTES} bytes from "
-                                          "get_unique_id()", "lowrankCommInitRank")
-        uid = _capi.UniqueId.from_buffer_copy(bytes(unique_id))
-        cfg = make_config(**config)
-        h = ctypes.c_void_p()
-        rc = lib.lowrankCommInitRankConfig(ctypes.byref(h), int(nranks), uid, int(rank), ctypes.byref(cfg))
-        if rc:
-            raise _fail(lib, rc, "lowrankCommInitRank")
-        return cls(h.value)
+        uid = _id_struct(_capi.UniqueId, unique_id, "get_unique_id()", "lowrankCommInitRank")
+        return cls._init("lowrankCommInitRankConfig", "lowrankCommInitRank", "cpu",
+                         int(nranks), uid, int(rank), config=config)
 
     @classmethod
     def from_env(cls, **config):
         """lowrankCommInitFromEnvConfig: comm rank and size from the launcher's variables (RANK,
         WORLD_SIZE, MASTER_ADDR, MASTER_PORT + 1, or LOWRANK_*/Open MPI/Slurm: docs/launching.md)."""
-        lib = _capi.load()
-        cfg = make_config(**config)
-        h = ctypes.c_void_p()
-        rc = lib.lowrankCommInitFromEnvConfig(ctypes.byref(h), ctypes.byref(cfg))
-        if rc:
-            raise _fail(lib, rc, "lowrankCommInitFromEnv")
-        return cls(h.value)
+        return cls._init("lowrankCommInitFromEnvConfig", "lowrankCommInitFromEnv", "cpu",
+                         config=config)
 
     @classmethod
     def from_nccl_id(cls, nranks, nccl_id, rank, **config):
         """lowrankCommInitNcclRank: a new NCCL communicator on the current CUDA device, owned by
         the returned communicator (for CUDA tensors; host buffers work too, as NCCL allows)."""
+        uid = _id_struct(_capi.NcclUniqueId, nccl_id, "nccl_unique_id()", "lowrankCommInitNcclRank")
+        return cls._init("lowrankCommInitNcclRank", "lowrankCommInitNcclRank", "cuda",
+                         int(nranks), uid, int(rank), config=config)
+
+    @classmethod
+    def _init(cls, fn, name, device, *args, config):
+        """Calls the C init `fn`(&comm, *args, &config) and wraps the communicator it makes."""
         lib = _capi.load()
-        if not hasattr(lib, "lowrankCommInitNcclRank"):
-            raise LowrankError(5, f"{lib.lowrank_path} was built without NCCL's header",
-                               "lowrankCommInitNcclRank")
-        if not isinstance(nccl_id, (bytes, bytearray)) or len(nccl_id) != 128:
-            raise InvalidArgumentError(4, "nccl_id must be 128 bytes from nccl_unique_id()",
-                                       "lowrankCommInitNcclRank")
-        uid = _capi.NcclUniqueId.from_buffer_copy(bytes(nccl_id))
         cfg = make_config(**config)
         h = ctypes.c_void_p()
-        rc = lib.lowrankCommInitNcclRank(ctypes.byref(h), int(nranks), uid, int(rank), ctypes.byref(cfg))
+        rc = _entry(lib, fn, name)(ctypes.byref(h), *args, ctypes.byref(cfg))
         if rc:
-            raise _fail(lib, rc, "lowrankCommInitNcclRank")
-        return cls(h.value, device="cuda")
+            raise _fail(lib, rc, name)
+        return cls(h.value, device=device)
 
     # ---- the allreduce -----------------------------------------------------------------------
     def allreduce(self, sendbuf, recvbuf=None, op="avg", stream=None):

@@ -23,7 +23,7 @@ class Worker:
     def submit(self, job, future=None, context=None):
         """Queue job(); its return value (or exception) completes `future` when given, inside
         `context()` when given (CUDA: the stream the future must record its event on). A job
-        without a future that raises is re-raised by the next job's future instead."""
+        without a future must not raise (drain's is the only one)."""
         with self._lock:
             if self._stopping:
                 raise RuntimeError(f"{self._name}: the worker was stopped")
@@ -56,22 +56,15 @@ class Worker:
         return True
 
     def _run(self):
-        pending_error = None
         while True:
             job, future, context = self._jobs.get()
             if job is None:
                 return
             with context() if context is not None else contextlib.nullcontext():
                 try:
-                    if pending_error is not None and future is not None:
-                        err, pending_error = pending_error, None
-                        raise err
                     result = job()
-                except BaseException as e:  # noqa: B902 - every failure goes to a future
-                    if future is None:
-                        pending_error = e
-                    else:
-                        future.set_exception(e)
+                except BaseException as e:  # noqa: B902 - every failure goes to the future
+                    future.set_exception(e)
                     continue
                 if future is not None:
                     future.set_result(result)
