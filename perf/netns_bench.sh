@@ -63,52 +63,20 @@ if [ -z "$GDIR" ]; then
 fi
 
 N=4
-TAG=lrn$$
-BR=${TAG}br
 WORK=$(mktemp -d)
-cleanup() {
-  for i in $(seq 0 $((N - 1))); do
-    ip netns pids ${TAG}h$i 2>/dev/null | xargs -r kill -9 2>/dev/null
-    ip netns del ${TAG}h$i 2>/dev/null
-  done
-  ip link del $BR 2>/dev/null
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
+HOSTS_PY=$PY
+. "$HERE/netns_hosts.sh"  # the hosts and their links, shared with perf/train/time_study.sh
+trap 'hosts_down; rm -rf "$WORK"' EXIT
 trap 'echo "netns_bench.sh: interrupted" >&2; exit 130' INT TERM
-
-# ---- the hosts
-ip link add $BR type bridge || { echo "netns_bench.sh: cannot make a bridge" >&2; exit 1; }
-ip link set $BR up
-for i in $(seq 0 $((N - 1))); do
-  ns=${TAG}h$i
-  ip netns add $ns
-  ip link add ${TAG}v$i type veth peer name eth0 netns $ns
-  ip link set ${TAG}v$i master $BR up
-  ip -n $ns addr add 10.77.0.$((i + 1))/24 dev eth0
-  ip -n $ns link set eth0 up
-  ip -n $ns link set lo up
-done
-
-# shape RATE: tbf on both ends of every host's link (burst: at least one timer tick of data)
-shape() {
-  local rate=$1 bits burst
-  bits=$("$PY" -c "import re,sys; m=re.fullmatch(r'([0-9.]+)([kmg]?)bit','$rate'.lower()); print(int(float(m.group(1))*{'':1,'k':1e3,'m':1e6,'g':1e9}[m.group(2)]))") ||
-    { echo "netns_bench.sh: bad rate $rate (e.g. 100mbit, 1gbit)" >&2; exit 2; }
-  burst=$(( bits / 8 / 100 )); [ $burst -lt 524288 ] && burst=524288
-  for i in $(seq 0 $((N - 1))); do
-    ip netns exec ${TAG}h$i tc qdisc replace dev eth0 root tbf rate $rate burst $burst latency 200ms || exit 1
-    tc qdisc replace dev ${TAG}v$i root tbf rate $rate burst $burst latency 200ms || exit 1
-  done
-  echo "$bits"
-}
+hosts_up $N || exit 1
+shape() { hosts_shape "$@" || exit 1; }
 
 # run NAME PIPELINE ARGS...: one perf process per host; rank r's JSON in $WORK/NAME.r<r>.json
 run() {
   local name=$1 pipe=$2; shift 2
   local port=$((20000 + RANDOM % 20000)) pids=() i rc=0
   for i in $(seq 0 $((N - 1))); do
-    ip netns exec ${TAG}h$i env RANK=$i WORLD_SIZE=$N MASTER_ADDR=10.77.0.1 MASTER_PORT=$port \
+    hosts_exec $i env RANK=$i WORLD_SIZE=$N MASTER_ADDR=10.77.0.1 MASTER_PORT=$port \
       LOWRANK_SOCKET_IFNAME=eth0 UCX_TLS=tcp,self UCX_NET_DEVICES=eth0 LOWRANK_PIPELINE=$pipe \
       timeout 1200 "$PERF" -t 1 --gradients "$GDIR" --step synth "$@" -J "$WORK/$name.r$i.json" \
       >"$WORK/$name.o$i" 2>&1 &

@@ -170,10 +170,14 @@ def _torch_powersgd(torch_hook):
 class HookTimer:
     """Wall time spent inside the hook's call (on DDP's autograd thread, during backward): for the
     waited torch-powersgd that is the whole reduction; for lowrank the set-up and hand-off to its
-    worker thread; for fp16 the cast and the launch. Also records each bucket's gradient shapes."""
+    worker thread; for fp16 the cast and the launch. Also the time the last call returned, from
+    which run() takes the tail: backward's end minus the last bucket's hand-off, the reduction
+    left to wait for once every gradient is computed (DDP waits for each bucket's future before
+    backward returns). Records each bucket's gradient shapes."""
 
     def __init__(self, hook):
         self.seconds = 0.0
+        self.last_return = 0.0  # perf_counter() when the latest hook call returned
         self.shapes = {}
 
         @functools.wraps(hook)  # DDP reads the hook's __name__ and __qualname__
@@ -182,7 +186,8 @@ class HookTimer:
             try:
                 return hook(state, bucket)
             finally:
-                self.seconds += time.perf_counter() - t
+                self.last_return = time.perf_counter()
+                self.seconds += self.last_return - t
                 i = bucket.index()
                 if i not in self.shapes or len(self.shapes[i]) != len(bucket.gradients()):
                     self.shapes[i] = [list(g.shape) for g in bucket.gradients()]
@@ -397,7 +402,7 @@ def run(args):
     for epoch in range(1, args.epochs + 1):
         t_epoch = time.perf_counter()
         model.train()
-        batch_ms, loss_sum = [], 0.0
+        batch_ms, hook_ms, tail_ms, loss_sum = [], [], [], 0.0
         hook_s0 = timer.seconds if timer else 0.0
         bits_model, warm_steps = 0.0, 0
         for b in task.batches(epoch):
@@ -406,7 +411,14 @@ def run(args):
             t0 = time.perf_counter()
             opt.zero_grad()
             loss = task.loss(model, b)
+            hook_before = timer.seconds if timer else 0.0
+            t_backward = time.perf_counter()
             loss.backward()
+            t_end = time.perf_counter()
+            if timer:
+                hook_ms.append(1000.0 * (timer.seconds - hook_before))
+                tail_ms.append(1000.0 * (t_end - timer.last_return)
+                               if timer.last_return > t_backward else None)
             opt.step()
             lv = loss.item()
             batch_ms.append(1000.0 * (time.perf_counter() - t0))
@@ -441,6 +453,8 @@ def run(args):
                    test_loss=agg[0].item() / agg[2].item(),
                    batch_ms_mean=float(np.mean(batch_ms)), batch_ms_mean_all_ranks=agg[4].item() / world,
                    batch_ms=[round(x, 3) for x in batch_ms],
+                   hook_ms=[round(x, 3) for x in hook_ms] if timer else None,
+                   tail_ms=[None if x is None else round(x, 3) for x in tail_ms] if timer else None,
                    hook_call_ms_mean=(1000.0 * (timer.seconds - hook_s0) / task.steps) if timer else None,
                    bits=bits, bits_cumulative=bits_total, bits_source=bits_source,
                    bits_model=bits_model, lr_end=opt.param_groups[0]["lr"],

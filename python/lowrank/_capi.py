@@ -121,6 +121,13 @@ _lock = threading.Lock()
 _lib = None
 
 
+def _mtime(path):
+    try:
+        return os.path.getmtime(path)
+    except OSError:  # removed since it was listed
+        return -1.0
+
+
 def _candidates():
     """(paths to try in order, whether LOWRANK_LIBRARY decided them)."""
     env = os.environ.get("LOWRANK_LIBRARY", "")
@@ -137,8 +144,10 @@ def _candidates():
         pass
     checkout = os.path.dirname(os.path.dirname(here))  # python/lowrank -> the repository
     if os.path.exists(os.path.join(checkout, "meson.build")):
-        builds = glob.glob(os.path.join(checkout, "build*", "liblowrank.so"))
-        paths += sorted(builds, key=os.path.getmtime, reverse=True)  # the newest build first
+        # The newest build first. A build being made can list a link whose target is not there yet.
+        builds = [p for p in glob.glob(os.path.join(checkout, "build*", "liblowrank.so"))
+                  if os.path.exists(p)]
+        paths += sorted(builds, key=_mtime, reverse=True)
     paths += ["liblowrank.so.0", "liblowrank.so"]  # the dynamic loader's search
     return paths, False
 
