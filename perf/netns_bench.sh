@@ -65,7 +65,7 @@ fi
 N=4
 WORK=$(mktemp -d)
 HOSTS_PY=$PY
-. "$HERE/netns_hosts.sh"  # the hosts and their links, shared with perf/train/time_study.sh
+. "$HERE/netns_hosts.sh"  # the hosts and their links, shared with perf/train/time_study.py
 trap 'hosts_down; rm -rf "$WORK"' EXIT
 trap 'echo "netns_bench.sh: interrupted" >&2; exit 130' INT TERM
 hosts_up $N || exit 1

@@ -1,6 +1,6 @@
 # netns_hosts.sh (sourced): N "hosts" on one machine, network namespaces on a bridge, each link
-# shaped to a known rate. Shared by perf/netns_bench.sh and perf/train/time_study.sh, so that both
-# measure over the same links.
+# shaped to a known rate. Shared by perf/netns_bench.sh and perf/train/time_study.py, so that both
+# measure over the same links (perf/train/time_study.py calls these functions through bash).
 #
 #   . perf/netns_hosts.sh
 #   hosts_up N            # namespaces ${HOSTS_TAG}h0..h(N-1), addresses 10.77.0.1..N/24 on eth0
@@ -9,8 +9,10 @@
 #   hosts_exec I CMD...   # CMD inside host I
 # Why both ends: the host's egress shapes what it sends, the bridge port's egress what it receives,
 # so a host's link is RATE in each direction, as a full-duplex NIC is. Needs root and iproute2.
-HOSTS_N=0
-HOSTS_TAG=lrn$$
+# From the environment, a driver in another language can address hosts made by an earlier call:
+# HOSTS_TAG=t HOSTS_N=4 bash -c '. perf/netns_hosts.sh; hosts_down'
+HOSTS_N=${HOSTS_N:-0}
+HOSTS_TAG=${HOSTS_TAG:-lrn$$}
 HOSTS_PY=${HOSTS_PY:-/usr/bin/python3}
 
 hosts_down() {

@@ -98,21 +98,8 @@ def spawn(n, argv, fresh=False):
         procs = []
         for r in range(n):
             pid = os.fork()
-            if pid == 0:  # the worker: run, then leave without the interpreter's slow teardown
-                code = 1
-                try:
-                    os.environ.update(_worker_env(r, n, port))
-                    run(args)
-                    code = 0
-                except SystemExit as e:
-                    code = e.code if isinstance(e.code, int) else 1
-                except BaseException:
-                    import traceback
-                    traceback.print_exc()
-                finally:
-                    sys.stdout.flush()
-                    sys.stderr.flush()
-                    os._exit(code)
+            if pid == 0:
+                _child(args, _worker_env(r, n, port))
             procs.append(pid)
 
         def poll(pid):
@@ -138,6 +125,47 @@ def spawn(n, argv, fresh=False):
         for q in procs:
             stop(q)
     return worst
+
+
+def _child(args, env, log=None):
+    """In a forked worker: set the launcher's variables, run, then leave by os._exit, without the
+    interpreter's slow teardown. log: a file for the worker's stdout and stderr."""
+    code = 1
+    try:
+        if log:
+            fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.dup2(fd, 1)
+            os.dup2(fd, 2)
+        os.environ.update(env)
+        run(args)
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    except BaseException:
+        import traceback
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def serve():
+    """--serve: one worker's runs, one after another, each forked from this process after the
+    imports (starting a fresh interpreter with torch 2.x costs ~30 s of 2 cores with 4 at once).
+    Reads one JSON object per line on stdin, {"argv": [...], "env": {...}, "log": path or null},
+    and answers each with {"rc": exit status} on stdout once that run has ended. For drivers that
+    start one server per host (perf/train/time_study.py)."""
+    _preload()
+    for line in sys.stdin:
+        job = json.loads(line)
+        args = parse(job["argv"])
+        sys.stdout.flush()
+        pid = os.fork()
+        if pid == 0:
+            _child(args, job.get("env", {}), job.get("log") or os.devnull)
+        _, status = os.waitpid(pid, 0)
+        print(json.dumps({"rc": os.waitstatus_to_exitcode(status)}), flush=True)
 
 
 # ---- hooks ---------------------------------------------------------------------------------------
@@ -523,6 +551,7 @@ def parse(argv=None):
     ap.add_argument("--fresh", action="store_true",
                     help="with --spawn: start the workers as new interpreters instead of forking")
     ap.add_argument("--out", metavar="FILE.json", help="rank 0 writes the results here")
+    ap.add_argument("--serve", action="store_true", help="alone: run jobs read on stdin (see serve())")
     args = ap.parse_args(argv)
     for key, val in DEFAULTS[args.model].items():
         if getattr(args, key) is None:
@@ -534,6 +563,8 @@ def parse(argv=None):
 
 
 def main():
+    if sys.argv[1:] == ["--serve"]:
+        return serve()
     args = parse()
     if args.spawn:
         argv = sys.argv[1:]
