@@ -1,0 +1,197 @@
+#!/usr/bin/env python3
+"""The table of the time-per-batch setting (perf/train/time_study.py): per setting, rows Full
+precision, Float16, Rank 1, 2, 4; columns PyTorch (DDP's allreduce, fp16_compress_hook,
+powerSGD_hook waited per bucket) and lowrank (lowrank-exact, -, lowrank's hook), `local` beside.
+
+Samples: the mean time per batch of each epoch but the first, of every repetition (an epoch's
+mean is one sample: batches within an epoch are not independent, epochs nearly are). Each cell:
+the mean over samples with its 95% interval (Student's t), and the communication overhead = time
+per batch - local's, with its 95% interval (Welch). Also the time per batch each hook spends
+inside its call (on the autograd thread, so it delays backward) and the tail (from the last
+bucket's hook call returning to backward's end: the reduction left once every gradient is
+computed); together, the hook's time outside the backward computation.
+
+  /usr/bin/python3 perf/train/time_report.py [--results perf/results/train/time]
+
+Writes RESULTS/../time_summary.json and .md; prints the markdown.
+"""
+import argparse
+import glob
+import json
+import math
+import os
+import statistics as st
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+# Student's t, two-sided 95%, by degrees of freedom (larger df: the normal's 1.96 is close enough
+# past 30, and the table steps are interpolated by the nearest lower entry).
+T95 = {1: 12.71, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262,
+       10: 2.228, 12: 2.179, 15: 2.131, 20: 2.086, 25: 2.060, 30: 2.042}
+
+
+def t95(df):
+    if df >= 30:
+        return 2.042 if df < 60 else 1.96
+    return T95[max(d for d in T95 if d <= max(1, int(df)))]
+
+
+def interval(xs):
+    """(mean, half-width of the 95% interval, n)."""
+    n = len(xs)
+    m = st.mean(xs)
+    if n < 2:
+        return m, math.inf, n
+    return m, t95(n - 1) * st.stdev(xs) / math.sqrt(n), n
+
+
+def diff_interval(a, b):
+    """mean(a) - mean(b) and its 95% interval, Welch's t (unequal variances)."""
+    va, vb = st.variance(a) / len(a), st.variance(b) / len(b)
+    se = math.sqrt(va + vb)
+    df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1)) if se > 0 else 1
+    d = st.mean(a) - st.mean(b)
+    return d, d - t95(df) * se, d + t95(df) * se
+
+
+def load(results):
+    """{setting: {(reducer, k): [run JSON, ...]}}"""
+    out = {}
+    for path in sorted(glob.glob(os.path.join(results, "*", "*.json"))):
+        d = json.load(open(path))
+        c = d["config"]
+        k = c["rank"] if c["reducer"] in ("torch-powersgd", "lowrank") else 0
+        out.setdefault(os.path.basename(os.path.dirname(path)), {}).setdefault(
+            (c["reducer"], k), []).append(d)
+    return out
+
+
+def summarize_config(runs):
+    epochs = [e for d in runs for e in d["epochs"][1:]]  # the first epoch of every run excluded
+    samples = [e["batch_ms_mean"] for e in epochs]
+    m, hw, n = interval(samples)
+    hook = [x for e in epochs for x in (e.get("hook_ms") or []) if x is not None]
+    tail = [x for e in epochs for x in (e.get("tail_ms") or []) if x is not None]
+    return dict(ms=m, ms_hw=hw, epochs=n, batches=sum(e["steps"] for e in epochs), runs=len(runs),
+                samples=samples,
+                hook_ms=st.mean(hook) if hook else None, tail_ms=st.mean(tail) if tail else None,
+                loadavg=[round(d["machine"]["loadavg_start"][0], 1) for d in runs])
+
+
+ROWS = [("Full precision", ("allreduce", 0), ("lowrank-exact", 0)),
+        ("Float16", ("fp16", 0), None)]
+
+
+def rows(ranks):
+    return ROWS + [(f"Rank {k}", ("torch-powersgd", k), ("lowrank", k)) for k in ranks]
+
+
+def summarize(data):
+    out = {}
+    for setting, configs in data.items():
+        s = {f"{r}" + (f"_r{k}" if k else ""): summarize_config(runs) for (r, k), runs in configs.items()}
+        local = s.get("local")
+        for key, c in s.items():
+            if local and key != "local" and len(c["samples"]) > 1 and len(local["samples"]) > 1:
+                d, lo, hi = diff_interval(c["samples"], local["samples"])
+                c["overhead_ms"], c["overhead_lo"], c["overhead_hi"] = d, lo, hi
+        out[setting] = s
+    return out
+
+
+def targets(summary, k=4):
+    """Issue 12's time targets, per setting: lowrank's overhead interval at rank k against the
+    PyTorch hook's (a third) and full precision's (a tenth)."""
+    out = {}
+    for setting, s in summary.items():
+        lr, tp, fp = s.get(f"lowrank_r{k}"), s.get(f"torch-powersgd_r{k}"), s.get("allreduce")
+        if not (lr and tp and fp and "overhead_hi" in lr):
+            continue
+        out[setting] = dict(
+            lowrank_hi=lr["overhead_hi"], torch_lo=tp["overhead_lo"], full_lo=fp["overhead_lo"],
+            third_of_torch=lr["overhead_hi"] <= tp["overhead_lo"] / 3,
+            tenth_of_full=lr["overhead_hi"] <= fp["overhead_lo"] / 10)
+    return out
+
+
+def cell(c):
+    if c is None:
+        return "—"
+    txt = f"{c['ms']:.1f} ± {c['ms_hw']:.1f}"
+    if "overhead_ms" in c:
+        txt += f" (+{c['overhead_ms']:.1f} [{c['overhead_lo']:.1f}, {c['overhead_hi']:.1f}])"
+    return txt
+
+
+def order(settings):
+    """Slowest link first, loopback last."""
+    def bits(s):
+        if s == "loopback":
+            return math.inf
+        num = s.lower().rstrip("bit")
+        mult = {"k": 1e3, "m": 1e6, "g": 1e9}.get(num[-1:], 1)
+        return float(num.rstrip("kmg")) * mult
+    return sorted(settings, key=bits)
+
+
+def markdown(summary, tg):
+    lines = []
+    for setting in order(summary):
+        s = summary[setting]
+        ranks = sorted({int(key.split("_r")[1]) for key in s if "_r" in key})
+        loc = s.get("local")
+        lines += [f"### {setting}", "",
+                  "Time per batch in ms, mean ± 95% half-width over epochs (the first of each run "
+                  "excluded); in brackets the overhead over `local` and its 95% interval. "
+                  f"`local` (no reduction): {cell(loc)} ms"
+                  + (f" ({loc['epochs']} epochs, {loc['batches']} batches)" if loc else "") + ".", "",
+                  "| | PyTorch | lowrank |", "|---|---|---|"]
+        for label, torch_key, lowrank_key in rows(ranks):
+            def get(key):
+                return s.get(f"{key[0]}" + (f"_r{key[1]}" if key[1] else "")) if key else None
+            lines.append(f"| {label} | {cell(get(torch_key))} | {cell(get(lowrank_key))} |")
+        lines += ["", "Hook time per batch outside the backward computation, ms (inside the hook "
+                  "call + the tail after the last bucket's call):", "",
+                  "| configuration | in hook | tail | sum | batches | load at start |",
+                  "|---|---|---|---|---|---|"]
+        for key in sorted(s):
+            c = s[key]
+            if c["hook_ms"] is None:
+                continue
+            lines.append(f"| {key} | {c['hook_ms']:.1f} | {c['tail_ms']:.1f} | "
+                         f"{c['hook_ms'] + c['tail_ms']:.1f} | {c['batches']} | "
+                         f"{', '.join(map(str, c['loadavg']))} |")
+        if setting in tg:
+            t = tg[setting]
+            lines += ["", f"Targets at rank 4: lowrank's overhead upper end {t['lowrank_hi']:.1f} ms; "
+                      f"a third of PyTorch's hook's lower end {t['torch_lo'] / 3:.1f} ms: "
+                      f"{'met' if t['third_of_torch'] else 'NOT met'}; a tenth of full precision's "
+                      f"lower end {t['full_lo'] / 10:.1f} ms: "
+                      f"{'met' if t['tenth_of_full'] else 'NOT met'}."]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--results", default=os.path.join(ROOT, "perf", "results", "train", "time"))
+    args = ap.parse_args()
+    data = load(args.results)
+    if not data:
+        raise SystemExit(f"time_report.py: no runs under {args.results}")
+    summary = summarize(data)
+    tg = targets(summary)
+    md = markdown(summary, tg)
+    base = os.path.join(os.path.dirname(os.path.abspath(args.results)), "time_summary")
+    for s in summary.values():
+        for c in s.values():
+            c["samples"] = [round(x, 3) for x in c["samples"]]
+    with open(base + ".json", "w") as f:
+        json.dump(dict(settings=summary, targets=tg), f, indent=1)
+    with open(base + ".md", "w") as f:
+        f.write(md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
