@@ -149,14 +149,13 @@ cudaError_t withBucket(int bucket, F&& f) {
 }
 
 // Launches kernel k on `grid` CUDA blocks of `block` threads on stream s; returns the launch error.
-// Every launch goes through here. LOWRANK_CUDA_EMULATION (tests/gpu/emu) runs the kernel on the
-// CPU instead, so that kernels and tests can be checked on machines without a GPU.
+// Every launch goes through here. LOWRANK_CUDA_EMULATION (tests/gpu/emu) queues the kernel on the
+// stream of a CPU emulation instead, so that kernels and tests can be checked without a GPU.
 template <typename... P, typename... A>
 cudaError_t launch(void (*k)(P...), uint64_t grid, unsigned block, cudaStream_t s, A&&... args) {
   if (grid == 0) return cudaSuccess;
 #ifdef LOWRANK_CUDA_EMULATION
-  (void)s;
-  return ::emu::launch(unsigned(grid), block, [&] { k(args...); });
+  return ::emu::launchOn(s, unsigned(grid), block, [k, args...] { k(args...); });
 #else
   k<<<unsigned(grid), block, 0, s>>>(std::forward<A>(args)...);
   return cudaGetLastError();

@@ -1,5 +1,6 @@
 // Test support for the device tests: skipping without a GPU, one-rank NCCL communicators, and
-// host <-> device copies of float vectors in any compressible dtype.
+// host <-> device copies of float vectors in any compressible dtype. Built against CUDA and NCCL,
+// or against the CPU emulation of CUDA (tests/gpu/emu) and the NCCL test double.
 #pragma once
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -21,6 +22,13 @@ inline std::string noDevice() {
   if (e != cudaSuccess) return std::string("no CUDA device: ") + cudaGetErrorString(e);
   if (n == 0) return "no CUDA device: cudaGetDeviceCount returned 0";
   return "";
+}
+
+// Where the tests run: the GPU's name, or the emulation's ("CPU emulation (tests/gpu/emu)").
+inline std::string deviceName() {
+  cudaDeviceProp p;
+  if (cudaGetDeviceProperties(&p, 0) != cudaSuccess) return "no device";
+  return p.name;
 }
 
 #define LR_SKIP_WITHOUT_DEVICE()                                  \
@@ -57,6 +65,21 @@ inline double relErr(const std::vector<float>& a, const std::vector<float>& b) {
     n += double(b[i]) * double(b[i]);
   }
   return n > 0 ? std::sqrt(d / n) : std::sqrt(d);
+}
+
+// The device engine, not the host engine, ran recv's calls: a device plan has chunks even when not
+// pipelined (a host plan then has none), the comm's counters count `compressedCalls` and device
+// state is held, and the host engine put nothing on the wire (device traffic is NCCL's alone).
+inline void expectDeviceEngineRan(lowrankComm_t comm, const void* recv, uint64_t compressedCalls) {
+  lowrankBufferView_t view;
+  ASSERT_EQ(lowrankBufferGetView(comm, recv, &view), lowrankSuccess);
+  EXPECT_EQ(view.planned, 1);
+  EXPECT_GE(view.chunks, 1u) << "not a device plan";
+  lowrankStats_t st;
+  ASSERT_EQ(lowrankGetStats(comm, &st), lowrankSuccess);
+  EXPECT_EQ(st.compressedCalls, compressedCalls);
+  EXPECT_GT(st.stateBytes, 0u);
+  EXPECT_EQ(st.elementsSent, 0u) << "the host engine sent factors";
 }
 
 // A one-rank NCCL communicator on device 0 and a lowrank communicator over it.

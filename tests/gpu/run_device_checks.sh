@@ -4,6 +4,10 @@
 # tests/gpu/pack_for_device.sh (build-device/, with UCX's libraries in build-device/device-libs),
 # carried to the GPU machine; NCCL and CUDA come from that machine (PyTorch's NCCL wheel).
 #   tests/gpu/run_device_checks.sh [BUILD_DIR]       (default build-device)
+#   tests/gpu/run_device_checks.sh --emulation [BUILD_DIR]
+#     the device tests (kernels, engine, two ranks, schedule mutants) on the CPU emulation of CUDA
+#     (tests/gpu/emu) instead, where there is no GPU: what CI runs (meson's suite 'gpu').
+# The first line of output says which: a GPU (its name) or the emulation.
 # Runs: the device kernel tests (each kernel vs its host twin), the device engine tests (one rank
 # over NCCL), two ranks over NCCL on the one GPU with distinct NCCL_HOSTID, the per-phase kernel
 # perf table beside a copy kernel and cuBLAS (>= 1 GB working sets), the two-rank pipelining bench, and a
@@ -12,13 +16,25 @@
 # check fails, or the DDP losses differ by more than 10%. Meant to finish in under 4 minutes.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
+emulation=0
+[ "${1:-}" = --emulation ] && { emulation=1; shift; }
 B=$(realpath "${1:-${LOWRANK_BUILD_DIR:-build-device}}")
 OUTDIR=${OUT:-$(mktemp -d)}
 fail=0
 note() { printf '\n=== %s\n' "$*"; }
 bad() { echo "FAILED: $*"; fail=1; }
 
-command -v nvidia-smi >/dev/null && nvidia-smi -L || { echo "no GPU here (nvidia-smi not found)"; exit 2; }
+if [ $emulation = 1 ]; then
+  echo "running on: the CPU emulation of CUDA (tests/gpu/emu) and the NCCL test double, not a GPU"
+  [ -f "$B/build.ninja" ] || { echo "no build at $B (meson setup $B -Dcuda=enabled)"; exit 2; }
+  meson test -C "$B" --suite gpu --print-errorlogs 2>&1 | tee "$OUTDIR/gpu_emulated.log" | grep -E '^ *[0-9]+/[0-9]+ |^(Ok|Fail|Skipped|Timeout):'
+  rc=${PIPESTATUS[0]}
+  grep -h 'device engine tests on:' "$B"/meson-logs/testlog.txt | sort -u
+  [ "$rc" = 0 ] && echo "device checks on the emulation: all passed" || echo "device checks on the emulation: FAILED"
+  exit "$rc"
+fi
+command -v nvidia-smi >/dev/null && echo "running on: $(nvidia-smi -L | head -1)" || {
+  echo "no GPU here (nvidia-smi not found); --emulation runs the device tests on the CPU emulation"; exit 2; }
 [ -x "$B/tests/gpu/test_cuda_kernels" ] || { echo "no CUDA build at $B: run tests/gpu/pack_for_device.sh on the build machine and carry $B"; exit 2; }
 
 # NCCL: PyTorch's wheel on the GPU machine, else the CUDA toolkit's.
@@ -51,11 +67,7 @@ gtests gpu_engine "$B/tests/gpu/test_cuda_engine"
 
 note "two ranks over NCCL on one GPU (NCCL_HOSTID distinct per process)"
 W="$B/tests/gpu/two_rank_worker"
-id=$(mktemp -u); rm -f "$id"
-for r in 0 1; do NCCL_HOSTID=lowrank-host$r timeout 120 "$W" check $r 2 "$id" "$OUTDIR/out$r.bin" & done
-wait %1; rc0=$?; wait %2; rc1=$?
-[ $rc0 = 0 ] && [ $rc1 = 0 ] || bad "two-rank check exited $rc0/$rc1"
-cmp -s "$OUTDIR/out0.bin" "$OUTDIR/out1.bin" && echo "outputs bit-identical on both ranks" || bad "outputs differ between ranks"
+tests/gpu/two_rank_check.sh "$W" "$OUTDIR" || bad "two-rank check"
 
 note "kernel perf: each phase vs a copy kernel, >= 1 GB working sets"
 timeout 90 "$B/perf/cuda/lowrank_cuda_kernel_perf" ${KERNEL_PERF_ARGS:-} 2>&1 | tee "$OUTDIR/kernel_perf.txt" || bad "kernel perf"

@@ -1,7 +1,9 @@
 // The CUDA backend through the C API on one GPU, one comm rank over NCCL: the device engine agrees
 // with the host engine call after call (error feedback, warm start, pipelining, dtypes, layouts),
 // is exact on rank-k input, handles non-finite input without poisoning its state, passes
-// ineligible calls to NCCL unchanged, and refuses graph capture. Skips without a device.
+// ineligible calls to NCCL unchanged, and refuses graph capture. Skips without a device. Built
+// against the CPU emulation of CUDA (tests/gpu/emu), the same tests run in CI with the NCCL test
+// double; each says which engine ran (expectDeviceEngineRan) and the log says on what device.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -18,6 +20,13 @@
 using namespace lowrank::testing;
 
 namespace {
+
+// The log says where the tests ran: a GPU, or the CPU emulation.
+class WhereTheyRun : public ::testing::Environment {
+ public:
+  void SetUp() override { printf("device engine tests on: %s\n", deviceName().c_str()); }
+};
+const auto* const whereTheyRun = ::testing::AddGlobalTestEnvironment(new WhereTheyRun);
 
 // (dtype, per-tensor layout, pipelined, approximation rank, error feedback)
 using Case = std::tuple<lowrankDataType_t, bool, bool, int, bool>;
@@ -86,12 +95,14 @@ TEST_P(DeviceVsHost, AgreeCallAfterCall) {
     EXPECT_LT(relErr(dev, hostOut[c]), tol) << "call " << c;
     cudaFree(g);
   }
-  lowrankStats_t st;
-  ASSERT_EQ(lowrankGetStats(one.comm, &st), lowrankSuccess);
-  EXPECT_EQ(st.compressedCalls, uint64_t(calls));
-  EXPECT_GT(st.stateBytes, 0u);
+  expectDeviceEngineRan(one.comm, out, calls);
   lowrankBufferView_t view;
   ASSERT_EQ(lowrankBufferGetView(one.comm, out, &view), lowrankSuccess);
+  EXPECT_EQ(view.perTensor, int(perTensor));
+  EXPECT_EQ(view.calls, size_t(calls));
+  if (pipelined) {
+    EXPECT_GT(view.chunks, 1u) << "several chunks per phase";
+  }
   cudaStreamDestroy(s);
   cudaFree(out);
   unsetenv("LOWRANK_PIPELINE_CHUNK");
@@ -122,6 +133,7 @@ TEST(DeviceEngine, ExactOnRankKInput) {
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       EXPECT_LT(relErr(fromDevice(g, n * m, lowrankFloat32), x), 1e-4) << "k " << k;
     }
+    expectDeviceEngineRan(one.comm, g, 2);
     cudaFree(g);
   }
 }
@@ -151,6 +163,7 @@ TEST(DeviceEngine, NonFiniteInputIsRejectedWithoutPoisoningState) {
   lowrankStats_t st;
   ASSERT_EQ(lowrankGetStats(one.comm, &st), lowrankSuccess);
   EXPECT_EQ(st.fallbackCalls, 1u);
+  expectDeviceEngineRan(one.comm, out, 3);
   cudaFree(g);
   cudaFree(b);
   cudaFree(out);
@@ -178,6 +191,7 @@ TEST(DeviceEngine, IneligibleCallsAreNcclsOwn) {
   ASSERT_EQ(lowrankGetStats(one.comm, &st), lowrankSuccess);
   EXPECT_EQ(st.compressedCalls, 0u);
   EXPECT_EQ(st.calls, 2u);
+  EXPECT_EQ(st.exactElements, count + xf.size()) << "both calls went to NCCL through the device engine";
   cudaFree(di);
   cudaFree(df);
 }
@@ -187,14 +201,16 @@ TEST(DeviceEngine, GraphCaptureIsRefused) {
   OneRankNccl one(config(4));
   const std::vector<float> x = decayingInput(64, 64, 0);
   void* g = toDevice(x, lowrankFloat32);
+  // Allocated and filled before the capture: cudaMalloc and a synchronous copy during it would
+  // invalidate it (they are unsafe in thread-local capture mode).
+  const std::vector<float> ones(x.size(), 1.f);
+  void* h = toDevice(ones, lowrankFloat32);
   cudaStream_t s;
   ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
   ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
   EXPECT_EQ(lowrankAllReduce(g, g, x.size(), lowrankFloat32, lowrankSum, one.comm, s), lowrankInvalidUsage);
   EXPECT_NE(std::string(lowrankGetLastError(one.comm)).find("CUDA graph"), std::string::npos);
   // An uncompressed call is NCCL's own and is captured; the graph replays it.
-  const std::vector<float> ones(x.size(), 1.f);
-  void* h = toDevice(ones, lowrankFloat32);
   EXPECT_EQ(lowrankAllReduce(h, h, x.size(), lowrankFloat32, lowrankMax, one.comm, s), lowrankSuccess)
       << lowrankGetLastError(one.comm);
   cudaGraph_t graph = nullptr;
@@ -207,6 +223,7 @@ TEST(DeviceEngine, GraphCaptureIsRefused) {
   // The communicator is still usable outside the graph, and compresses.
   EXPECT_EQ(lowrankAllReduce(g, g, x.size(), lowrankFloat32, lowrankSum, one.comm, s), lowrankSuccess);
   ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  expectDeviceEngineRan(one.comm, g, 1);
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(s);
@@ -232,7 +249,7 @@ TEST(DeviceEngine, ReleaseFreesStateAndCountChangeReplans) {
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   lowrankStats_t st;
   ASSERT_EQ(lowrankGetStats(one.comm, &st), lowrankSuccess);
-  EXPECT_EQ(st.compressedCalls, 2u);
+  expectDeviceEngineRan(one.comm, g, 2);
   EXPECT_EQ(st.buffers, 1u);
   EXPECT_GT(st.stateBytes, x.size() / 2 * 4) << "the residual of the re-planned buffer";
   EXPECT_LT(st.stateBytes, x.size() * 4) << "the first plan's residual was freed";

@@ -1,7 +1,10 @@
-// One comm rank of a multi-process device check over NCCL (run_device_checks.sh starts several,
-// each with its own NCCL_HOSTID so that NCCL treats them as separate hosts even on one GPU).
+// One comm rank of a multi-process device check over NCCL (two_rank_check.sh starts two, each
+// with its own NCCL_HOSTID so that NCCL treats them as separate hosts even on one GPU; built
+// against the CPU emulation of CUDA and the NCCL test double, the same check runs in CI).
 //   two_rank_worker check RANK NRANKS IDFILE OUTFILE
-//     exactness on a rank-k sum, agreement across ranks (OUTFILE, compared by the script),
+//     exactness on a rank-k sum; the device engine against the host engine call after call;
+//     non-finite input on one comm rank and comm ranks that disagree on the op rejected on every
+//     rank without poisoning the state; agreement across ranks (OUTFILE, compared by the script);
 //     mismatched counts refused on every rank; exits non-zero on any failure.
 //   two_rank_worker bench RANK NRANKS IDFILE ELEMENTS K
 //     pipelined time of a compressed allreduce vs compute alone (a one-rank communicator) and
@@ -43,10 +46,12 @@ lowrankConfig_t config(int k) {
     }                                                                       \
   } while (0)
 
-ncclComm_t joinNccl(int rank, int nranks, const std::string& idFile) {
-  ncclUniqueId id;
+// Comm rank 0 makes the unique id (make(&id)) and writes it to idFile; the others read it.
+template <typename Id, typename Make>
+Id shareId(int rank, const std::string& idFile, Make make) {
+  Id id;
   if (rank == 0) {
-    ncclGetUniqueId(&id);
+    make(&id);
     std::string tmp = idFile + ".tmp";
     std::ofstream(tmp, std::ios::binary).write(id.internal, sizeof id.internal);
     rename(tmp.c_str(), idFile.c_str());
@@ -57,6 +62,11 @@ ncclComm_t joinNccl(int rank, int nranks, const std::string& idFile) {
       usleep(100000);
     }
   }
+  return id;
+}
+
+ncclComm_t joinNccl(int rank, int nranks, const std::string& idFile) {
+  const ncclUniqueId id = shareId<ncclUniqueId>(rank, idFile, [](ncclUniqueId* i) { ncclGetUniqueId(i); });
   ncclComm_t c = nullptr;
   if (ncclCommInitRank(&c, nranks, id, rank) != ncclSuccess) {
     fprintf(stderr, "rank %d: ncclCommInitRank failed\n", rank);
@@ -70,6 +80,69 @@ void barrier(ncclComm_t c, cudaStream_t s) {
   if (!d) cudaMalloc(&d, sizeof(float));
   ncclAllReduce(d, d, 1, ncclFloat32, ncclSum, c, s);
   cudaStreamSynchronize(s);
+}
+
+// The device engine ran recv's calls (a device plan has chunks even unpipelined) and the comm has
+// made `compressed` compressed calls in all.
+void checkDeviceEngineRan(int rank, lowrankComm_t comm, const void* recv, uint64_t compressed) {
+  lowrankBufferView_t view;
+  lowrankBufferGetView(comm, recv, &view);
+  CHECK(view.planned == 1 && view.chunks >= 1, "not a device plan: planned %d, %zu chunks",
+        view.planned, size_t(view.chunks));
+  lowrankStats_t st;
+  lowrankGetStats(comm, &st);
+  CHECK(st.compressedCalls == compressed && st.stateBytes > 0, "compressedCalls %llu (want %llu), state %llu bytes",
+        (unsigned long long)st.compressedCalls, (unsigned long long)compressed, (unsigned long long)st.stateBytes);
+}
+
+// The device engine against the host engine (a host communicator over UCX), two comm ranks, a
+// gradient-like float32 input: every call's output within 1e-4 of the host engine's.
+void deviceVsHost(int rank, int nranks, const std::string& idFile, const lowrankConfig_t& cfg,
+                  lowrankComm_t comm, cudaStream_t s) {
+  const lowrankUniqueId id = shareId<lowrankUniqueId>(rank, idFile + ".host", [](lowrankUniqueId* i) {
+    lowrankGetUniqueId(i);
+  });
+  lowrankConfig_t hostCfg = cfg;
+  lowrankComm_t host = nullptr;
+  if (lowrankCommInitRankConfig(&host, nranks, id, rank, &hostCfg) != lowrankSuccess) {
+    CHECK(false, "host communicator: %s", lowrankGetLastError(nullptr));
+    return;
+  }
+  const size_t n = 384, m = 320, count = n * m;
+  std::vector<float> x = decayingInput(n, m, rank), hostOut(count);
+  void* g = toDevice(x, lowrankFloat32);
+  void* out = nullptr;
+  cudaMalloc(&out, count * 4);
+  for (int call = 0; call < 3; ++call) {
+    CHECK(lowrankAllReduce(x.data(), hostOut.data(), count, lowrankFloat32, lowrankAvg, host, nullptr) ==
+              lowrankSuccess, "host call %d: %s", call, lowrankGetLastError(host));
+    CHECK(lowrankAllReduce(g, out, count, lowrankFloat32, lowrankAvg, comm, s) == lowrankSuccess,
+          "device call %d: %s", call, lowrankGetLastError(comm));
+    cudaStreamSynchronize(s);
+    const double e = relErr(fromDevice(out, count, lowrankFloat32), hostOut);
+    CHECK(e < 1e-4, "call %d: device vs host engine, relative difference %.3g", call, e);
+  }
+  lowrankCommDestroy(host);
+  cudaFree(g);
+  cudaFree(out);
+}
+
+// One call on a planned buffer that the device must reject on every comm rank (this rank's input
+// g and op): output all NaN. Then a good call: exact again (the state was not poisoned).
+void rejectedThenExact(int rank, lowrankComm_t comm, cudaStream_t s, void* g, lowrankRedOp_t op,
+                       void* good, void* out, size_t count, const std::vector<float>& sum,
+                       const char* what) {
+  CHECK(lowrankAllReduce(g, out, count, lowrankFloat32, op, comm, s) == lowrankSuccess, "%s: %s",
+        what, lowrankGetLastError(comm));
+  cudaStreamSynchronize(s);
+  const std::vector<float> r = fromDevice(out, count, lowrankFloat32);
+  const size_t nan = size_t(std::count_if(r.begin(), r.end(), [](float v) { return std::isnan(v); }));
+  CHECK(nan == count, "%s: %zu of %zu outputs NaN, want all", what, nan, count);
+  CHECK(lowrankAllReduce(good, out, count, lowrankFloat32, lowrankSum, comm, s) == lowrankSuccess,
+        "%s, next call: %s", what, lowrankGetLastError(comm));
+  cudaStreamSynchronize(s);
+  const double e = relErr(fromDevice(out, count, lowrankFloat32), sum);
+  CHECK(e < 1e-4, "%s, next call: rank-k sum relative error %.3g", what, e);
 }
 
 int check(int rank, int nranks, const std::string& idFile, const std::string& outFile) {
@@ -100,6 +173,24 @@ int check(int rank, int nranks, const std::string& idFile, const std::string& ou
     const double e = relErr(fromDevice(out, count, lowrankFloat32), sum);
     CHECK(e < 1e-4, "call %d: rank-k sum relative error %.3g", call, e);
   }
+  uint64_t compressed = 3;
+  checkDeviceEngineRan(rank, comm, out, compressed);
+  // Rejected calls: non-finite input on comm rank 1 only; comm ranks that disagree on the op.
+  std::vector<float> bad = rankKInput(n, m, 4, rank);
+  if (rank == 1) bad[123] = NAN;
+  void* gb = toDevice(bad, lowrankFloat32);
+  rejectedThenExact(rank, comm, s, gb, lowrankSum, g, out, count, sum, "non-finite input on comm rank 1");
+  rejectedThenExact(rank, comm, s, g, rank == 0 ? lowrankSum : lowrankAvg, g, out, count, sum,
+                    "sum on comm rank 0, avg on 1");
+  cudaFree(gb);
+  compressed += 4;
+  lowrankStats_t rejected;
+  lowrankGetStats(comm, &rejected);
+  CHECK(rejected.fallbackCalls == 2, "fallbackCalls %llu, want the 2 rejected calls",
+        (unsigned long long)rejected.fallbackCalls);
+  deviceVsHost(rank, nranks, idFile, cfg, comm, s);
+  compressed += 3;
+  checkDeviceEngineRan(rank, comm, out, compressed);
   // A gradient-like input, pipelined in several chunks: written for the cross-rank comparison.
   setenv("LOWRANK_PIPELINE_CHUNK", "65536", 1);
   lowrankComm_t piped = nullptr;
@@ -121,9 +212,7 @@ int check(int rank, int nranks, const std::string& idFile, const std::string& ou
   cudaMemset(mm, 0, 70000 * 4);
   lowrankResult_t r = lowrankAllReduce(mm, mm, 60000 + rank, lowrankFloat32, lowrankSum, comm, s);
   CHECK(r == lowrankInvalidUsage, "mismatched counts gave %d: %s", int(r), lowrankGetLastError(comm));
-  lowrankStats_t st;
-  lowrankGetStats(comm, &st);
-  CHECK(st.compressedCalls == 3, "compressedCalls %llu", (unsigned long long)st.compressedCalls);
+  checkDeviceEngineRan(rank, comm, out, compressed);
   lowrankCommDestroy(piped);
   lowrankCommDestroy(comm);
   ncclCommDestroy(nccl);

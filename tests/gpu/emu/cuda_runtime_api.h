@@ -1,27 +1,35 @@
-// CPU emulation of the CUDA runtime API subset used by kernels/cuda and its tests (see emu.h).
+// CPU emulation of the CUDA runtime API subset that kernels/cuda, plugin/engine/cuda and their
+// tests use (see emu.h for the kernels). Implemented by libcuda.so.1 of this directory
+// (runtime.h says how work is queued and when it runs). Names, signatures and error numbers
+// are CUDA's, so that code built against this header behaves as against the real one.
 #pragma once
-#include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 
 #define LOWRANK_CUDA_EMULATED_RUNTIME 1
 
-enum cudaError_t {
+enum cudaError {
   cudaSuccess = 0,
   cudaErrorInvalidValue = 1,
   cudaErrorMemoryAllocation = 2,
   cudaErrorInvalidConfiguration = 9,
   cudaErrorNoDevice = 100,
+  cudaErrorInvalidDevice = 101,
+  cudaErrorInvalidResourceHandle = 400,
+  cudaErrorIllegalState = 401,
+  cudaErrorNotReady = 600,
+  cudaErrorStreamCaptureUnsupported = 900,
+  cudaErrorStreamCaptureInvalidated = 901,
+  cudaErrorStreamCaptureImplicit = 906,
   cudaErrorUnknown = 999,
 };
-typedef cudaError_t cudaError;
+typedef enum cudaError cudaError_t;
 typedef struct CUstream_st* cudaStream_t;
-struct CUevent_st {
-  std::chrono::steady_clock::time_point t;
-};
-typedef CUevent_st* cudaEvent_t;
+typedef struct CUevent_st* cudaEvent_t;
+typedef struct CUgraph_st* cudaGraph_t;
+typedef struct CUgraphExec_st* cudaGraphExec_t;
+typedef void (*cudaHostFn_t)(void* userData);
+
 enum cudaMemcpyKind {
   cudaMemcpyHostToHost = 0,
   cudaMemcpyHostToDevice = 1,
@@ -29,89 +37,89 @@ enum cudaMemcpyKind {
   cudaMemcpyDeviceToDevice = 3,
   cudaMemcpyDefault = 4,
 };
+enum cudaStreamCaptureMode {
+  cudaStreamCaptureModeGlobal = 0,
+  cudaStreamCaptureModeThreadLocal = 1,
+  cudaStreamCaptureModeRelaxed = 2,
+};
+enum cudaStreamCaptureStatus {
+  cudaStreamCaptureStatusNone = 0,
+  cudaStreamCaptureStatusActive = 1,
+  cudaStreamCaptureStatusInvalidated = 2,
+};
+#define cudaStreamDefault 0x0
+#define cudaStreamNonBlocking 0x1
+#define cudaEventDefault 0x0
+#define cudaEventDisableTiming 0x2
 
-// New allocations hold 0xff bytes: NaN as float and double.
-inline cudaError_t cudaMalloc(void** p, size_t n) {
-  *p = std::malloc(n ? n : 1);
-  if (!*p) return cudaErrorMemoryAllocation;
-  std::memset(*p, 0xff, n);
-  return cudaSuccess;
+struct cudaDeviceProp {
+  char name[256];
+  int multiProcessorCount;
+  size_t totalGlobalMem;
+};
+
+extern "C" {
+// Device
+cudaError_t cudaGetDeviceCount(int* count);
+cudaError_t cudaGetDevice(int* device);
+cudaError_t cudaSetDevice(int device);
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device);
+cudaError_t cudaDeviceSynchronize(void);
+cudaError_t cudaGetLastError(void);
+cudaError_t cudaPeekAtLastError(void);
+const char* cudaGetErrorString(cudaError_t error);
+const char* cudaGetErrorName(cudaError_t error);
+
+// Memory
+cudaError_t cudaMalloc(void** devPtr, size_t size);
+cudaError_t cudaFree(void* devPtr);
+cudaError_t cudaMallocHost(void** ptr, size_t size);
+cudaError_t cudaFreeHost(void* ptr);
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, enum cudaMemcpyKind kind);
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, enum cudaMemcpyKind kind,
+                            cudaStream_t stream);
+cudaError_t cudaMemset(void* devPtr, int value, size_t count);
+cudaError_t cudaMemsetAsync(void* devPtr, int value, size_t count, cudaStream_t stream);
+
+// Streams and events
+cudaError_t cudaStreamCreate(cudaStream_t* stream);
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int flags);
+cudaError_t cudaStreamDestroy(cudaStream_t stream);
+cudaError_t cudaStreamSynchronize(cudaStream_t stream);
+cudaError_t cudaStreamQuery(cudaStream_t stream);
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags);
+cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void* userData);
+cudaError_t cudaEventCreate(cudaEvent_t* event);
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags);
+cudaError_t cudaEventDestroy(cudaEvent_t event);
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream);
+cudaError_t cudaEventSynchronize(cudaEvent_t event);
+cudaError_t cudaEventQuery(cudaEvent_t event);
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end);
+
+// Stream capture and graphs
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, enum cudaStreamCaptureMode mode);
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph);
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, enum cudaStreamCaptureStatus* status);
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long flags);
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream);
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec);
+cudaError_t cudaGraphDestroy(cudaGraph_t graph);
 }
+
 template <typename T>
 inline cudaError_t cudaMalloc(T** p, size_t n) {
   return cudaMalloc(reinterpret_cast<void**>(p), n);
 }
-inline cudaError_t cudaFree(void* p) {
-  std::free(p);
-  return cudaSuccess;
+template <typename T>
+inline cudaError_t cudaMallocHost(T** p, size_t n) {
+  return cudaMallocHost(reinterpret_cast<void**>(p), n);
 }
-inline cudaError_t cudaMemcpy(void* d, const void* s, size_t n, cudaMemcpyKind) {
-  if (n) std::memmove(d, s, n);
-  return cudaSuccess;
+// CUDA's default arguments (the null stream, no flags).
+inline cudaError_t cudaMemcpyAsync(void* d, const void* s, size_t n, cudaMemcpyKind k) {
+  return cudaMemcpyAsync(d, s, n, k, nullptr);
 }
-inline cudaError_t cudaMemcpyAsync(void* d, const void* s, size_t n, cudaMemcpyKind k,
-                                   cudaStream_t = nullptr) {
-  return cudaMemcpy(d, s, n, k);
+inline cudaError_t cudaMemsetAsync(void* d, int v, size_t n) {
+  return cudaMemsetAsync(d, v, n, nullptr);
 }
-inline cudaError_t cudaMemset(void* d, int v, size_t n) {
-  std::memset(d, v, n);
-  return cudaSuccess;
-}
-inline cudaError_t cudaMemsetAsync(void* d, int v, size_t n, cudaStream_t = nullptr) {
-  return cudaMemset(d, v, n);
-}
-inline cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
-inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
-inline cudaError_t cudaGetLastError() { return cudaSuccess; }
-inline cudaError_t cudaPeekAtLastError() { return cudaSuccess; }
-inline cudaError_t cudaGetDeviceCount(int* n) {
-  *n = 1;
-  return cudaSuccess;
-}
-// Events time the host (where emulated kernels run).
-inline cudaError_t cudaEventCreate(cudaEvent_t* e) {
-  *e = new CUevent_st;
-  return cudaSuccess;
-}
-inline cudaError_t cudaEventDestroy(cudaEvent_t e) {
-  delete e;
-  return cudaSuccess;
-}
-inline cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t = nullptr) {
-  e->t = std::chrono::steady_clock::now();
-  return cudaSuccess;
-}
-inline cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
-inline cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b) {
-  *ms = std::chrono::duration<float, std::milli>(b->t - a->t).count();
-  return cudaSuccess;
-}
-
-struct cudaDeviceProp {
-  char name[256] = "CPU emulation";
-  int multiProcessorCount = 1;
-  size_t totalGlobalMem = size_t(1) << 34;
-};
-inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int) {
-  *p = cudaDeviceProp{};
-  return cudaSuccess;
-}
-inline cudaError_t cudaMemGetInfo(size_t* freeBytes, size_t* total) {
-  *freeBytes = *total = size_t(1) << 34;
-  return cudaSuccess;
-}
-
-inline const char* cudaGetErrorString(cudaError_t e) {
-  switch (e) {
-    case cudaSuccess:
-      return "no error (emulated)";
-    case cudaErrorInvalidValue:
-      return "invalid argument (emulated)";
-    case cudaErrorMemoryAllocation:
-      return "out of memory (emulated)";
-    case cudaErrorInvalidConfiguration:
-      return "invalid configuration argument (emulated)";
-    default:
-      return "unknown error (emulated)";
-  }
-}
+inline cudaError_t cudaEventRecord(cudaEvent_t e) { return cudaEventRecord(e, nullptr); }

@@ -2,7 +2,8 @@
 // (tests/gpu/test_cuda_kernels.cc) run on machines without a GPU: every CUDA thread is a fiber,
 // the CUDA blocks of a launch run one after another, __syncthreads and warp shuffles are barriers
 // between the fibers. Strict where CUDA is undefined: a barrier that some thread of the block (or
-// lane of the warp) never reaches aborts with a message instead of hanging. Device memory is host
+// lane of the warp) never reaches aborts with a message instead of hanging. A launch is queued on
+// its stream and runs when the emulated runtime gets to it (runtime.h); device memory is host
 // memory filled with NaN bytes (0xff), so reading what was never written shows. Single-threaded;
 // x86-64 only (a tiny context switch in emu.cc). Not for speed: small shapes only.
 #pragma once
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "cuda_runtime_api.h"
+#include "host_work.h"
 
 #define __global__
 #define __device__
@@ -64,7 +66,17 @@ inline State& state() {
 
 void syncBlock();
 void syncWarp();
+// Runs body on grid x block fibers now (emu.cc).
 cudaError_t launch(unsigned grid, unsigned block, const std::function<void()>& body);
+
+// Queues that run on stream s; body holds copies of the kernel's arguments, as a CUDA launch
+// copies its parameters when it is issued. The fibers are those of the library that queued it.
+template <typename F>
+cudaError_t launchOn(cudaStream_t s, unsigned grid, unsigned block, F body) {
+  if (block == 0 || block > 1024 || grid == 0 || grid > 0x7fffffffu)
+    return cudaErrorInvalidConfiguration;
+  return cudaError_t(enqueueHostWork(s, "kernel launch", [grid, block, body] { launch(grid, block, body); }));
+}
 
 template <typename T>
 T exchange(T v, unsigned (*src)(unsigned lane, unsigned arg), unsigned arg) {

@@ -43,7 +43,15 @@ struct InFlight {
 
 ncclResult_t lrAllReduce(const void* send, void* recv, size_t count, lowrankDataType_t dtype,
                          lowrankRedOp_t op, ncclComm_t comm, const char* what) {
+#ifdef NCCL_DOUBLE_ON_STREAMS
+  // Emulated device memory would take lowrank to its device engine: reduce a host copy.
+  std::vector<unsigned char> staged(static_cast<const unsigned char*>(send),
+                                    static_cast<const unsigned char*>(send) + count * dtypeSize(ncclDataType_t(dtype)));
+  lowrankResult_t r = lowrankAllReduce(staged.data(), staged.data(), count, dtype, op, comm->lr, nullptr);
+  if (r == lowrankSuccess) std::memcpy(recv, staged.data(), staged.size());
+#else
   lowrankResult_t r = lowrankAllReduce(send, recv, count, dtype, op, comm->lr, nullptr);
+#endif
   ncclResult_t n;
   {
     std::lock_guard<std::mutex> lock(comm->abortMu);  // lr may be freed once aborting is set

@@ -6,11 +6,14 @@
 // LOWRANK_* variables (LOWRANK_TIMEOUT, LOWRANK_DEBUG) apply to it, and a malformed one makes
 // ncclCommInitRank fail with ncclInvalidUsage.
 // Buffers are host memory and streams are ignored: every call has finished when it returns.
+// Built with NCCL_DOUBLE_ON_STREAMS (for the CUDA emulation of tests/gpu/emu), the collectives are
+// queued on their stream instead (on_stream.cc) and buffers may be emulated device memory.
 #pragma once
 #include <nccl.h>
 
 #include <atomic>
 #include <cstddef>
+#include <functional>
 #include <mutex>
 #include <vector>
 
@@ -88,5 +91,9 @@ ncclResult_t reduceScatter(const void* send, void* recv, size_t recvcount, ncclD
                            ncclRedOp_t op, ncclComm_t comm);
 ncclResult_t reduce(const void* send, void* recv, size_t count, ncclDataType_t dtype,
                     ncclRedOp_t op, int root, ncclComm_t comm);
+
+// NCCL_DOUBLE_ON_STREAMS: queues run on stream (a collective of comm named `what`).
+ncclResult_t onStream(cudaStream_t stream, ncclComm_t comm, const char* what,
+                      std::function<ncclResult_t()> run);
 
 }  // namespace nccl_double

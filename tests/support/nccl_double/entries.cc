@@ -1,7 +1,8 @@
 // Every entry point the NCCL test double exports, each under its NCCL name and its p-prefixed
 // profiling twin (what lowrank's NCCL transport calls). The two are separate functions over one
 // implementation so that ncclDoubleCallCount can tell them apart (and ncclDoubleFailNext can make
-// one of them fail). Streams are ignored.
+// one of them fail). Streams are ignored, except by the collectives of the build for the CUDA
+// emulation (NCCL_DOUBLE_ON_STREAMS), which are queued on theirs.
 #include <map>
 #include <mutex>
 #include <string>
@@ -78,24 +79,39 @@ NCCL_ENTRY(ncclResult_t, ncclRedOpCreatePreMulSum, redOpCreatePreMulSum,
            (ncclRedOp_t* op, void* s, ncclDataType_t t, ncclScalarResidence_t res, ncclComm_t c),
            (op, s, t, res, c))
 NCCL_ENTRY(ncclResult_t, ncclRedOpDestroy, redOpDestroy, (ncclRedOp_t op, ncclComm_t c), (op, c))
-NCCL_ENTRY(ncclResult_t, ncclAllReduce, allReduce,
-           (const void* s, void* r, size_t n, ncclDataType_t t, ncclRedOp_t op, ncclComm_t c,
-            cudaStream_t), (s, r, n, t, op, c))
-NCCL_ENTRY(ncclResult_t, ncclBroadcast, broadcast,
-           (const void* s, void* r, size_t n, ncclDataType_t t, int root, ncclComm_t c, cudaStream_t),
-           (s, r, n, t, root, c))
-NCCL_ENTRY(ncclResult_t, ncclBcast, broadcast,
-           (void* b, size_t n, ncclDataType_t t, int root, ncclComm_t c, cudaStream_t),
-           (b, b, n, t, root, c))
-NCCL_ENTRY(ncclResult_t, ncclAllGather, allGather,
-           (const void* s, void* r, size_t n, ncclDataType_t t, ncclComm_t c, cudaStream_t),
-           (s, r, n, t, c))
-NCCL_ENTRY(ncclResult_t, ncclReduceScatter, reduceScatter,
-           (const void* s, void* r, size_t n, ncclDataType_t t, ncclRedOp_t op, ncclComm_t c,
-            cudaStream_t), (s, r, n, t, op, c))
-NCCL_ENTRY(ncclResult_t, ncclReduce, reduce,
-           (const void* s, void* r, size_t n, ncclDataType_t t, ncclRedOp_t op, int root,
-            ncclComm_t c, cudaStream_t), (s, r, n, t, op, root, c))
+// The collectives (each takes its comm as c and its stream as st): run at the call, or queued on
+// st in the build for the CUDA emulation.
+#ifdef NCCL_DOUBLE_ON_STREAMS
+#define NCCL_RUN(name, impl, args) nccl_double::onStream(st, c, name, [=] { return nccl_double::impl args; })
+#else
+#define NCCL_RUN(name, impl, args) ((void)st, nccl_double::impl args)
+#endif
+#define NCCL_COLLECTIVE(name, impl, params, args)                                       \
+  NCCL_EXPORT ncclResult_t name params {                                                \
+    return call<ncclResult_t>(#name, [&] { return NCCL_RUN(#name, impl, args); });      \
+  }                                                                                     \
+  NCCL_EXPORT ncclResult_t p##name params {                                             \
+    return call<ncclResult_t>("p" #name, [&] { return NCCL_RUN("p" #name, impl, args); }); \
+  }
+
+NCCL_COLLECTIVE(ncclAllReduce, allReduce,
+                (const void* s, void* r, size_t n, ncclDataType_t t, ncclRedOp_t op, ncclComm_t c,
+                 cudaStream_t st), (s, r, n, t, op, c))
+NCCL_COLLECTIVE(ncclBroadcast, broadcast,
+                (const void* s, void* r, size_t n, ncclDataType_t t, int root, ncclComm_t c,
+                 cudaStream_t st), (s, r, n, t, root, c))
+NCCL_COLLECTIVE(ncclBcast, broadcast,
+                (void* b, size_t n, ncclDataType_t t, int root, ncclComm_t c, cudaStream_t st),
+                (b, b, n, t, root, c))
+NCCL_COLLECTIVE(ncclAllGather, allGather,
+                (const void* s, void* r, size_t n, ncclDataType_t t, ncclComm_t c, cudaStream_t st),
+                (s, r, n, t, c))
+NCCL_COLLECTIVE(ncclReduceScatter, reduceScatter,
+                (const void* s, void* r, size_t n, ncclDataType_t t, ncclRedOp_t op, ncclComm_t c,
+                 cudaStream_t st), (s, r, n, t, op, c))
+NCCL_COLLECTIVE(ncclReduce, reduce,
+                (const void* s, void* r, size_t n, ncclDataType_t t, ncclRedOp_t op, int root,
+                 ncclComm_t c, cudaStream_t st), (s, r, n, t, op, root, c))
 
 NCCL_EXPORT int ncclDoubleLiveComms() { return nccl_double::liveComms(); }
 

@@ -1,0 +1,86 @@
+// The emulated device itself: one device, 0, named "CPU emulation"; errors and their names.
+#include <cstring>
+
+#include "runtime.h"
+
+namespace emu {
+namespace {
+thread_local cudaError_t lastError = cudaSuccess;
+}  // namespace
+
+cudaError_t setError(cudaError_t e) {
+  if (e != cudaSuccess) lastError = e;
+  return e;
+}
+
+}  // namespace emu
+
+using namespace emu;
+
+extern "C" {
+
+cudaError_t cudaGetDeviceCount(int* n) {
+  if (!n) return setError(cudaErrorInvalidValue);
+  *n = 1;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetDevice(int* d) {
+  if (!d) return setError(cudaErrorInvalidValue);
+  *d = 0;
+  return cudaSuccess;
+}
+
+cudaError_t cudaSetDevice(int d) { return d == 0 ? cudaSuccess : setError(cudaErrorInvalidDevice); }
+
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int d) {
+  if (!p) return setError(cudaErrorInvalidValue);
+  if (d != 0) return setError(cudaErrorInvalidDevice);
+  std::memset(p, 0, sizeof *p);
+  std::strcpy(p->name, "CPU emulation (tests/gpu/emu)");
+  p->multiProcessorCount = 1;
+  p->totalGlobalMem = size_t(1) << 34;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetLastError() {
+  const cudaError_t e = lastError;
+  lastError = cudaSuccess;
+  return e;
+}
+
+cudaError_t cudaPeekAtLastError() { return lastError; }
+
+const char* cudaGetErrorName(cudaError_t e) {
+  switch (e) {
+    case cudaSuccess: return "cudaSuccess";
+    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
+    case cudaErrorNoDevice: return "cudaErrorNoDevice";
+    case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
+    case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
+    case cudaErrorIllegalState: return "cudaErrorIllegalState";
+    case cudaErrorNotReady: return "cudaErrorNotReady";
+    case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
+    case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
+    case cudaErrorStreamCaptureImplicit: return "cudaErrorStreamCaptureImplicit";
+    default: return "cudaErrorUnknown";
+  }
+}
+
+const char* cudaGetErrorString(cudaError_t e) {
+  switch (e) {
+    case cudaSuccess: return "no error (emulated)";
+    case cudaErrorInvalidValue: return "invalid argument (emulated)";
+    case cudaErrorMemoryAllocation: return "out of memory (emulated)";
+    case cudaErrorInvalidConfiguration: return "invalid configuration argument (emulated)";
+    case cudaErrorNotReady: return "device not ready (emulated)";
+    case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing (emulated)";
+    case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture (emulated)";
+    case cudaErrorStreamCaptureImplicit: return "operation would make the legacy stream depend on a capturing blocking stream (emulated)";
+    default: return "unknown error (emulated)";
+  }
+}
+
+}  // extern "C"

@@ -1,0 +1,17 @@
+// The emulated runtime's one C++ entry (libcuda.so.1 of tests/gpu/emu): queue host work on a
+// stream, as a kernel launch or a cudaMemcpyAsync is queued. For the emulated kernels (emu.h),
+// cuSOLVER's stand-in and the NCCL test double built for the emulation, which include CUDA's own
+// headers or this directory's, so nothing here names a CUDA type but the stream.
+#pragma once
+#include <functional>
+
+struct CUstream_st;
+
+namespace emu {
+
+// Queues `work` on `stream` (null: the legacy default stream); it runs when something forces it
+// (runtime.h), once per graph launch when the stream is being captured. `what` names it in the
+// emulation's messages. Returns a cudaError_t value (0: queued).
+int enqueueHostWork(CUstream_st* stream, const char* what, std::function<void()> work);
+
+}  // namespace emu

@@ -1,0 +1,131 @@
+// Emulated device memory: host memory that the emulation knows as device memory (the driver's
+// pointer query says so, as liblowrank asks it), filled with 0xff bytes when allocated, so that
+// reading what was never written gives NaN; and the copies and memsets, queued on streams.
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <optional>
+
+#include "runtime.h"
+
+namespace emu {
+namespace {
+
+enum class Kind { kDevice, kPinnedHost };
+struct Allocation {
+  size_t bytes;
+  Kind kind;
+};
+
+std::mutex allocMutex;  // apart from deviceMutex: pointer queries come from any thread
+std::map<uintptr_t, Allocation>& allocations() {
+  static auto* m = new std::map<uintptr_t, Allocation>;  // never destroyed: queried until exit
+  return *m;
+}
+
+// The allocation holding [p, p + bytes), if any.
+std::optional<Allocation> find(const void* p, size_t bytes) {
+  std::lock_guard<std::mutex> lock(allocMutex);
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  auto it = allocations().upper_bound(a);
+  if (it == allocations().begin()) return std::nullopt;
+  --it;
+  if (a + bytes > it->first + it->second.bytes) return std::nullopt;
+  return it->second;
+}
+
+cudaError_t allocate(void** p, size_t bytes, Kind kind) {
+  if (!p) return setError(cudaErrorInvalidValue);
+  if (cudaError_t e = checkUnsafeDuringCapture(false)) return setError(e);
+  *p = std::malloc(bytes ? bytes : 1);
+  if (!*p) return setError(cudaErrorMemoryAllocation);
+  std::memset(*p, 0xff, bytes);
+  std::lock_guard<std::mutex> lock(allocMutex);
+  allocations()[reinterpret_cast<uintptr_t>(*p)] = Allocation{bytes ? bytes : 1, kind};
+  return cudaSuccess;
+}
+
+// As CUDA's, a free waits for the device: queued work may still use the memory.
+cudaError_t release(void* p, Kind kind) {
+  if (!p) return cudaSuccess;
+  if (cudaError_t e = checkUnsafeDuringCapture(false)) return setError(e);
+  syncDevice();
+  {
+    std::lock_guard<std::mutex> lock(allocMutex);
+    auto it = allocations().find(reinterpret_cast<uintptr_t>(p));
+    if (it == allocations().end() || it->second.kind != kind) return setError(cudaErrorInvalidValue);
+    allocations().erase(it);
+  }
+  std::free(p);
+  return cudaSuccess;
+}
+
+// Device memory touched by a copy or memset must lie inside one allocation, as on a GPU (where
+// it would fault); host memory cannot be checked.
+bool deviceRangeValid(const void* p, size_t bytes, bool mustBeDevice) {
+  if (!mustBeDevice) return true;
+  const std::optional<Allocation> a = find(p, bytes);
+  return a && a->kind == Kind::kDevice;
+}
+
+bool rangesValid(void* dst, const void* src, size_t n, cudaMemcpyKind kind) {
+  const bool dstDev = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
+  const bool srcDev = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
+  return deviceRangeValid(dst, n, dstDev) && deviceRangeValid(src, n, srcDev);
+}
+
+}  // namespace
+}  // namespace emu
+
+using namespace emu;
+
+extern "C" {
+
+// The driver's pointer query (cuPointerGetAttribute, CU_POINTER_ATTRIBUTE_MEMORY_TYPE only):
+// CU_MEMORYTYPE_DEVICE for cudaMalloc's memory, CU_MEMORYTYPE_HOST for cudaMallocHost's,
+// CUDA_ERROR_INVALID_VALUE for memory the emulation did not allocate.
+__attribute__((visibility("default"))) int cuPointerGetAttribute(void* data, int attribute,
+                                                                 unsigned long long ptr) {
+  constexpr int kMemoryType = 2, kInvalidValue = 1;
+  constexpr unsigned kHost = 1, kDevice = 2;
+  if (!data || attribute != kMemoryType) return kInvalidValue;
+  const std::optional<Allocation> a = find(reinterpret_cast<const void*>(uintptr_t(ptr)), 1);
+  if (!a) return kInvalidValue;
+  *static_cast<unsigned*>(data) = a->kind == Kind::kDevice ? kDevice : kHost;
+  return 0;
+}
+
+cudaError_t cudaMalloc(void** p, size_t bytes) { return allocate(p, bytes, Kind::kDevice); }
+cudaError_t cudaFree(void* p) { return release(p, Kind::kDevice); }
+cudaError_t cudaMallocHost(void** p, size_t bytes) { return allocate(p, bytes, Kind::kPinnedHost); }
+cudaError_t cudaFreeHost(void* p) { return release(p, Kind::kPinnedHost); }
+
+// Queued: the bytes are read and written when the copy runs, not when it is issued.
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind kind,
+                            cudaStream_t s) {
+  if (n == 0) return cudaSuccess;
+  if (!dst || !src || !rangesValid(dst, src, n, kind)) return setError(cudaErrorInvalidValue);
+  return setError(enqueue(s, "cudaMemcpyAsync", [=] { std::memmove(dst, src, n); }));
+}
+
+cudaError_t cudaMemsetAsync(void* dst, int v, size_t n, cudaStream_t s) {
+  if (n == 0) return cudaSuccess;
+  if (!dst || !deviceRangeValid(dst, n, true)) return setError(cudaErrorInvalidValue);
+  return setError(enqueue(s, "cudaMemsetAsync", [=] { std::memset(dst, v, n); }));
+}
+
+// The synchronous forms: on the legacy default stream (after the work of every blocking stream),
+// finished when they return.
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind kind) {
+  if (cudaError_t e = checkUnsafeDuringCapture(true)) return setError(e);
+  if (cudaError_t e = cudaMemcpyAsync(dst, src, n, kind, nullptr)) return e;
+  return setError(syncLegacy());
+}
+
+cudaError_t cudaMemset(void* dst, int v, size_t n) {
+  if (cudaError_t e = checkUnsafeDuringCapture(true)) return setError(e);
+  if (cudaError_t e = cudaMemsetAsync(dst, v, n, nullptr)) return e;
+  return setError(syncLegacy());
+}
+
+}  // extern "C"

@@ -1,0 +1,75 @@
+#!/usr/bin/env python3
+"""Mutants of the device schedule (plugin/engine/cuda): bugs a GPU would show, each one edit of a
+copy of one source file, built into its own emulated CUDA backend (tests/gpu/emu/meson.build).
+run_mutants.sh checks that the emulated engine tests fail on every one.
+
+  mutants.py list                          the mutants' names, one a line
+  mutants.py make NAME OUTDIR SOURCE...    writes OUTDIR/NAME_<file> for each SOURCE, NAME's edit
+                                           applied to the file it names, the others copied
+  mutants.py describe NAME                 what the mutant breaks
+
+An edit whose text is not found exactly once fails the build: the schedule changed, and the
+mutant must be brought up to date with it.
+"""
+import os
+import sys
+
+# name: (file, what it breaks, text, replacement)
+MUTANTS = {
+    "no_wait_for_q_allreduce": (
+        "device_schedule.cc",
+        "missing event wait: pass 3 (compute stream) does not wait for its Q chunk's allreduce "
+        "(communication stream)",
+        "    LR_CUDA(cudaStreamWaitEvent(s, ch.reduced, 0));\n",
+        ""),
+    "allreduce_before_compute": (
+        "device_schedule.cc",
+        "missing event wait: the factor allreduces (communication stream) do not wait for the "
+        "chunk computed on the compute stream",
+        "  LR_CUDA(cudaStreamWaitEvent(dc.stream, ready, 0));\n",
+        ""),
+    "residual_never_written": (
+        "device_state.cc",
+        "read of never-written device memory: the residual E is not zeroed when allocated",
+        "    if (e) LR_CUDA(cudaMemset(e, 0, pl.count * sizeof(float)));\n",
+        ""),
+    "decompress_on_comm_stream": (
+        "device_schedule.cc",
+        "kernel on the wrong stream: decompress + error update (pass 3) launched on the "
+        "communication stream instead of the caller's",
+        "recv, pl.dtype, checks,\n                                     b.expectedOp, s));",
+        "recv, pl.dtype, checks,\n                                     b.expectedOp, dc.stream));"),
+}
+
+
+def make(name, outdir, sources):
+    target, _, old, new = MUTANTS[name]
+    applied = False
+    for src in sources:
+        base = os.path.basename(src)
+        text = open(src).read()
+        if base == target:
+            if text.count(old) != 1:
+                sys.exit(f"mutant {name}: {old.strip()!r} occurs {text.count(old)} times in {src}, "
+                         "not once: update tests/gpu/emu/mutants.py to the schedule")
+            text = text.replace(old, new)
+            applied = True
+        with open(os.path.join(outdir, f"{name}_{base}"), "w") as f:
+            f.write(text)
+    if not applied:
+        sys.exit(f"mutant {name}: {target} is not among the sources")
+
+
+def main(argv):
+    if argv[1:2] == ["list"]:
+        print("\n".join(MUTANTS))
+    elif argv[1:2] == ["describe"] and len(argv) == 3:
+        print(MUTANTS[argv[2]][1])
+    elif argv[1:2] == ["make"] and len(argv) >= 5:
+        make(argv[2], argv[3], argv[4:])
+    else:
+        sys.exit(__doc__)
+
+
+if __name__ == "__main__":
+    main(sys.argv)

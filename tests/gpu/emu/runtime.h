@@ -1,0 +1,98 @@
+// Internals of the emulated CUDA runtime (libcuda.so.1 of tests/gpu/emu).
+//
+// The device as a set of queues: every stream is a FIFO of operations (kernels, copies, memsets,
+// host work such as the NCCL test double's collectives, event records and waits). Nothing runs
+// when it is queued. Work runs when the host needs it to have run: a stream, event or device
+// synchronize, a synchronous copy or memset, a cudaFree. Then only what that target depends on
+// runs (its stream's earlier work, and what that work waits for through events or the legacy
+// default stream's implicit ordering), and among the operations that are ready at each step the
+// scheduler takes the one issued last (LOWRANK_EMU_SEED=0, the default), inverting the host's
+// issue order wherever no dependency forbids it, so that a missing event wait or a kernel on the
+// wrong stream shows as a wrong result instead of passing by luck; any other seed picks among the
+// ready operations at random. A poll (cudaStreamQuery, cudaEventQuery) lets the device take one
+// step, as time would. Single-threaded, as the kernels' fibers are (emu.h).
+#pragma once
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "cuda_runtime_api.h"
+
+namespace emu {
+
+struct Op;
+using OpPtr = std::shared_ptr<Op>;
+
+struct Op {
+  uint64_t seq = 0;                 // issue order over all streams
+  std::string what;                 // for the emulation's messages
+  std::function<void()> run;        // empty for event records and waits
+  OpPtr prev;                       // the stream's previous operation (cleared once run)
+  std::vector<OpPtr> after;         // other operations that must run first (cleared once run)
+  bool needed = false, done = false;
+  std::chrono::steady_clock::time_point doneAt;
+};
+
+struct Node {  // one operation of a captured graph
+  std::string what;
+  std::function<void()> run;
+};
+
+[[noreturn]] void fail(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+
+// The one lock of the device state (recursive: queued host work may query pointers).
+std::recursive_mutex& deviceMutex();
+
+// Records e as the calling thread's last error (cudaGetLastError) and returns it.
+cudaError_t setError(cudaError_t e);
+
+}  // namespace emu
+
+struct CUstream_st {
+  bool blocking = true;  // ordered with the legacy default stream (not cudaStreamNonBlocking)
+  bool legacy = false;
+  std::deque<emu::OpPtr> queue;  // queued, not yet run, in issue order
+  emu::OpPtr tail;               // the last operation queued (run or not)
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  cudaStreamCaptureMode captureMode = cudaStreamCaptureModeGlobal;
+  std::vector<emu::Node> captured;
+};
+
+struct CUevent_st {
+  emu::OpPtr marker;  // the last record (null: never recorded)
+  bool timing = true;
+};
+
+namespace emu {
+
+// The stream a handle names (null: the legacy default stream).
+CUstream_st* stream(cudaStream_t s);
+std::vector<CUstream_st*>& streams();  // every live stream, the legacy one first
+
+// Queues an operation on s (captured instead while s is being captured); waitFor, if not null,
+// must run first. *out, if given, receives the operation (null when captured).
+cudaError_t enqueue(cudaStream_t s, std::string what, std::function<void()> run,
+                    const OpPtr& waitFor = nullptr, OpPtr* out = nullptr);
+// Runs what `target` needs, then target. Never returns with target pending.
+void complete(const OpPtr& target);
+// One step towards target (a poll): true once target has run.
+bool poll(const OpPtr& target);
+// Queues a marker on the legacy default stream and completes it: what a synchronous call waits
+// for. Fails (as CUDA does) while a blocking stream is being captured.
+cudaError_t syncLegacy();
+void syncDevice();
+
+// Capture (capture.cc): adds an operation to s's graph instead of its queue; for markers (event
+// records and waits) in a capture, which the emulation does not model, the capture is invalidated.
+cudaError_t captureAppend(CUstream_st* s, std::string what, std::function<void()> run);
+// A call that CUDA forbids while a stream is captured in global or thread-local mode (it would
+// synchronize the device, or order the legacy stream with a blocking stream under capture):
+// invalidates those captures and returns the error CUDA returns, else cudaSuccess.
+cudaError_t checkUnsafeDuringCapture(bool legacyStreamWork);
+
+}  // namespace emu

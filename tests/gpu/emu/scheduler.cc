@@ -1,0 +1,161 @@
+// The emulated device's queues and the order in which their work runs (runtime.h).
+#include <algorithm>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+
+#include "runtime.h"
+
+namespace emu {
+namespace {
+
+uint64_t nextSeq = 1;
+bool running = false;  // an operation is running: it must not force the device
+
+// LOWRANK_EMU_SEED: 0 (default) runs the ready operation issued last; another value picks at random.
+uint64_t seed() {
+  static const uint64_t value = [] {
+    const char* env = std::getenv("LOWRANK_EMU_SEED");
+    if (!env || !*env) return uint64_t(0);
+    char* end = nullptr;
+    const unsigned long long v = std::strtoull(env, &end, 10);
+    if (*end || *env == '-') fail("LOWRANK_EMU_SEED=%s: not a non-negative integer", env);
+    return uint64_t(v);
+  }();
+  return value;
+}
+
+std::mt19937_64& rng() {
+  static std::mt19937_64 r(seed());
+  return r;
+}
+
+// Marks target and everything it depends on (not yet run) as needed.
+void need(const OpPtr& target) {
+  std::vector<Op*> todo{target.get()};
+  while (!todo.empty()) {
+    Op* op = todo.back();
+    todo.pop_back();
+    if (op->done || op->needed) continue;
+    op->needed = true;
+    if (op->prev) todo.push_back(op->prev.get());
+    for (const OpPtr& a : op->after) todo.push_back(a.get());
+  }
+}
+
+bool ready(const Op& op) {
+  if (!op.needed) return false;
+  for (const OpPtr& a : op.after)
+    if (!a->done) return false;
+  return true;  // its stream's earlier work has run: it is the head of the queue
+}
+
+// Runs one needed operation whose dependencies have all run.
+void runOne(const OpPtr& target) {
+  std::vector<CUstream_st*> heads;
+  for (CUstream_st* s : streams())
+    if (!s->queue.empty() && ready(*s->queue.front())) heads.push_back(s);
+  if (heads.empty())
+    fail("nothing can run before '%s' (a dependency cycle in the emulation)", target->what.c_str());
+  std::sort(heads.begin(), heads.end(), [](CUstream_st* a, CUstream_st* b) {
+    return a->queue.front()->seq < b->queue.front()->seq;
+  });
+  CUstream_st* s = seed() == 0 ? heads.back() : heads[rng()() % heads.size()];
+  OpPtr op = s->queue.front();
+  s->queue.pop_front();
+  if (op->run) {
+    running = true;
+    op->run();
+    running = false;
+  }
+  op->done = true;
+  op->doneAt = std::chrono::steady_clock::now();
+  op->prev.reset();
+  op->after.clear();
+}
+
+}  // namespace
+
+void fail(const char* fmt, ...) {
+  std::fprintf(stderr, "CUDA emulation: ");
+  va_list ap;
+  va_start(ap, fmt);
+  std::vfprintf(stderr, fmt, ap);
+  va_end(ap);
+  std::fprintf(stderr, "\n");
+  std::abort();
+}
+
+std::recursive_mutex& deviceMutex() {
+  static std::recursive_mutex m;
+  return m;
+}
+
+std::vector<CUstream_st*>& streams() {
+  static std::vector<CUstream_st*>* all = [] {
+    auto* v = new std::vector<CUstream_st*>;  // never destroyed: used until exit
+    auto* legacy = new CUstream_st;
+    legacy->legacy = true;
+    v->push_back(legacy);
+    return v;
+  }();
+  return *all;
+}
+
+CUstream_st* stream(cudaStream_t s) { return s ? s : streams().front(); }
+
+cudaError_t enqueue(cudaStream_t handle, std::string what, std::function<void()> run,
+                    const OpPtr& waitFor, OpPtr* out) {
+  std::lock_guard<std::recursive_mutex> lock(deviceMutex());
+  if (out) out->reset();
+  CUstream_st* s = stream(handle);
+  if (s->capture != cudaStreamCaptureStatusNone) return captureAppend(s, std::move(what), std::move(run));
+  if (s->legacy)
+    if (cudaError_t e = checkUnsafeDuringCapture(true)) return e;
+  auto op = std::make_shared<Op>();
+  op->seq = nextSeq++;
+  op->what = std::move(what);
+  op->run = std::move(run);
+  if (s->tail && !s->tail->done) op->prev = s->tail;
+  if (waitFor && !waitFor->done) op->after.push_back(waitFor);
+  // The legacy default stream waits for every blocking stream, and they wait for it.
+  for (CUstream_st* other : streams()) {
+    if (other == s || !other->tail || other->tail->done) continue;
+    if ((s->legacy && other->blocking) || (other->legacy && s->blocking)) op->after.push_back(other->tail);
+  }
+  s->queue.push_back(op);
+  s->tail = op;
+  if (out) *out = op;
+  return cudaSuccess;
+}
+
+void complete(const OpPtr& target) {
+  std::lock_guard<std::recursive_mutex> lock(deviceMutex());
+  if (!target || target->done) return;
+  if (running) fail("queued work ('%s' pending) was forced from inside queued work", target->what.c_str());
+  need(target);
+  while (!target->done) runOne(target);
+}
+
+bool poll(const OpPtr& target) {
+  std::lock_guard<std::recursive_mutex> lock(deviceMutex());
+  if (!target || target->done) return true;
+  need(target);
+  runOne(target);
+  return target->done;
+}
+
+cudaError_t syncLegacy() {
+  OpPtr marker;
+  if (cudaError_t e = enqueue(nullptr, "synchronous call", {}, nullptr, &marker)) return e;
+  complete(marker);
+  return cudaSuccess;
+}
+
+void syncDevice() {
+  std::lock_guard<std::recursive_mutex> lock(deviceMutex());
+  for (CUstream_st* s : streams()) complete(s->tail);
+}
+
+}  // namespace emu

@@ -1,0 +1,133 @@
+// Emulated streams, events and host work (runtime.h: queued, run when forced).
+#include <algorithm>
+
+#include "host_work.h"
+#include "runtime.h"
+
+namespace emu {
+namespace {
+
+bool live(CUstream_st* s) {
+  return std::find(streams().begin(), streams().end(), s) != streams().end();
+}
+
+// Synchronizing a stream that is being captured is an error that ends the capture.
+cudaError_t refuseIfCapturing(CUstream_st* s) {
+  if (s->capture == cudaStreamCaptureStatusNone) return cudaSuccess;
+  s->capture = cudaStreamCaptureStatusInvalidated;
+  return setError(cudaErrorStreamCaptureUnsupported);
+}
+
+}  // namespace
+
+int enqueueHostWork(CUstream_st* s, const char* what, std::function<void()> work) {
+  return enqueue(s, what, std::move(work));
+}
+
+}  // namespace emu
+
+using namespace emu;
+
+extern "C" {
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned flags) {
+  if (!s || (flags & ~unsigned(cudaStreamNonBlocking))) return setError(cudaErrorInvalidValue);
+  std::lock_guard<std::recursive_mutex> lock(deviceMutex());
+  *s = new CUstream_st;
+  (*s)->blocking = !(flags & cudaStreamNonBlocking);
+  streams().push_back(*s);
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamCreate(cudaStream_t* s) { return cudaStreamCreateWithFlags(s, cudaStreamDefault); }
+
+// CUDA lets queued work finish after the destroy; here it runs first, since the stream's queue
+// goes with it.
+cudaError_t cudaStreamDestroy(cudaStream_t s) {
+  std::lock_guard<std::recursive_mutex> lock(deviceMutex());
+  if (!s || !live(s)) return setError(cudaErrorInvalidResourceHandle);
+  complete(s->tail);
+  streams().erase(std::find(streams().begin(), streams().end(), s));
+  delete s;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+  std::lock_guard<std::recursive_mutex> lock(deviceMutex());
+  if (cudaError_t e = refuseIfCapturing(stream(s))) return e;
+  if (!s) return setError(syncLegacy());
+  complete(s->tail);
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamQuery(cudaStream_t s) {
+  std::lock_guard<std::recursive_mutex> lock(deviceMutex());
+  if (cudaError_t e = refuseIfCapturing(stream(s))) return e;
+  return poll(stream(s)->tail) ? cudaSuccess : cudaErrorNotReady;
+}
+
+cudaError_t cudaDeviceSynchronize() {
+  if (cudaError_t e = checkUnsafeDuringCapture(false)) return setError(e);
+  syncDevice();
+  return cudaSuccess;
+}
+
+cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void* data) {
+  if (!fn) return setError(cudaErrorInvalidValue);
+  return setError(enqueue(s, "cudaLaunchHostFunc", [fn, data] { fn(data); }));
+}
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned flags) {
+  if (!e || (flags & ~unsigned(cudaEventDisableTiming))) return setError(cudaErrorInvalidValue);
+  *e = new CUevent_st;
+  (*e)->timing = !(flags & cudaEventDisableTiming);
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventCreate(cudaEvent_t* e) { return cudaEventCreateWithFlags(e, cudaEventDefault); }
+
+cudaError_t cudaEventDestroy(cudaEvent_t e) {
+  if (!e) return setError(cudaErrorInvalidResourceHandle);
+  delete e;
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+  if (!e) return setError(cudaErrorInvalidResourceHandle);
+  std::lock_guard<std::recursive_mutex> lock(deviceMutex());
+  OpPtr marker;
+  if (cudaError_t err = enqueue(s, "cudaEventRecord", {}, nullptr, &marker)) return setError(err);
+  e->marker = marker;
+  return cudaSuccess;
+}
+
+// The wait is an operation of s that cannot run before the event's record has.
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags) {
+  if (!e || flags) return setError(!e ? cudaErrorInvalidResourceHandle : cudaErrorInvalidValue);
+  std::lock_guard<std::recursive_mutex> lock(deviceMutex());
+  if (!e->marker) return cudaSuccess;  // never recorded: nothing to wait for, as in CUDA
+  return setError(enqueue(s, "cudaStreamWaitEvent", {}, e->marker));
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+  if (!e) return setError(cudaErrorInvalidResourceHandle);
+  complete(e->marker);
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventQuery(cudaEvent_t e) {
+  if (!e) return setError(cudaErrorInvalidResourceHandle);
+  return poll(e->marker) ? cudaSuccess : cudaErrorNotReady;
+}
+
+// Host time at which each record ran: meaningless as GPU timing, but ordered.
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b) {
+  if (!ms || !a || !b) return setError(cudaErrorInvalidValue);
+  if (!a->timing || !b->timing) return setError(cudaErrorInvalidResourceHandle);
+  if (!a->marker || !b->marker || !a->marker->done || !b->marker->done)
+    return setError(cudaErrorNotReady);
+  *ms = std::chrono::duration<float, std::milli>(b->marker->doneAt - a->marker->doneAt).count();
+  return cudaSuccess;
+}
+
+}  // extern "C"
