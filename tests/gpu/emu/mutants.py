@@ -3,10 +3,9 @@
 copy of one source file, built into its own emulated CUDA backend (tests/gpu/emu/meson.build).
 run_mutants.sh checks that the emulated engine tests fail on every one.
 
-  mutants.py list                          the mutants' names, one a line
-  mutants.py make NAME OUTDIR SOURCE...    writes OUTDIR/NAME_<file> for each SOURCE, NAME's edit
-                                           applied to the file it names, the others copied
-  mutants.py describe NAME                 what the mutant breaks
+  mutants.py list                   one line per mutant: its name and the file it edits
+  mutants.py make NAME OUTDIR SOURCE   writes OUTDIR/NAME_<file>: SOURCE with NAME's edit
+  mutants.py describe NAME           what the mutant breaks
 
 An edit whose text is not found exactly once fails the build: the schedule changed, and the
 mutant must be brought up to date with it.
@@ -42,31 +41,25 @@ MUTANTS = {
 }
 
 
-def make(name, outdir, sources):
+def make(name, outdir, src):
     target, _, old, new = MUTANTS[name]
-    applied = False
-    for src in sources:
-        base = os.path.basename(src)
-        text = open(src).read()
-        if base == target:
-            if text.count(old) != 1:
-                sys.exit(f"mutant {name}: {old.strip()!r} occurs {text.count(old)} times in {src}, "
-                         "not once: update tests/gpu/emu/mutants.py to the schedule")
-            text = text.replace(old, new)
-            applied = True
-        with open(os.path.join(outdir, f"{name}_{base}"), "w") as f:
-            f.write(text)
-    if not applied:
-        sys.exit(f"mutant {name}: {target} is not among the sources")
+    if os.path.basename(src) != target:
+        sys.exit(f"mutant {name} edits {target}, not {src}")
+    text = open(src).read()
+    if text.count(old) != 1:
+        sys.exit(f"mutant {name}: {old.strip()!r} occurs {text.count(old)} times in {src}, "
+                 "not once: update tests/gpu/emu/mutants.py to the schedule")
+    with open(os.path.join(outdir, f"{name}_{target}"), "w") as f:
+        f.write(text.replace(old, new))
 
 
 def main(argv):
     if argv[1:2] == ["list"]:
-        print("\n".join(MUTANTS))
+        print("\n".join(f"{name} {m[0]}" for name, m in MUTANTS.items()))
     elif argv[1:2] == ["describe"] and len(argv) == 3:
         print(MUTANTS[argv[2]][1])
-    elif argv[1:2] == ["make"] and len(argv) >= 5:
-        make(argv[2], argv[3], argv[4:])
+    elif argv[1:2] == ["make"] and len(argv) == 5:
+        make(argv[2], argv[3], argv[4])
     else:
         sys.exit(__doc__)
 

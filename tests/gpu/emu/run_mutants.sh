@@ -8,7 +8,7 @@ set -u
 PY=$1 MUTANTS=$2 ENGINE=$3 WORKER=$4 DIR=$5
 CHECK="$(dirname "$0")/../two_rank_check.sh"
 missed=0
-for m in $("$PY" "$MUTANTS" list); do
+for m in $("$PY" "$MUTANTS" list | cut -d' ' -f1); do
   echo "=== mutant $m: $("$PY" "$MUTANTS" describe "$m")"
   export LOWRANK_CUDA_BACKEND="$DIR/liblowrank_cuda_emu_$m.so"
   [ -f "$LOWRANK_CUDA_BACKEND" ] || { echo "no backend $LOWRANK_CUDA_BACKEND"; missed=1; continue; }
