@@ -78,8 +78,9 @@ void householder(double* a, size_t n, int k) {
 
 void orthonormalize(float* a, size_t n, int k, size_t rowStride, size_t colStride, double eps) {
   if (k <= 0 || n == 0) return;
-  thread_local std::vector<double> w;  // column-major n x k copy, float64
-  w.resize(size_t(k) * n);
+  // Column-major n x k copy, float64. Per call, not per thread: a thread would otherwise keep the
+  // copy of the tallest P it ever saw (k * n doubles) after every buffer is released.
+  std::vector<double> w(size_t(k) * n);
   for (int j = 0; j < k; ++j)
     for (size_t r = 0; r < n; ++r) w[size_t(j) * n + r] = a[r * rowStride + j * colStride];
   if (k <= 2) gramSchmidt(w.data(), n, k, eps);

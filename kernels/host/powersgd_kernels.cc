@@ -43,14 +43,12 @@ inline float dot(const float* __restrict a, const float* __restrict b, size_t le
 // once per block instead of once per row, which keeps pass 1 and 2 memory-bound up to k = 8.
 constexpr int kBlock = 4;
 
-// Row buffers for dtypes that are not float32 (float32 rows are used where they are).
-thread_local std::vector<float> tlsRows;
-
 // Row i of M as float32. Pass 1 (add = true) fuses the error-feedback add (E += G, in place) and
 // counts non-finite values; pass 2 (add = false) reads M = E, or G without error feedback.
+// Without E, a G that is not float32 is converted into rows + slot * cols (see rowScratch).
 template <typename T, bool add>
 inline const float* rowOfM(const T* __restrict g, float* __restrict e, const MatrixView& v,
-                           size_t i, int slot, size_t* bad, uint32_t limBits) {
+                           size_t i, int slot, float* rows, size_t* bad, uint32_t limBits) {
   const size_t len = v.rowLength(i), off = i * v.stride();
   const T* gr = g + off;
   if (e) {
@@ -71,7 +69,7 @@ inline const float* rowOfM(const T* __restrict g, float* __restrict e, const Mat
   if constexpr (std::is_same_v<T, float>) {
     m = gr;
   } else {
-    float* row = tlsRows.data() + size_t(slot) * v.cols;
+    float* row = rows + size_t(slot) * v.cols;
 #pragma omp simd
     for (size_t c = 0; c < len; ++c) row[c] = toFloat(gr[c]);
     m = row;
@@ -85,17 +83,26 @@ inline const float* rowOfM(const T* __restrict g, float* __restrict e, const Mat
   return m;
 }
 
+// Elements of the row scratch rowOfM needs: kBlock rows of M when G is not float32 and there is
+// no E to read M from. Per call, not per thread: a thread would otherwise keep the rows of the
+// widest matrix it ever saw after every buffer is released.
+template <typename T>
+size_t rowScratch(const float* e, const MatrixView& v) {
+  return !e && !std::is_same_v<T, float> ? size_t(kBlock) * v.cols : 0;
+}
+
 template <typename T>
 size_t pass1(const T* __restrict g, float* __restrict e, const MatrixView& v,
              const float* __restrict qt, int k, float* __restrict p, float limit) {
   size_t bad = 0;
   const uint32_t lim = limitBits(limit);
-  if (!e && !std::is_same_v<T, float>) tlsRows.resize(size_t(kBlock) * v.cols);
+  std::vector<float> rows(rowScratch<T>(e, v));
   const size_t full = v.fullRows();
   size_t i = 0;
   for (; i + kBlock <= full; i += kBlock) {
     const float* m[kBlock];
-    for (int b = 0; b < kBlock; ++b) m[b] = rowOfM<T, true>(g, e, v, i + b, b, &bad, lim);
+    for (int b = 0; b < kBlock; ++b)
+      m[b] = rowOfM<T, true>(g, e, v, i + b, b, rows.data(), &bad, lim);
     for (int j = 0; j < k; ++j) {
       const float* __restrict q = qt + size_t(j) * v.cols;
       float a0 = 0, a1 = 0, a2 = 0, a3 = 0;
@@ -114,7 +121,7 @@ size_t pass1(const T* __restrict g, float* __restrict e, const MatrixView& v,
   }
   for (; i < v.rows; ++i) {
     const size_t len = v.rowLength(i);
-    const float* m = rowOfM<T, true>(g, e, v, i, 0, &bad, lim);
+    const float* m = rowOfM<T, true>(g, e, v, i, 0, rows.data(), &bad, lim);
     for (int j = 0; j < k; ++j) p[i * k + j] = dot(m, qt + size_t(j) * v.cols, len);
   }
   return bad;
@@ -124,13 +131,14 @@ template <typename T>
 void pass2(const T* __restrict g, const float* __restrict e, const MatrixView& v,
            const float* __restrict p, int k, float* __restrict qt) {
   std::memset(qt, 0, sizeof(float) * size_t(k) * v.cols);
-  if (!e && !std::is_same_v<T, float>) tlsRows.resize(size_t(kBlock) * v.cols);
+  std::vector<float> rows(rowScratch<T>(e, v));
   float* em = const_cast<float*>(e);  // rowOfM<.., false> never writes
   const size_t full = v.fullRows();
   size_t i = 0, none = 0;
   for (; i + kBlock <= full; i += kBlock) {
     const float* m[kBlock];
-    for (int b = 0; b < kBlock; ++b) m[b] = rowOfM<T, false>(g, em, v, i + b, b, &none, 0);
+    for (int b = 0; b < kBlock; ++b)
+      m[b] = rowOfM<T, false>(g, em, v, i + b, b, rows.data(), &none, 0);
     for (int j = 0; j < k; ++j) {
       const float p0 = p[i * k + j], p1 = p[(i + 1) * k + j], p2 = p[(i + 2) * k + j],
                   p3 = p[(i + 3) * k + j];
@@ -144,7 +152,7 @@ void pass2(const T* __restrict g, const float* __restrict e, const MatrixView& v
   for (; i < v.rows; ++i) {
     const size_t len = v.rowLength(i);
     if (len == 0) break;
-    const float* m = rowOfM<T, false>(g, em, v, i, 0, &none, 0);
+    const float* m = rowOfM<T, false>(g, em, v, i, 0, rows.data(), &none, 0);
     for (int j = 0; j < k; ++j) {
       const float pij = p[i * k + j];
       float* __restrict q = qt + size_t(j) * v.cols;
@@ -157,8 +165,7 @@ void pass2(const T* __restrict g, const float* __restrict e, const MatrixView& v
 template <typename T>
 void pass3(float* __restrict e, const MatrixView& v, const float* __restrict p,
            const float* __restrict qbart, int k, float s, T* out) {
-  std::vector<float>& a = tlsRows;
-  a.resize(v.cols);
+  std::vector<float> a(v.cols);  // one row of P Qbar^T
   for (size_t i = 0; i < v.rows; ++i) {
     const size_t len = v.rowLength(i), off = i * v.stride();
     if (len == 0) break;
