@@ -11,7 +11,9 @@ namespace lowrank::soak {
 namespace {
 
 template <typename T>
-const T* at(const void* p) { return static_cast<const T*>(p); }
+const T* at(const void* p) {
+  return static_cast<const T*>(p);
+}
 
 // m = max(m, x), where a NaN, once seen, stays: it is the worst error there is.
 void keepMax(double& m, double x) {
@@ -55,8 +57,10 @@ std::vector<const float*> residuals(const Slot& sl, const std::vector<void*>& re
   for (size_t q = 0; q < comms.size(); ++q) {
     const BufferState* st = comms[q]->buffers.find(recv[q]);
     if (!st || st->error.empty()) continue;
-    if (st->error.size() != sl.count) ++*wrong;  // a state of another count: never reset
-    else e[q] = st->error.data();
+    if (st->error.size() != sl.count)
+      ++*wrong;  // a state of another count: never reset
+    else
+      e[q] = st->error.data();
   }
   return e;
 }
@@ -103,10 +107,18 @@ void reference(Step& s, int nranks, size_t lo, size_t hi, Partial& p) {
       for (int q = 1; q < nranks; ++q) {
         const double x = toDouble(at<T>(s.send[size_t(q)])[i]);
         switch (s.op) {
-          case lowrankProd: acc *= x; break;
-          case lowrankMax: acc = std::max(acc, x); break;
-          case lowrankMin: acc = std::min(acc, x); break;
-          default: acc += x; break;
+          case lowrankProd:
+            acc *= x;
+            break;
+          case lowrankMax:
+            acc = std::max(acc, x);
+            break;
+          case lowrankMin:
+            acc = std::min(acc, x);
+            break;
+          default:
+            acc += x;
+            break;
         }
       }
       if (s.op == lowrankAvg) acc /= nranks;
@@ -136,7 +148,8 @@ void verify(Step& s, const std::vector<lowrankComm_t>& comms, size_t lo, size_t 
   for (size_t q = 1; q < nranks; ++q) p.differ += differing(out0, s.recv[q], es, lo, hi);
   if (s.kind == CallKind::kExactSlot || s.kind == CallKind::kExactTemp) {
     if (!s.check) return;
-    for (size_t q = 0; q < nranks; ++q) p.wrong += differing(s.expected->data(), s.recv[q], es, lo, hi);
+    for (size_t q = 0; q < nranks; ++q)
+      p.wrong += differing(s.expected->data(), s.recv[q], es, lo, hi);
     return;
   }
   withType(s.dtype, [&](auto tag) {

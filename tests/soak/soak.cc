@@ -11,16 +11,19 @@
 #include <memory>
 #include <random>
 
-#include "lowrank/lowrank.h"
 #include "engine/communicator.h"
-#include "soak/memory.h"
+#include "lowrank/lowrank.h"
 #include "soak/rank_work.h"
 #include "soak/values.h"
+#include "support/memory.h"
 #include "support/ranks.h"
 #include "util/dtype.h"
 
 namespace lowrank::soak {
 namespace {
+
+using testing::residentBytes;
+using testing::residentBytesTrimmed;
 
 // Two communicator sets, so that both schedules and the warm-up run: set 0 pipelines (small
 // chunks, so that buffers from 128 Ki elements cross chunk boundaries) at approximation rank 4;
@@ -37,19 +40,26 @@ std::vector<lowrankConfig_t> commSets() {
 
 constexpr lowrankDataType_t kCompressible[] = {lowrankFloat32, lowrankFloat32, lowrankFloat16,
                                                lowrankBfloat16};
-constexpr lowrankDataType_t kExactTypes[] = {lowrankInt8,   lowrankUint8,  lowrankInt32,
+constexpr lowrankDataType_t kExactTypes[] = {lowrankInt8,   lowrankUint8, lowrankInt32,
                                              lowrankUint32, lowrankInt64, lowrankUint64,
                                              lowrankFloat64};
 constexpr double kU32 = 0x1p-24;  // float32's unit roundoff: residuals and factors are float32
 constexpr double kSafety = 4;     // tolerance over the worst-case rounding bound's estimate
 
-std::vector<uint64_t> words(size_t bytes) { return std::vector<uint64_t>(std::max<size_t>(1, (bytes + 7) / 8)); }
+std::vector<uint64_t> words(size_t bytes) {
+  return std::vector<uint64_t>(std::max<size_t>(1, (bytes + 7) / 8));
+}
 
 class Soak {
  public:
   explicit Soak(const Options& o)
-      : opt_(o), n_(o.ranks), rng_(o.seed), comms_(size_t(n_)), partials_(size_t(n_)),
-        boundary_(n_, Boundary{this}), sync_(n_) {}
+      : opt_(o),
+        n_(o.ranks),
+        rng_(o.seed),
+        comms_(size_t(n_)),
+        partials_(size_t(n_)),
+        boundary_(n_, Boundary{this}),
+        sync_(n_) {}
 
   Report run() {
     const char* old = std::getenv("LOWRANK_PIPELINE_CHUNK");
@@ -57,21 +67,25 @@ class Soak {
     setenv("LOWRANK_PIPELINE_CHUNK", kPipelineChunk, 1);
     if (!opt_.csv.empty()) {
       csv_ = std::fopen(opt_.csv.c_str(), "w");
-      if (!csv_) fail("cannot write %s", opt_.csv.c_str());
-      else std::fprintf(csv_, "call,rss_mb,rss_trimmed_mb,state_mb,live_buffers,live_elements\n");
+      if (!csv_)
+        fail("cannot write %s", opt_.csv.c_str());
+      else
+        std::fprintf(csv_, "call,rss_mb,rss_trimmed_mb,state_mb,live_buffers,live_elements\n");
     }
     t0_ = std::chrono::steady_clock::now();
     testing::withCommSets(n_, commSets(), [&](int r, const std::vector<lowrankComm_t>& comms) {
       comms_[size_t(r)] = comms;
-      warmTransport(comms);  // counted: lowrank's call counters include these
+      warmTransport(comms);         // counted: lowrank's call counters include these
       boundary_.arrive_and_wait();  // the first boundary takes the baseline and plans call 0
       while (!stop_) {
         runStep(r);
         boundary_.arrive_and_wait();
       }
     });
-    if (old) setenv("LOWRANK_PIPELINE_CHUNK", saved.c_str(), 1);
-    else unsetenv("LOWRANK_PIPELINE_CHUNK");
+    if (old)
+      setenv("LOWRANK_PIPELINE_CHUNK", saved.c_str(), 1);
+    else
+      unsetenv("LOWRANK_PIPELINE_CHUNK");
     if (csv_) std::fclose(csv_);
     report_.seconds = elapsed();
     return report_;
@@ -141,6 +155,9 @@ class Soak {
       started_ = true;
       if (warmFailed_) fail("the transport warm-up allreduce failed");
       report_.rssBaseline = residentBytesTrimmed();
+      if (csv_)  // row 0: the baseline, before any buffer (the trimmed column holds it too)
+        std::fprintf(csv_, "0,%.1f,%.1f,0.0,0,0\n", report_.rssBaseline / 1e6,
+                     report_.rssBaseline / 1e6);
     } else {
       finishStep();
     }
@@ -184,9 +201,11 @@ class Soak {
   }
   std::string describe(const Slot& sl) const {
     char buf[256];
-    std::snprintf(buf, sizeof buf, "buffer %d (count %zu, %s, %s layout of %zu tensors, set %d, %zu calls since reset)",
-                  sl.id, sl.count, dtypeName(sl.dtype), sl.layout.empty() ? "batched" : "per-tensor",
-                  sl.layout.size(), sl.set, sl.calls);
+    std::snprintf(
+        buf, sizeof buf,
+        "buffer %d (count %zu, %s, %s layout of %zu tensors, set %d, %zu calls since reset)", sl.id,
+        sl.count, dtypeName(sl.dtype), sl.layout.empty() ? "batched" : "per-tensor",
+        sl.layout.size(), sl.set, sl.calls);
     return buf;
   }
 
@@ -197,13 +216,14 @@ class Soak {
     ++report_.invariantChecks;
     sl.maxE = std::max(sl.maxE, m.maxE);
     const double tol = kSafety * (sl.sumTol + 3 * kU32 * double(sl.calls) * sl.maxE);
-    if (m.wrong) fail("%s, %s: the engine holds a residual of another count", when, describe(sl).c_str());
+    if (m.wrong)
+      fail("%s, %s: the engine holds a residual of another count", when, describe(sl).c_str());
     const double frac = m.maxErr == 0 ? 0 : m.maxErr / tol;
     if (std::isnan(frac) || frac > report_.worstTolFraction) report_.worstTolFraction = frac;
     if (sl.sumG > 0) report_.worstRelError = std::max(report_.worstRelError, m.maxErr / sl.sumG);
     if (!(m.maxErr <= tol))
-      fail("%s, %s: error-feedback invariant off by %.3g (tolerance %.3g; sum of max|G| %.3g)", when,
-           describe(sl).c_str(), m.maxErr, tol, sl.sumG);
+      fail("%s, %s: error-feedback invariant off by %.3g (tolerance %.3g; sum of max|G| %.3g)",
+           when, describe(sl).c_str(), m.maxErr, tol, sl.sumG);
   }
   void checkBeforeReset(Slot& sl, const char* why) {
     if (sl.calls == 0) return;
@@ -243,7 +263,8 @@ class Soak {
     sl->dtype = kCompressible[below(4)];
     sl->count = count;
     sl->signal = rng_();
-    sl->scale = float(std::exp(std::uniform_real_distribution<>(std::log(1e-2), std::log(1e2))(rng_)));
+    sl->scale =
+        float(std::exp(std::uniform_real_distribution<>(std::log(1e-2), std::log(1e2))(rng_)));
     if (count >= 2 && uniform01() < 0.35) {
       sl->layout = randomLayout(count, rng_);
       setLayout(*sl);
@@ -256,7 +277,8 @@ class Soak {
   void releaseSlot(size_t i) {
     Slot& sl = *slots_[i];
     checkBeforeReset(sl, "before release");
-    for (int q = 0; q < n_; ++q) lowrankBufferRelease(comms_[size_t(q)][size_t(sl.set)], sl.recv(q));
+    for (int q = 0; q < n_; ++q)
+      lowrankBufferRelease(comms_[size_t(q)][size_t(sl.set)], sl.recv(q));
     slots_.erase(slots_.begin() + std::ptrdiff_t(i));
     ++report_.releases;
   }
@@ -307,8 +329,10 @@ class Soak {
       fail("every buffer released, yet the engine holds %llu bytes of state in %llu buffers",
            (unsigned long long)state, (unsigned long long)buffers);
     if (trimmed > report_.rssBaseline + opt_.rssMarginBytes)
-      fail("every buffer released, yet resident memory is %.1f MB, baseline %.1f MB + margin %.1f MB",
-           trimmed / 1e6, report_.rssBaseline / 1e6, opt_.rssMarginBytes / 1e6);
+      fail(
+          "every buffer released, yet resident memory is %.1f MB, baseline %.1f MB + margin %.1f "
+          "MB",
+          trimmed / 1e6, report_.rssBaseline / 1e6, opt_.rssMarginBytes / 1e6);
     if (end) {
       report_.rssEnd = trimmed;
       report_.rssEndUntrimmed = raw;
@@ -338,8 +362,11 @@ class Soak {
         fallbacks += st.fallbackCalls;
       }
       if (calls != report_.calls + comms_[size_t(q)].size() || fallbacks != report_.fallbacks)
-        fail("comm rank %d counts %llu calls and %llu fallbacks; the soak made %zu (and one warm-up per communicator) and saw %zu", q,
-             (unsigned long long)calls, (unsigned long long)fallbacks, report_.calls, report_.fallbacks);
+        fail(
+            "comm rank %d counts %llu calls and %llu fallbacks; the soak made %zu (and one warm-up "
+            "per communicator) and saw %zu",
+            q, (unsigned long long)calls, (unsigned long long)fallbacks, report_.calls,
+            report_.fallbacks);
     }
   }
 
@@ -347,10 +374,14 @@ class Soak {
     if (index_ > 0 && (index_ == opt_.calls / 2 || uniform01() < 0.001)) drain(false);
     if (slots_.empty() || (slots_.size() < 12 && uniform01() < 0.12)) makeSlot();
     const double u = uniform01();
-    if (u < 0.015) resetSlot(*slots_[below(slots_.size())]);
-    else if (u < 0.035) releaseSlot(below(slots_.size()));
-    else if (u < 0.05) relayout(*slots_[below(slots_.size())]);
-    else if (u < 0.065) reshape(*slots_[below(slots_.size())]);
+    if (u < 0.015)
+      resetSlot(*slots_[below(slots_.size())]);
+    else if (u < 0.035)
+      releaseSlot(below(slots_.size()));
+    else if (u < 0.05)
+      relayout(*slots_[below(slots_.size())]);
+    else if (u < 0.065)
+      reshape(*slots_[below(slots_.size())]);
     if (slots_.empty()) makeSlot();
   }
 
@@ -459,9 +490,10 @@ class Soak {
           ++report_.nonFiniteChecks;
           const double tol = kSafety * (kU32 * nr * m.maxG + ud * (m.maxOut + nr * m.maxG));
           if (m.wrong || !(m.maxErr <= tol))
-            fail("non-finite input on comm rank %d, %s: the exact allreduce is off by %.3g "
-                 "(tolerance %.3g), NaN lost at %zu elements", s.nanRank, describe(sl).c_str(),
-                 m.maxErr, tol, m.wrong);
+            fail(
+                "non-finite input on comm rank %d, %s: the exact allreduce is off by %.3g "
+                "(tolerance %.3g), NaN lost at %zu elements",
+                s.nanRank, describe(sl).c_str(), m.maxErr, tol, m.wrong);
           // Compressed plans fall back (state reset, counted); warm-up and all-exact plans are
           // exact calls anyway, state kept.
           lowrankStats_t st;
@@ -471,8 +503,8 @@ class Soak {
           const bool fellBack = st.fallbackCalls == fallbacksBefore_ + 1;
           report_.fallbacks += fellBack;
           if (fellBack == bool(v.planned))
-            fail("non-finite input, %s: fallback counted %d, but the buffer is %s", describe(sl).c_str(),
-                 int(fellBack), v.planned ? "still planned" : "reset");
+            fail("non-finite input, %s: fallback counted %d, but the buffer is %s",
+                 describe(sl).c_str(), int(fellBack), v.planned ? "still planned" : "reset");
           sl.resetModel();
           break;
         }
@@ -482,9 +514,10 @@ class Soak {
           if (s.check) {
             ++report_.exactChecks;
             if (m.wrong)
-              fail("exact allreduce (count %zu, %s, %s, %s): %zu elements differ from the reference",
-                   s.count, dtypeName(s.dtype), opName(s.op), s.inPlace ? "in place" : "out of place",
-                   m.wrong);
+              fail(
+                  "exact allreduce (count %zu, %s, %s, %s): %zu elements differ from the reference",
+                  s.count, dtypeName(s.dtype), opName(s.op),
+                  s.inPlace ? "in place" : "out of place", m.wrong);
           }
           break;
       }

@@ -13,17 +13,19 @@
 namespace lowrank::soak {
 
 struct Options {
-  uint64_t seed = 1;                   // the whole run follows from it
-  size_t calls = 300;                  // allreduces, each made by every comm rank
+  uint64_t seed = 1;   // the whole run follows from it
+  size_t calls = 300;  // allreduces, each made by every comm rank
   int ranks = 4;
   size_t maxCount = size_t(16) << 20;  // buffer sizes are log-uniform in [1, maxCount]
-  double capBytes = double(1u << 30);  // live state of all ranks (residuals dominate) kept under this
-  double checkProb = 0.2;              // chance that a call is checked against its reference
+  double capBytes =
+      double(1u << 30);              // live state of all ranks (residuals dominate) kept under this
+  double checkProb = 0.2;            // chance that a call is checked against its reference
   size_t rssMarginBytes = 64000000;  // resident memory with no buffer: baseline + this
-  std::string csv;                     // memory curve, one row per call; empty: none
-  bool progress = false;               // a line on stderr every 500 calls
-  // Test of the soak itself: from this call on, the first float32 compressed call is checked, with one element
-  // of comm rank 0's residual moved (by 1% of the buffer's input scale) before the check.
+  std::string csv;                   // memory curve, one row per call; empty: none
+  bool progress = false;             // a line on stderr every 500 calls
+  // Test of the soak itself: from this call on, the first float32 compressed call is checked, with
+  // one element of comm rank 0's residual moved (by 1% of the buffer's input scale) before the
+  // check.
   size_t corruptResidualFrom = SIZE_MAX;
 };
 
@@ -38,7 +40,7 @@ struct Report {
   uint64_t statePeak = 0, stateEnd = 0, buffersEnd = 0;
   double seconds = 0, secondsAllReduce = 0;  // in all; in lowrankAllReduce (up to the last rank)
   double secondsReference = 0;               // making inputs and references before the calls
-  std::vector<std::string> failures;  // empty when every check passed
+  std::vector<std::string> failures;         // empty when every check passed
 };
 
 // Runs the soak; the report says what was checked, the largest errors and the memory figures.

@@ -2,6 +2,8 @@
 //   soak [--seed S] [--calls N] [--max-count C] [--cap-mb M] [--check-prob P] [--margin-mb M]
 //        [--csv FILE] [--progress]
 // Without --seed a random seed is drawn; either way it is printed, and a failure replays with it.
+#include "soak/soak.h"
+
 #include <gtest/gtest.h>
 #include <malloc.h>
 
@@ -11,34 +13,40 @@
 #include <random>
 #include <string>
 
-#include "soak/soak.h"
-
 namespace {
 
 lowrank::soak::Options gOptions;
 
 void printReport(const lowrank::soak::Options& o, const lowrank::soak::Report& r) {
-  std::printf("soak: seed %llu, %d comm ranks, %zu calls in %.1f s (buffers up to %zu elements, "
-              "largest made %zu)\n",
-              (unsigned long long)o.seed, o.ranks, r.calls, r.seconds, o.maxCount, r.largestCount);
-  std::printf("  time: %.1f s in lowrankAllReduce, %.1f s making inputs and references before "
-              "the calls, the rest checking and between calls\n", r.secondsAllReduce,
-              r.secondsReference);
-  std::printf("  calls: %zu compressed, %zu with a non-finite input (%zu fell back), %zu exact on "
-              "a buffer's memory, %zu exact on their own buffer\n",
-              r.compressed, r.nonFinite, r.fallbacks, r.exactOnSlot, r.exactTemp);
-  std::printf("  buffers: %zu made, %zu resets, %zu releases, %zu layout changes, %zu count or "
-              "dtype changes, %zu drains (every buffer released)\n",
-              r.buffersMade, r.resets, r.releases, r.layoutChanges, r.reshapes, r.drains);
-  std::printf("  checks: %zu of the error-feedback invariant, %zu exact results bit for bit, %zu "
-              "non-finite calls; outputs equal on every comm rank at every call\n",
-              r.invariantChecks, r.exactChecks, r.nonFiniteChecks);
-  std::printf("  largest invariant error: %.3g of its tolerance, %.3g relative to the summed "
-              "inputs' scale\n", r.worstTolFraction, r.worstRelError);
-  std::printf("  resident memory: baseline %.1f MB, peak %.1f MB, end %.1f MB (%.1f MB before "
-              "malloc_trim), worst with no buffer %.1f MB; margin %.1f MB\n",
-              r.rssBaseline / 1e6, r.rssPeak / 1e6, r.rssEnd / 1e6, r.rssEndUntrimmed / 1e6,
-              r.rssWorstDrain / 1e6, o.rssMarginBytes / 1e6);
+  std::printf(
+      "soak: seed %llu, %d comm ranks, %zu calls in %.1f s (buffers up to %zu elements, "
+      "largest made %zu)\n",
+      (unsigned long long)o.seed, o.ranks, r.calls, r.seconds, o.maxCount, r.largestCount);
+  std::printf(
+      "  time: %.1f s in lowrankAllReduce, %.1f s making inputs and references before "
+      "the calls, the rest checking and between calls\n",
+      r.secondsAllReduce, r.secondsReference);
+  std::printf(
+      "  calls: %zu compressed, %zu with a non-finite input (%zu fell back), %zu exact on "
+      "a buffer's memory, %zu exact on their own buffer\n",
+      r.compressed, r.nonFinite, r.fallbacks, r.exactOnSlot, r.exactTemp);
+  std::printf(
+      "  buffers: %zu made, %zu resets, %zu releases, %zu layout changes, %zu count or "
+      "dtype changes, %zu drains (every buffer released)\n",
+      r.buffersMade, r.resets, r.releases, r.layoutChanges, r.reshapes, r.drains);
+  std::printf(
+      "  checks: %zu of the error-feedback invariant, %zu exact results bit for bit, %zu "
+      "non-finite calls; outputs equal on every comm rank at every call\n",
+      r.invariantChecks, r.exactChecks, r.nonFiniteChecks);
+  std::printf(
+      "  largest invariant error: %.3g of its tolerance, %.3g relative to the summed "
+      "inputs' scale\n",
+      r.worstTolFraction, r.worstRelError);
+  std::printf(
+      "  resident memory: baseline %.1f MB, peak %.1f MB, end %.1f MB (%.1f MB before "
+      "malloc_trim), worst with no buffer %.1f MB; margin %.1f MB\n",
+      r.rssBaseline / 1e6, r.rssPeak / 1e6, r.rssEnd / 1e6, r.rssEndUntrimmed / 1e6,
+      r.rssWorstDrain / 1e6, o.rssMarginBytes / 1e6);
   std::printf("  state: peak %.1f MB (all ranks), at the end %llu bytes in %llu buffers\n",
               r.statePeak / 1e6, (unsigned long long)r.stateEnd, (unsigned long long)r.buffersEnd);
 }
@@ -78,16 +86,25 @@ bool parse(int argc, char** argv) {
     const std::string a = argv[i];
     auto value = [&]() -> const char* { return i + 1 < argc ? argv[++i] : nullptr; };
     const char* v = nullptr;
-    if (a == "--progress") gOptions.progress = true;
-    else if (a == "--seed" && (v = value())) gOptions.seed = std::strtoull(v, nullptr, 0);
-    else if (a == "--calls" && (v = value())) gOptions.calls = std::strtoull(v, nullptr, 0);
-    else if (a == "--max-count" && (v = value())) gOptions.maxCount = std::strtoull(v, nullptr, 0);
-    else if (a == "--cap-mb" && (v = value())) gOptions.capBytes = std::atof(v) * 1e6;
-    else if (a == "--check-prob" && (v = value())) gOptions.checkProb = std::atof(v);
-    else if (a == "--margin-mb" && (v = value())) gOptions.rssMarginBytes = size_t(std::atof(v) * 1e6);
-    else if (a == "--csv" && (v = value())) gOptions.csv = v;
+    if (a == "--progress")
+      gOptions.progress = true;
+    else if (a == "--seed" && (v = value()))
+      gOptions.seed = std::strtoull(v, nullptr, 0);
+    else if (a == "--calls" && (v = value()))
+      gOptions.calls = std::strtoull(v, nullptr, 0);
+    else if (a == "--max-count" && (v = value()))
+      gOptions.maxCount = std::strtoull(v, nullptr, 0);
+    else if (a == "--cap-mb" && (v = value()))
+      gOptions.capBytes = std::atof(v) * 1e6;
+    else if (a == "--check-prob" && (v = value()))
+      gOptions.checkProb = std::atof(v);
+    else if (a == "--margin-mb" && (v = value()))
+      gOptions.rssMarginBytes = size_t(std::atof(v) * 1e6);
+    else if (a == "--csv" && (v = value()))
+      gOptions.csv = v;
     else {
-      std::fprintf(stderr, "soak: unknown or incomplete flag '%s' (see the top of soak_test.cc)\n", a.c_str());
+      std::fprintf(stderr, "soak: unknown or incomplete flag '%s' (see the top of soak_test.cc)\n",
+                   a.c_str());
       return false;
     }
   }

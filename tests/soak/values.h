@@ -33,35 +33,67 @@ inline uint64_t below(uint64_t s, size_t i, uint64_t n) { return mix64(s + i) % 
 template <typename F>
 decltype(auto) withType(lowrankDataType_t t, F&& f) {
   switch (t) {
-    case lowrankInt8: return f(int8_t{});
-    case lowrankUint8: return f(uint8_t{});
-    case lowrankInt32: return f(int32_t{});
-    case lowrankUint32: return f(uint32_t{});
-    case lowrankInt64: return f(int64_t{});
-    case lowrankUint64: return f(uint64_t{});
-    case lowrankFloat16: return f(half_t{});
-    case lowrankBfloat16: return f(bf16_t{});
-    case lowrankFloat64: return f(double{});
-    default: return f(float{});
+    case lowrankInt8:
+      return f(int8_t{});
+    case lowrankUint8:
+      return f(uint8_t{});
+    case lowrankInt32:
+      return f(int32_t{});
+    case lowrankUint32:
+      return f(uint32_t{});
+    case lowrankInt64:
+      return f(int64_t{});
+    case lowrankUint64:
+      return f(uint64_t{});
+    case lowrankFloat16:
+      return f(half_t{});
+    case lowrankBfloat16:
+      return f(bf16_t{});
+    case lowrankFloat64:
+      return f(double{});
+    default:
+      return f(float{});
   }
 }
 
-template <typename T> inline double toDouble(T x) { return double(x); }
-template <> inline double toDouble(half_t x) { return host::toFloat(x); }
-template <> inline double toDouble(bf16_t x) { return host::toFloat(x); }
+template <typename T>
+inline double toDouble(T x) {
+  return double(x);
+}
+template <>
+inline double toDouble(half_t x) {
+  return host::toFloat(x);
+}
+template <>
+inline double toDouble(bf16_t x) {
+  return host::toFloat(x);
+}
 
 // Rounds to T (nearest even for the floats); integers must be in range.
-template <typename T> inline T fromDouble(double v) { return T(v); }
-template <> inline half_t fromDouble(double v) { return host::toHalf(float(v)); }
-template <> inline bf16_t fromDouble(double v) { return host::toBf16(float(v)); }
+template <typename T>
+inline T fromDouble(double v) {
+  return T(v);
+}
+template <>
+inline half_t fromDouble(double v) {
+  return host::toHalf(float(v));
+}
+template <>
+inline bf16_t fromDouble(double v) {
+  return host::toBf16(float(v));
+}
 
 // Unit roundoff of a float dtype (half an ulp at 1): what one rounding to it may lose, relatively.
 inline double unitRoundoff(lowrankDataType_t t) {
   switch (t) {
-    case lowrankFloat16: return 0x1p-11;
-    case lowrankBfloat16: return 0x1p-8;
-    case lowrankFloat64: return 0x1p-53;
-    default: return 0x1p-24;
+    case lowrankFloat16:
+      return 0x1p-11;
+    case lowrankBfloat16:
+      return 0x1p-8;
+    case lowrankFloat64:
+      return 0x1p-53;
+    default:
+      return 0x1p-24;
   }
 }
 
@@ -80,18 +112,28 @@ T exactInput(lowrankRedOp_t op, uint64_t s, size_t i) {
   switch (op) {
     case lowrankProd: {
       static constexpr double kSigned[] = {-2, -1, 1, 2}, kFloat[] = {-2, -1, -0.5, 0.5, 1, 2};
-      if constexpr (isUnsigned) return T(1 + below(s, i, 2));
-      else if constexpr (isInt) return T(kSigned[below(s, i, 4)]);
-      else return fromDouble<T>(kFloat[below(s, i, 6)]);
+      if constexpr (isUnsigned)
+        return T(1 + below(s, i, 2));
+      else if constexpr (isInt)
+        return T(kSigned[below(s, i, 4)]);
+      else
+        return fromDouble<T>(kFloat[below(s, i, 6)]);
     }
-    case lowrankMax: case lowrankMin:
-      if constexpr (isUnsigned) return T(below(s, i, 200));
-      else if constexpr (isInt) return T(int(below(s, i, 201)) - 100);
-      else return fromDouble<T>(100.0 * uniform(s, i));
+    case lowrankMax:
+    case lowrankMin:
+      if constexpr (isUnsigned)
+        return T(below(s, i, 200));
+      else if constexpr (isInt)
+        return T(int(below(s, i, 201)) - 100);
+      else
+        return fromDouble<T>(100.0 * uniform(s, i));
     default:  // sum, avg
-      if constexpr (isUnsigned) return T(below(s, i, 41));
-      else if constexpr (isInt) return T(int(below(s, i, 41)) - 20);
-      else return fromDouble<T>((double(below(s, i, 2001)) - 1000.0) / 8.0);
+      if constexpr (isUnsigned)
+        return T(below(s, i, 41));
+      else if constexpr (isInt)
+        return T(int(below(s, i, 41)) - 20);
+      else
+        return fromDouble<T>((double(below(s, i, 2001)) - 1000.0) / 8.0);
   }
 }
 
