@@ -20,8 +20,8 @@ Writes perf/results/train/accuracy/<model>_<reducer>[_r<k>]_s<seed>.json (and .l
 perf/results/train/accuracy_summary.{json,md}, and the figures docs/img/train_*.png (matplotlib:
 Debian's python3-matplotlib; without it the figures are skipped with a message).
 
-The time-per-batch setting of issue 12 (4 hosts in network namespaces over shaped links) is not
-run by this script.
+The time-per-batch setting (4 hosts in network namespaces over shaped links) is
+perf/train/time_study.py.
 """
 import argparse
 import glob

@@ -111,6 +111,14 @@ def targets(summary, k=4):
             lowrank_hi=lr["overhead_hi"], torch_lo=tp["overhead_lo"], full_lo=fp["overhead_lo"],
             third_of_torch=lr["overhead_hi"] <= tp["overhead_lo"] / 3,
             tenth_of_full=lr["overhead_hi"] <= fp["overhead_lo"] / 10)
+        # The hooks' own time outside the backward computation, measured per batch rather than as
+        # a difference of two noisy means: lowrank's against PyTorch's and against lowrank-exact's.
+        ex = s.get("lowrank-exact")
+        if lr.get("hook_ms") is not None and tp.get("hook_ms") is not None:
+            own = lr["hook_ms"] + lr["tail_ms"]
+            out[setting].update(hook_outside_lowrank=own,
+                                hook_outside_torch=tp["hook_ms"] + tp["tail_ms"],
+                                hook_outside_exact=(ex["hook_ms"] + ex["tail_ms"]) if ex else None)
     return out
 
 
@@ -168,6 +176,14 @@ def markdown(summary, tg):
                       f"{'met' if t['third_of_torch'] else 'NOT met'}; a tenth of full precision's "
                       f"lower end {t['full_lo'] / 10:.1f} ms: "
                       f"{'met' if t['tenth_of_full'] else 'NOT met'}."]
+            if "hook_outside_lowrank" in t:
+                lines += ["", f"Hook time outside the backward computation at rank 4: lowrank "
+                          f"{t['hook_outside_lowrank']:.1f} ms, PyTorch's hook "
+                          f"{t['hook_outside_torch']:.1f} ms (ratio "
+                          f"{t['hook_outside_lowrank'] / t['hook_outside_torch']:.2f})"
+                          + (f", lowrank-exact {t['hook_outside_exact']:.1f} ms (ratio "
+                             f"{t['hook_outside_lowrank'] / t['hook_outside_exact']:.2f})"
+                             if t.get("hook_outside_exact") else "") + "."]
         lines.append("")
     return "\n".join(lines)
 
