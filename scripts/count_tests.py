@@ -1,39 +1,51 @@
 #!/usr/bin/env python3
-"""Counts the results of the last `meson test` run in BUILD: each GoogleTest case from the XML
-report its binary (or, for pytest, the test of that name) wrote under tests/reports/, every other meson test as one. Prints
-"K skipped (...)" if any, then "N passed, M failed" as the last line; exits 1 if anything failed or nothing ran."""
+"""Counts the results of the last `meson test` run in each BUILD given: each GoogleTest case from
+the XML report its binary (or, for pytest, the test of that name) wrote under tests/reports/, every
+other meson test as one, and each sanitizer report file under sanitizer-reports/ (scripts/
+sanitize.sh) as one failure; a BUILD where no test ran counts one failure. Prints "K skipped
+(...)" if any, then "N passed, M failed" as the last line; exits 1 if anything failed or nothing
+passed."""
 import glob, json, os, sys
 import xml.etree.ElementTree as ET
 
-build = sys.argv[1]
-reports = {}
-for path in glob.glob(os.path.join(build, "tests", "reports", "*.xml")):
-    root = ET.parse(path).getroot()
-    cases = list(root.iter("testcase"))
-    failed = sum(1 for c in cases if c.find("failure") is not None or c.find("error") is not None)
-    skipped = sum(1 for c in cases if c.find("skipped") is not None or c.get("result") == "skipped"
-                  or c.get("status") == "notrun")
-    reports[os.path.basename(path)[:-4]] = (len(cases) - failed - skipped, failed, skipped)
 
-passed = failed = skipped = 0
-log = os.path.join(build, "meson-logs", "testlog.json")
-if not os.path.exists(log):  # meson test ran nothing (a filter that matched no test)
-    print("0 passed, 0 failed")
-    sys.exit(1)
-for line in open(log):
-    t = json.loads(line)
-    binary = os.path.basename(t["command"][0]) if t.get("command") else ""
-    ok = t["result"] in ("OK", "EXPECTEDFAIL")
-    # a report named after the test (pytest's), else after its binary (GoogleTest's)
-    name = t["name"].split(" / ")[-1]  # "project:suite / name"
-    key = name if name in reports else binary
-    if key in reports:
-        p, f, s = reports[key]
-        passed, failed, skipped = passed + p, failed + f + (0 if ok or f else 1), skipped + s
-    elif t["result"] == "SKIP":
-        skipped += 1
-    else:
-        passed, failed = passed + ok, failed + (not ok)
+def count(build):
+    reports = {}
+    for path in glob.glob(os.path.join(build, "tests", "reports", "*.xml")):
+        root = ET.parse(path).getroot()
+        cases = list(root.iter("testcase"))
+        failed = sum(1 for c in cases if c.find("failure") is not None or c.find("error") is not None)
+        skipped = sum(1 for c in cases if c.find("skipped") is not None or c.get("result") == "skipped"
+                      or c.get("status") == "notrun")
+        reports[os.path.basename(path)[:-4]] = (len(cases) - failed - skipped, failed, skipped)
+
+    passed = failed = skipped = 0
+    log = os.path.join(build, "meson-logs", "testlog.json")
+    if not os.path.exists(log):  # meson test ran nothing (a failed build, or no test matched)
+        print(f"no test ran in {build}")
+        return 0, 1, 0
+    for line in open(log):
+        t = json.loads(line)
+        binary = os.path.basename(t["command"][0]) if t.get("command") else ""
+        ok = t["result"] in ("OK", "EXPECTEDFAIL")
+        # a report named after the test (pytest's), else after its binary (GoogleTest's)
+        name = t["name"].split(" / ")[-1]  # "project:suite / name"
+        key = name if name in reports else binary
+        if key in reports:
+            p, f, s = reports[key]
+            passed, failed, skipped = passed + p, failed + f + (0 if ok or f else 1), skipped + s
+        elif t["result"] == "SKIP":
+            skipped += 1
+        else:
+            passed, failed = passed + ok, failed + (not ok)
+    sanitizer = sorted(glob.glob(os.path.join(build, "sanitizer-reports", "*")))
+    for path in sanitizer:
+        print(f"sanitizer report: {path}")
+    return passed, failed + len(sanitizer), skipped
+
+
+totals = [count(b) for b in sys.argv[1:]]
+passed, failed, skipped = (sum(t[i] for t in totals) for i in range(3))
 if skipped:  # device tests on a machine without a GPU: said on a line of its own
     print(f"{skipped} skipped (most need a GPU: tests/gpu/run_device_checks.sh runs them; "
           "the test log names each one's reason)")

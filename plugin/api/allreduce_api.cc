@@ -4,6 +4,7 @@
 #include "api/errors.h"
 #include "api/export.h"
 #include "engine/device_backend.h"
+#include "util/c_enum.h"
 #include "util/dtype.h"
 
 using lowrank::api::fail;
@@ -24,10 +25,10 @@ LOWRANK_API lowrankResult_t lowrankAllReduce(const void* sendbuff, void* recvbuf
       return fail(comm, lowrankInvalidArgument, "lowrankAllReduce: %s is NULL",
                   sendbuff ? "recvbuff" : "sendbuff");
     if (count == 0) return fail(comm, lowrankInvalidArgument, "lowrankAllReduce: count is 0");
-    if (int(datatype) < 0 || datatype >= lowrankNumTypes)
-      return fail(comm, lowrankInvalidArgument, "lowrankAllReduce: unknown datatype %d", int(datatype));
-    if (int(op) < 0 || op >= lowrankNumOps)
-      return fail(comm, lowrankInvalidArgument, "lowrankAllReduce: unknown op %d", int(op));
+    if (const int v = lowrank::cEnumValue(datatype); v < 0 || v >= lowrankNumTypes)
+      return fail(comm, lowrankInvalidArgument, "lowrankAllReduce: unknown datatype %d", v);
+    if (const int v = lowrank::cEnumValue(op); v < 0 || v >= lowrankNumOps)
+      return fail(comm, lowrankInvalidArgument, "lowrankAllReduce: unknown op %d", v);
     const size_t es = lowrank::dtypeSize(datatype);
     if (uintptr_t(sendbuff) % es || uintptr_t(recvbuff) % es)
       return fail(comm, lowrankInvalidArgument,

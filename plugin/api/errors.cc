@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "api/export.h"
+#include "util/c_enum.h"
 
 namespace lowrank::api {
 namespace {
@@ -32,7 +33,7 @@ lowrankResult_t fail(lowrankComm* comm, lowrankResult_t code, const char* fmt, .
 }  // namespace lowrank::api
 
 LOWRANK_API const char* lowrankGetErrorString(lowrankResult_t r) {
-  switch (r) {
+  switch (lowrank::cEnumValue(r)) {  // any int may come from C
     case lowrankSuccess: return "no error";
     case lowrankUnhandledCudaError: return "unhandled cuda error (lowrankGetLastError has the details)";
     case lowrankSystemError: return "unhandled system error (lowrankGetLastError has the details)";

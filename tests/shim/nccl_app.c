@@ -150,14 +150,19 @@ static void fill(Buf* b, int it, int salt) {
   }
 }
 
+static void* owned[32]; /* every buffer make() allocated: freed at the end of main */
+static int nowned;
+
 static Buf make(const char* tag, ncclDataType_t dtype, size_t count, int op, int inPlace) {
   Buf b = {tag, dtype, count, op, inPlace, NULL, NULL};
   b.recv = aligned_alloc(64, (count * dtypeSize(dtype) + 63) / 64 * 64);
   b.send = inPlace ? b.recv : aligned_alloc(64, (count * dtypeSize(dtype) + 63) / 64 * 64);
-  if (!b.recv || !b.send) {
+  if (!b.recv || !b.send || nowned + 2 > (int)(sizeof owned / sizeof owned[0])) {
     fprintf(stderr, "nccl_app: out of memory\n");
     exit(1);
   }
+  owned[nowned++] = b.recv;
+  if (!inPlace) owned[nowned++] = b.send;
   return b;
 }
 
@@ -467,6 +472,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (!noDestroy) commEnd(!strcmp(scenario, "destroy") ? 'a' : 'd'); /* destroy: aborted */
+  while (nowned) free(owned[--nowned]);
   fclose(bin);
   fclose(txt);
   return 0;

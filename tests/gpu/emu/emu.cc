@@ -5,6 +5,16 @@
 #include <cstdio>
 #include <cstdlib>
 
+// AddressSanitizer must be told of every stack switch (it tracks the current stack's bounds, and
+// its fake stacks per context); each switch below is wrapped in start/finish annotations.
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
+#define EMU_ASAN 1
+#else
+#define EMU_ASAN 0
+#endif
+
 #if !defined(__x86_64__)
 #error "the CUDA emulation's context switch is written for x86-64"
 #endif
@@ -43,6 +53,25 @@ namespace {
 constexpr size_t kStack = 256 * 1024;
 enum { kNone = 0, kBlock = 1, kWarp = 2 };
 
+// The scheduler's stack, as ASan tells each fiber when it starts (for the switches back).
+const void* schedStackBottom = nullptr;
+size_t schedStackSize = 0;
+
+// switchTo(from, to, bottom, size): emu_switch to the context `to` whose stack is [bottom,
+// bottom + size), annotated for ASan; returns when something switches back. `dying`: the current
+// fiber never resumes (ASan frees its fake stack).
+void switchTo(void** from, void* to, const void* bottom, size_t size, bool dying = false) {
+#if EMU_ASAN
+  void* fake = nullptr;
+  __sanitizer_start_switch_fiber(dying ? nullptr : &fake, bottom, size);
+  emu_switch(from, to);
+  __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
+#else
+  (void)bottom, (void)size, (void)dying;
+  emu_switch(from, to);
+#endif
+}
+
 [[noreturn]] void fail(const char* what) {
   State& s = state();
   std::fprintf(stderr, "CUDA emulation: %s (block %u, thread %u)\n", what, s.bIdx.x, s.cur);
@@ -51,11 +80,14 @@ enum { kNone = 0, kBlock = 1, kWarp = 2 };
 
 // First code of every fiber: runs the kernel body, then returns to the scheduler for good.
 [[noreturn]] void trampoline() {
+#if EMU_ASAN
+  __sanitizer_finish_switch_fiber(nullptr, &schedStackBottom, &schedStackSize);
+#endif
   State& s = state();
   (*s.body)();
   Fiber& f = s.fibers[s.cur];
   f.done = true;
-  emu_switch(&f.sp, s.schedSp);
+  switchTo(&f.sp, s.schedSp, schedStackBottom, schedStackSize, /*dying=*/true);
   fail("a finished fiber was resumed");
 }
 
@@ -63,6 +95,9 @@ enum { kNone = 0, kBlock = 1, kWarp = 2 };
 void* freshStack(Fiber& f) {
   if (!f.stack) f.stack = static_cast<char*>(std::malloc(kStack));
   if (!f.stack) fail("out of memory for fiber stacks");
+#if EMU_ASAN
+  ASAN_UNPOISON_MEMORY_REGION(f.stack, kStack);  // frames of the last run that never returned
+#endif
   uintptr_t top = (reinterpret_cast<uintptr_t>(f.stack) + kStack) & ~uintptr_t(15);
   void** sp = reinterpret_cast<void**>(top);
   *--sp = nullptr;                               // trampoline's (unused) return address
@@ -76,7 +111,7 @@ void park(int kind, uint64_t gen) {
   Fiber& f = s.fibers[s.cur];
   f.wait = kind;
   f.gen = gen;
-  emu_switch(&f.sp, s.schedSp);
+  switchTo(&f.sp, s.schedSp, schedStackBottom, schedStackSize);
 }
 
 }  // namespace
@@ -138,7 +173,7 @@ cudaError_t launch(unsigned grid, unsigned block, const std::function<void()>& b
         f.wait = kNone;
         s.cur = t;
         s.tIdx = {t, 0, 0};
-        emu_switch(&s.schedSp, f.sp);
+        switchTo(&s.schedSp, f.sp, f.stack, kStack);
         progress = true;
         if (f.done) --running;
       }
