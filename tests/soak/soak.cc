@@ -99,14 +99,20 @@ class Soak {
 
   // ---- The rank threads ------------------------------------------------------------------------
 
-  // One exact allreduce of the largest size on every communicator, before the baseline is taken:
-  // the transports' scratch and UCX's buffer pools grow to their working size once, and stay.
+  // Before the baseline, on every communicator: one exact allreduce of the largest size and one
+  // compressed (pipelined on set 0) allreduce, its buffer then released. The transports' scratch,
+  // UCX's buffer pools and the progress threads reach their working size once, and stay.
+  static constexpr int kWarmUpCalls = 2;
   void warmTransport(const std::vector<lowrankComm_t>& comms) {
-    std::vector<float> x(opt_.maxCount, 1.f);
-    for (lowrankComm_t c : comms)
+    std::vector<float> x(opt_.maxCount, 1.f), y(size_t(512) * 512, 1.f);
+    for (lowrankComm_t c : comms) {
       if (lowrankAllReduce(x.data(), x.data(), x.size(), lowrankFloat32, lowrankMax, c, nullptr) !=
-          lowrankSuccess)
+              lowrankSuccess ||
+          lowrankAllReduce(y.data(), y.data(), y.size(), lowrankFloat32, lowrankSum, c, nullptr) !=
+              lowrankSuccess ||
+          lowrankBufferRelease(c, y.data()) != lowrankSuccess)
         warmFailed_ = true;
+    }
   }
 
   void runStep(int r) {
@@ -361,7 +367,7 @@ class Soak {
         calls += st.calls;
         fallbacks += st.fallbackCalls;
       }
-      if (calls != report_.calls + comms_[size_t(q)].size() || fallbacks != report_.fallbacks)
+      if (calls != report_.calls + kWarmUpCalls * comms_[size_t(q)].size() || fallbacks != report_.fallbacks)
         fail(
             "comm rank %d counts %llu calls and %llu fallbacks; the soak made %zu (and one warm-up "
             "per communicator) and saw %zu",
