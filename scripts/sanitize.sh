@@ -43,7 +43,8 @@ flags="-Og -g1 -fno-omit-frame-pointer"
 if [ ! -f "$build/build.ninja" ]; then
   nice -n 19 meson setup "$build" "$root" --buildtype=plain -Db_sanitize=$sanitize \
     -Dc_args="$flags" -Dcpp_args="$flags" -Dcuda=auto -Dtorch_python= -Dtorch2_python= \
-    >"$build.setup.log" 2>&1 || { cat "$build.setup.log"; echo "0 passed, 1 failed (setup)"; exit 1; }
+    >"${TMPDIR:-/tmp}/sanitize-setup.log" 2>&1 \
+    || { cat "${TMPDIR:-/tmp}/sanitize-setup.log"; echo "0 passed, 1 failed (setup)"; exit 1; }
 fi
 sel=$(python3 "$root/scripts/sanitize_select.py" "$build" "${select[@]}" --exclude "${exclude[@]:-}") \
   || { echo "0 passed, 1 failed (test selection)"; exit 1; }
