@@ -169,6 +169,77 @@ TEST(DeviceEngine, NonFiniteInputIsRejectedWithoutPoisoningState) {
   cudaFree(out);
 }
 
+// Rejected calls queued back to back on one buffer, with no synchronize between them, are each
+// counted once the device has run them: every call's checks need their own host slot (one shared
+// slot lost a rejection followed by another call before its checks were collected). More calls
+// than the engine keeps slots for, and a release with a rejection still in flight, count too.
+TEST(DeviceEngine, RejectionsQueuedBackToBackAreAllCounted) {
+  LR_SKIP_WITHOUT_DEVICE();
+  const size_t n = 64, m = 128, count = n * m;
+  OneRankNccl one(config(4));
+  std::vector<float> x = rankKInput(n, m, 4, 0), bad = x;
+  bad[17] = NAN;
+  bad[count - 1] = INFINITY;
+  void* out = nullptr;
+  ASSERT_EQ(cudaMalloc(&out, count * 4), cudaSuccess);
+  void* g = toDevice(x, lowrankFloat32);
+  void* b = toDevice(bad, lowrankFloat32);
+  auto call = [&](void* in) {
+    ASSERT_EQ(lowrankAllReduce(in, out, count, lowrankFloat32, lowrankSum, one.comm, nullptr), lowrankSuccess)
+        << lowrankGetLastError(one.comm);
+  };
+  auto fallbacks = [&] {
+    lowrankStats_t st;
+    EXPECT_EQ(lowrankGetStats(one.comm, &st), lowrankSuccess);
+    return st.fallbackCalls;
+  };
+  auto expectGoodOutput = [&](const char* when) {
+    const std::vector<float> r = fromDevice(out, count, lowrankFloat32);
+    for (float v : r) ASSERT_TRUE(std::isfinite(v)) << when;
+    EXPECT_LT(relErr(r, x), 1e-4) << when;
+  };
+  call(g);  // plans the buffer (the host waits there) and warms it up
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(fallbacks(), 0u);
+
+  call(b);
+  call(g);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(fallbacks(), 1u) << "bad then good: the bad call is counted";
+  expectGoodOutput("the good call after a rejected one");
+
+  call(b);
+  call(b);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(fallbacks(), 3u) << "two bad calls in a row count two";
+  EXPECT_TRUE(std::isnan(fromDevice(out, count, lowrankFloat32)[0]));
+
+  const int many = 9;  // more than the engine's slots per buffer: the oldest are collected first
+  for (int i = 0; i < many; ++i) call(b);
+  call(g);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(fallbacks(), 3u + many);
+  expectGoodOutput("the good call after many rejected ones");
+
+  call(b);
+  call(g);
+  call(b);
+  ASSERT_EQ(lowrankBufferReset(one.comm, out), lowrankSuccess);
+  EXPECT_EQ(fallbacks(), 5u + many) << "reset collects the checks still in flight";
+  call(g);  // re-plans
+  call(b);
+  ASSERT_EQ(lowrankBufferRelease(one.comm, out), lowrankSuccess);
+  EXPECT_EQ(fallbacks(), 6u + many) << "release collects the checks still in flight";
+  lowrankStats_t st;
+  ASSERT_EQ(lowrankGetStats(one.comm, &st), lowrankSuccess);
+  EXPECT_EQ(st.stateBytes, 0u);
+  EXPECT_EQ(st.buffers, 0u);
+  EXPECT_EQ(st.compressedCalls, 3u + 2u + many + 1u + 3u + 2u);
+  cudaFree(g);
+  cudaFree(b);
+  cudaFree(out);
+}
+
 // Calls that are not compressed (int32, max, k = 0) are NCCL's allreduce as is: bit-exact.
 TEST(DeviceEngine, IneligibleCallsAreNcclsOwn) {
   LR_SKIP_WITHOUT_DEVICE();

@@ -26,7 +26,7 @@ CudaEngine::~CudaEngine() {
   int current = device_;
   const bool switched =
       cudaGetDevice(&current) == cudaSuccess && current != device_ && cudaSetDevice(device_) == cudaSuccess;
-  for (auto& kv : buffers_) kv.second.release();
+  for (auto& kv : buffers_) kv.second.release();  // pending checks are dropped: no one reads the counters
   if (comm_.stream) {
     cudaStreamSynchronize(comm_.stream);
     cudaStreamDestroy(comm_.stream);
@@ -81,18 +81,35 @@ Status CudaEngine::plan(DeviceBuffer& b, size_t count, lowrankDataType_t dtype, 
   return Status::Ok();
 }
 
-void CudaEngine::collectChecks() {
-  for (auto& kv : buffers_) {
-    DeviceBuffer& b = kv.second;
-    if (!b.checksPending || cudaEventQuery(b.checksCopied) != cudaSuccess) continue;
-    b.checksPending = false;
-    if (b.hostChecks[0] != 0.f || b.hostChecks[1] != b.expectedOp) {
+void CudaEngine::collectChecks(const void* recv, DeviceBuffer& b, size_t wait) {
+  for (size_t n = 0; b.checksPending; ++n) {
+    const size_t i = b.checksFirst;
+    const cudaError_t r =
+        n < wait ? cudaEventSynchronize(b.checksCopied[i]) : cudaEventQuery(b.checksCopied[i]);
+    if (r == cudaErrorNotReady) return;
+    if (r != cudaSuccess) {  // the device failed: these checks never arrive (the calls say so)
+      b.checksPending = 0;
+      return;
+    }
+    b.checksFirst = (i + 1) % DeviceBuffer::kCheckSlots;
+    --b.checksPending;
+    const float* checks = b.hostChecks + 2 * i;
+    if (checks[0] != 0.f || checks[1] != b.expectedOp[i]) {
       ++counters_.fallbackCalls;
-      LR_INFO("device buffer %p: a call was rejected on the device (%s); its output is NaN",
-              kv.first, b.hostChecks[1] != b.expectedOp ? "comm ranks used different ops"
-                                                        : "non-finite or huge input on some comm rank");
+      LR_INFO("device buffer %p: a call was rejected on the device (%s); its output is NaN", recv,
+              checks[1] != b.expectedOp[i] ? "comm ranks used different ops"
+                                           : "non-finite or huge input on some comm rank");
     }
   }
+}
+
+void CudaEngine::collectChecks() {
+  for (auto& kv : buffers_) collectChecks(kv.first, kv.second, 0);
+}
+
+void CudaEngine::releaseState(const void* recv, DeviceBuffer& b) {
+  collectChecks(recv, b, SIZE_MAX);
+  b.release();
 }
 
 Status CudaEngine::allReduce(const void* send, void* recv, size_t count, lowrankDataType_t dtype,
@@ -119,7 +136,7 @@ Status CudaEngine::allReduce(const void* send, void* recv, size_t count, lowrank
   DeviceBuffer& b = buffers_[recv];
   if (b.planned && (b.plan.count != count || b.plan.dtype != dtype)) {
     LR_INFO("device buffer %p: count or dtype changed, state reset", recv);
-    b.release();
+    releaseState(recv, b);
   }
   if (!b.planned) LR_RETURN_IF_ERROR(plan(b, count, dtype, op, layout, recv));
   const bool warmup = b.calls < uint64_t(desc_.cfg.startIter);
@@ -127,10 +144,12 @@ Status CudaEngine::allReduce(const void* send, void* recv, size_t count, lowrank
   if (b.plan.compressedElems == 0 || warmup || b.exactOnly)
     return exact(send, recv, count, dtype, op, s);
 
+  // This call's checks need a free slot: when every one is pending, wait for the oldest.
+  if (b.checksPending == DeviceBuffer::kCheckSlots) collectChecks(recv, b, 1);
   LR_CUDA(cudaStreamWaitEvent(s, b.done, 0));  // the buffer's last call, on whatever stream
   Status st = runCompressedOnDevice(b, desc_.cfg, comm_, send, recv, op, s);
   if (!st.ok()) {
-    b.release();  // never keep a half-updated state
+    releaseState(recv, b);  // never keep a half-updated state
     return st;
   }
   ++counters_.compressedCalls;
@@ -142,13 +161,13 @@ Status CudaEngine::allReduce(const void* send, void* recv, size_t count, lowrank
 
 void CudaEngine::resetBuffer(const void* recv) {
   auto it = buffers_.find(recv);
-  if (it != buffers_.end()) it->second.release();
+  if (it != buffers_.end()) releaseState(recv, it->second);
 }
 
 void CudaEngine::releaseBuffer(const void* recv) {
   auto it = buffers_.find(recv);
   if (it == buffers_.end()) return;
-  it->second.release();
+  releaseState(recv, it->second);
   buffers_.erase(it);
 }
 

@@ -30,7 +30,12 @@ class CudaEngine : public DeviceEngine {
                lowrankRedOp_t op, cudaStream_t s);
   Status plan(DeviceBuffer& b, size_t count, lowrankDataType_t dtype, lowrankRedOp_t op,
               const Layout* layout, const void* recv);
-  void collectChecks();  // counts rejected calls whose checks have arrived (never blocks)
+  // Counts the rejected calls among b's checks that have arrived, oldest first; waits for the
+  // oldest `wait` of them (0: never blocks; SIZE_MAX: all).
+  void collectChecks(const void* recv, DeviceBuffer& b, size_t wait);
+  void collectChecks();  // every buffer's arrived checks (never blocks)
+  // Collects b's pending checks (its rejections still count), then frees its state.
+  void releaseState(const void* recv, DeviceBuffer& b);
 
   DeviceCommDesc desc_;
   DeviceComm comm_;

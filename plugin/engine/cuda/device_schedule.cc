@@ -85,12 +85,15 @@ Status runCompressedOnDevice(DeviceBuffer& b, const EngineConfig& cfg, const Dev
                                 ch.computed, ch.reduced));
   }
 
-  // The checks are in once the last P chunk is reduced: copy them for the engine's counters.
+  // The checks are in once the last P chunk is reduced: copy them for the engine's counters,
+  // into this call's own slot (the engine has made one free).
+  const float expectedOp = opCode * float(N);
+  const size_t slot = (b.checksFirst + b.checksPending) % DeviceBuffer::kCheckSlots;
   LR_CUDA(cudaStreamWaitEvent(s, b.pChunks.back().reduced, 0));
-  LR_CUDA(cudaMemcpyAsync(b.hostChecks, checks, 2 * sizeof(float), cudaMemcpyDeviceToHost, s));
-  LR_CUDA(cudaEventRecord(b.checksCopied, s));
-  b.checksPending = true;
-  b.expectedOp = opCode * float(N);
+  LR_CUDA(cudaMemcpyAsync(b.hostChecks + 2 * slot, checks, 2 * sizeof(float), cudaMemcpyDeviceToHost, s));
+  LR_CUDA(cudaEventRecord(b.checksCopied[slot], s));
+  b.expectedOp[slot] = expectedOp;
+  ++b.checksPending;
 
   if (pl.exactElems) {
     LR_CUDA(cudaStreamWaitEvent(s, b.exactReduced, 0));
@@ -106,9 +109,9 @@ Status runCompressedOnDevice(DeviceBuffer& b, const EngineConfig& cfg, const Dev
     LR_CUDA(cudaStreamWaitEvent(s, ch.reduced, 0));
     LR_CUDA(scale(b.wire + pl.qChunks[c].offset, pl.qChunks[c].count, 1.f / float(N), s));
     LR_CUDA(decompressAndUpdateError(ch.blocks, b.e, p, b.wire, outScale, recv, pl.dtype, checks,
-                                     b.expectedOp, s));
+                                     expectedOp, s));
   }
-  LR_CUDA(scatterQ(b.scatter, b.wire, b.qt, checks, b.expectedOp, s));
+  LR_CUDA(scatterQ(b.scatter, b.wire, b.qt, checks, expectedOp, s));
   LR_CUDA(cudaEventRecord(b.done, s));
   b.haveQ = true;
   return Status::Ok();

@@ -20,7 +20,7 @@ struct DeviceComm {
 
 // Queues one compressed call of a planned buffer on `stream` (G = send, output = recv). The
 // non-finite and op checks are applied on the device (see decompressAndUpdateError) and copied to
-// b.hostChecks for the engine to count later.
+// the next free slot of b's check ring for the engine to count later (the caller frees one first).
 Status runCompressedOnDevice(DeviceBuffer& b, const EngineConfig& cfg, const DeviceComm& dc,
                              const void* send, void* recv, lowrankRedOp_t op, cudaStream_t stream);
 

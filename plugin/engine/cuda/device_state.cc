@@ -83,8 +83,9 @@ Status DeviceBuffer::allocate(const Plan& pl, bool errorFeedback, int N) {
     LR_RETURN_IF_ERROR(deviceAlloc(&qt, pl.qElems, &bytes));
     LR_RETURN_IF_ERROR(deviceAlloc(&wire, pl.qElems, &bytes));
     LR_CUDA(cudaMallocHost(reinterpret_cast<void**>(&hostQ), std::max<size_t>(pl.qElems, 1) * sizeof(float)));
-    LR_CUDA(cudaMallocHost(reinterpret_cast<void**>(&hostChecks), 2 * sizeof(float)));
-    for (cudaEvent_t* ev : {&exactReduced, &qCopied, &done, &checksCopied}) LR_RETURN_IF_ERROR(event(ev));
+    LR_CUDA(cudaMallocHost(reinterpret_cast<void**>(&hostChecks), kCheckSlots * 2 * sizeof(float)));
+    for (cudaEvent_t* ev : {&exactReduced, &qCopied, &done}) LR_RETURN_IF_ERROR(event(ev));
+    for (cudaEvent_t& ev : checksCopied) LR_RETURN_IF_ERROR(event(&ev));
 
     std::vector<ExactDesc> exacts;
     std::vector<OrthoDesc> qOrtho;
@@ -164,8 +165,9 @@ void DeviceBuffer::release() {
     if (c.ortho) destroy(c.ortho);
     for (cudaEvent_t ev : {c.computed, c.reduced}) if (ev) cudaEventDestroy(ev);
   }
-  for (cudaEvent_t ev : {exactReduced, qCopied, done, checksCopied}) if (ev) cudaEventDestroy(ev);
-  *this = DeviceBuffer();
+  for (cudaEvent_t ev : {exactReduced, qCopied, done}) if (ev) cudaEventDestroy(ev);
+  for (cudaEvent_t ev : checksCopied) if (ev) cudaEventDestroy(ev);
+  *this = DeviceBuffer();  // checks still pending are dropped (CudaEngine collects them first)
 }
 
 }  // namespace lowrank::cuda

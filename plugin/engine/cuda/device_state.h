@@ -37,17 +37,25 @@ struct DeviceBuffer {
   float* qt = nullptr;       // Qt of every compressed tensor (whole-tensor layout)
   float* wire = nullptr;     // Qt by column blocks, as the Q chunks travel
   float* hostQ = nullptr;    // pinned: a fresh initial Q drawn on the host
-  float* hostChecks = nullptr;  // pinned: the reduced [non-finite count, op] of the last call
 
   ExactTable* exact = nullptr;
   OrthoTable* orthoQ = nullptr;   // every compressed tensor's Qt (warm start)
   ScatterTable* scatter = nullptr;
   std::vector<PChunkState> pChunks;
   std::vector<QChunkState> qChunks;
-  cudaEvent_t exactReduced = nullptr, qCopied = nullptr, done = nullptr, checksCopied = nullptr;
-  bool checksPending = false;   // hostChecks will hold a call's checks once checksCopied completes
-  float expectedOp = 0;         // what checks[1] must be for that call
-  size_t bytes = 0;             // device memory held
+  cudaEvent_t exactReduced = nullptr, qCopied = nullptr, done = nullptr;
+
+  // The reduced [non-finite count, op] of each compressed call, copied to the host for the
+  // engine to count rejected calls. The host queues calls faster than their checks arrive, so
+  // every call in flight needs its own pinned slot and event (one shared slot let the next call
+  // overwrite a rejection before it was counted): a ring, collected oldest first. A call that
+  // finds every slot pending waits for the oldest (the host is then kCheckSlots calls ahead).
+  static constexpr size_t kCheckSlots = 4;
+  float* hostChecks = nullptr;                  // pinned: kCheckSlots x [non-finite count, op]
+  cudaEvent_t checksCopied[kCheckSlots] = {};   // slot i holds its call's checks once completed
+  float expectedOp[kCheckSlots] = {};           // what slot i's op word must be for its call
+  size_t checksFirst = 0, checksPending = 0;    // the oldest pending slot; how many are pending
+  size_t bytes = 0;                             // device memory held
 
   // Allocates everything for `plan`. On failure frees what was allocated and returns the error.
   Status allocate(const Plan& plan, bool errorFeedback, int nranks);

@@ -36,8 +36,8 @@ MUTANTS = {
         "device_schedule.cc",
         "kernel on the wrong stream: decompress + error update (pass 3) launched on the "
         "communication stream instead of the caller's",
-        "recv, pl.dtype, checks,\n                                     b.expectedOp, s));",
-        "recv, pl.dtype, checks,\n                                     b.expectedOp, dc.stream));"),
+        "recv, pl.dtype, checks,\n                                     expectedOp, s));",
+        "recv, pl.dtype, checks,\n                                     expectedOp, dc.stream));"),
 }
 
 
