@@ -50,11 +50,13 @@ size_t dtypeSize(ncclDataType_t t) {
   }
 }
 
-ncclResult_t checkDtype(ncclDataType_t t, const char* what) {
+ncclResult_t checkDtype(int t, const char* what) {
+  if (t < 0 || t >= int(ncclNumTypes) || (t != ncclFloat8e4m3 && t != ncclFloat8e5m2 &&
+                                           dtypeSize(ncclDataType_t(t)) == 0))
+    return fail(ncclInvalidArgument, "%s: unknown datatype %d", what, t);
   if (t == ncclFloat8e4m3 || t == ncclFloat8e5m2)
     return fail(ncclInvalidArgument, "%s: the NCCL test double does not implement fp8 (datatype %d)",
-                what, int(t));
-  if (dtypeSize(t) == 0) return fail(ncclInvalidArgument, "%s: unknown datatype %d", what, int(t));
+                what, t);
   return ncclSuccess;
 }
 

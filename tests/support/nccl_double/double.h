@@ -54,7 +54,9 @@ ncclResult_t fromLowrank(lowrankResult_t r, lowrankComm_t lr, const char* what);
 // Element size of an NCCL dtype the double handles (all but the fp8 types); 0 otherwise.
 size_t dtypeSize(ncclDataType_t t);
 // Checks a dtype (and names `what` in the error): ncclSuccess or ncclInvalidArgument.
-ncclResult_t checkDtype(ncclDataType_t t, const char* what);
+// t as an int: the entry points check a caller's datatype before it is used as the enum (a C
+// caller may pass any int; C++ may not load an enum outside its range: lowrank::cEnumValue).
+ncclResult_t checkDtype(int t, const char* what);
 
 // Communicators made and not yet destroyed or aborted, in this process (ncclDoubleLiveComms).
 int liveComms();

@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "double.h"
+#include "util/c_enum.h"
 #include "nccl_double.h"
 
 namespace {
@@ -86,12 +87,19 @@ NCCL_ENTRY(ncclResult_t, ncclRedOpDestroy, redOpDestroy, (ncclRedOp_t op, ncclCo
 #else
 #define NCCL_RUN(name, impl, args) ((void)st, nccl_double::impl args)
 #endif
-#define NCCL_COLLECTIVE(name, impl, params, args)                                       \
-  NCCL_EXPORT ncclResult_t name params {                                                \
-    return call<ncclResult_t>(#name, [&] { return NCCL_RUN(#name, impl, args); });      \
-  }                                                                                     \
-  NCCL_EXPORT ncclResult_t p##name params {                                             \
-    return call<ncclResult_t>("p" #name, [&] { return NCCL_RUN("p" #name, impl, args); }); \
+// Every collective has a datatype t: checked as an int before anything reads it as the enum.
+#define NCCL_COLLECTIVE(name, impl, params, args)                                          \
+  NCCL_EXPORT ncclResult_t name params {                                                   \
+    return call<ncclResult_t>(#name, [&] {                                                 \
+      if (ncclResult_t r = nccl_double::checkDtype(lowrank::cEnumValue(t), #name)) return r; \
+      return NCCL_RUN(#name, impl, args);                                                  \
+    });                                                                                    \
+  }                                                                                        \
+  NCCL_EXPORT ncclResult_t p##name params {                                                \
+    return call<ncclResult_t>("p" #name, [&] {                                             \
+      if (ncclResult_t r = nccl_double::checkDtype(lowrank::cEnumValue(t), "p" #name)) return r; \
+      return NCCL_RUN("p" #name, impl, args);                                              \
+    });                                                                                    \
   }
 
 NCCL_COLLECTIVE(ncclAllReduce, allReduce,
