@@ -9,15 +9,25 @@ import glob, json, os, sys
 import xml.etree.ElementTree as ET
 
 
+reasons = {}  # report -> a skip message from it
+
+
 def count(build):
     reports = {}
     for path in glob.glob(os.path.join(build, "tests", "reports", "*.xml")):
         root = ET.parse(path).getroot()
         cases = list(root.iter("testcase"))
         failed = sum(1 for c in cases if c.find("failure") is not None or c.find("error") is not None)
-        skipped = sum(1 for c in cases if c.find("skipped") is not None or c.get("result") == "skipped"
-                      or c.get("status") == "notrun")
+        skips = [c for c in cases if c.find("skipped") is not None or c.get("result") == "skipped"
+                 or c.get("status") == "notrun"]
+        skipped = len(skips)
         reports[os.path.basename(path)[:-4]] = (len(cases) - failed - skipped, failed, skipped)
+        for c in skips:  # the reason, for the summary line: the skip's message
+            el = c.find("skipped")
+            msg = ((el.get("message") or el.text or "") if el is not None else "").strip()
+            # GoogleTest's message starts with the file:line of the GTEST_SKIP, the reason after it
+            lines = [ln.strip() for ln in msg.splitlines() if ln.strip()]
+            reasons[os.path.basename(path)[:-4]] = lines[-1][:80] if lines else "?"
 
     passed = failed = skipped = 0
     log = os.path.join(build, "meson-logs", "testlog.json")
@@ -46,8 +56,15 @@ def count(build):
 
 totals = [count(b) for b in sys.argv[1:]]
 passed, failed, skipped = (sum(t[i] for t in totals) for i in range(3))
-if skipped:  # device tests on a machine without a GPU: said on a line of its own
-    print(f"{skipped} skipped (most need a GPU: tests/gpu/run_device_checks.sh runs them; "
-          "the test log names each one's reason)")
+if skipped:  # said on a line of its own: how many, where, and why (a skip message of each)
+    by = {}
+    for build in sys.argv[1:]:
+        for path in glob.glob(os.path.join(build, "tests", "reports", "*.xml")):
+            key = os.path.basename(path)[:-4]
+            if key in reasons:
+                by.setdefault(reasons[key], []).append(key)
+    why = "; ".join(f"{', '.join(sorted(set(keys)))}: \"{msg}\"" for msg, keys in sorted(by.items()))
+    print(f"{skipped} skipped ({why or 'see the test log'}; tests/gpu/run_device_checks.sh runs the "
+          "GPU ones on a device)")
 print(f"{passed} passed, {failed} failed")
 sys.exit(1 if failed or passed == 0 else 0)
