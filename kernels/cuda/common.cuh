@@ -1,5 +1,5 @@
 // Device helpers shared by the kernels: dtype conversions (the device side of
-// kernels/host/convert.h), the block lookup of batched launches, warp and block reductions.
+// util/convert.h), the block lookup of batched launches, warp and block reductions.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

@@ -7,7 +7,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "kernels/host/convert.h"
+#include "util/convert.h"
 
 namespace lowrank::host {
 namespace {

@@ -1,7 +1,7 @@
 // deleteComm: the end of a communicator, and of the NCCL communicator it owns.
 #include "engine/communicator.h"
 
-#include "transport/nccl/nccl_api.h"
+#include "platform/nccl.h"
 
 namespace lowrank {
 

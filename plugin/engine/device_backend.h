@@ -8,7 +8,7 @@
 #include "engine/engine_config.h"
 #include "engine/plan.h"
 #include "lowrank/lowrank.h"
-#include "transport/nccl/nccl_api.h"
+#include "platform/nccl.h"
 #include "util/status.h"
 
 namespace lowrank {
@@ -54,10 +54,6 @@ struct DeviceBackend {
   // call, so it is safe during capture, before any engine exists.
   bool (*streamCapturing)(void* stream) = nullptr;
 };
-
-// liblowrank's side. True if p is device memory (CU_MEMORYTYPE_DEVICE) of a CUDA driver already
-// loaded in this process; false without a driver, for host or unknown pointers. Never loads CUDA.
-bool isDevicePointer(const void* p);
 
 // Loads liblowrank_cuda.so once (LOWRANK_CUDA_BACKEND names another path; default: the directory
 // of liblowrank.so). Errors: lowrankSystemError with dlerror()'s text, or an ABI mismatch.

@@ -7,7 +7,7 @@
 #include <mutex>
 
 #include "nccl_shim/shim_log.h"
-#include "transport/nccl/nccl_api.h"
+#include "platform/nccl.h"
 
 namespace lowrank::shim {
 namespace {

@@ -3,7 +3,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "kernels/host/convert.h"
+#include "util/convert.h"
 
 namespace lowrank::transport {
 namespace {

@@ -1,6 +1,6 @@
 // Element-wise reductions of every lowrankDataType_t x lowrankRedOp_t, shared by the transports.
 // Integers wrap (two's complement) on sum/prod overflow; half/bfloat16 are reduced in float and
-// rounded to nearest even after each operation (kernels/host/convert.h).
+// rounded to nearest even after each operation (util/convert.h).
 #pragma once
 #include <cstddef>
 

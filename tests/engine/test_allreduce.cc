@@ -8,7 +8,7 @@
 #include <mutex>
 
 #include "engine/data.h"
-#include "kernels/host/convert.h"
+#include "util/convert.h"
 #include "support/ranks.h"
 
 using namespace lowrank::testing;

@@ -5,7 +5,7 @@
 #include <cstring>
 #include <random>
 
-#include "kernels/host/convert.h"
+#include "util/convert.h"
 
 using namespace lowrank::host;
 

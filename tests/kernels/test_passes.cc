@@ -6,7 +6,7 @@
 #include <random>
 #include <vector>
 
-#include "kernels/host/convert.h"
+#include "util/convert.h"
 #include "kernels/host/powersgd_kernels.h"
 
 using namespace lowrank::host;

@@ -14,7 +14,7 @@
 #include <thread>
 #include <vector>
 
-#include "kernels/host/convert.h"
+#include "util/convert.h"
 #include "nccl_double.h"
 #include "nccl_ranks.h"
 

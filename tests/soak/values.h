@@ -6,7 +6,7 @@
 #include <cstring>
 #include <type_traits>
 
-#include "kernels/host/convert.h"
+#include "util/convert.h"
 #include "lowrank/lowrank.h"
 
 namespace lowrank::soak {

@@ -7,7 +7,7 @@
 #include <cstring>
 #include <random>
 
-#include "kernels/host/convert.h"
+#include "util/convert.h"
 #include "tests/transport/support.h"
 #include "util/dtype.h"
 

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <limits>
 
-#include "kernels/host/convert.h"
+#include "util/convert.h"
 #include "transport/reduce.h"
 
 namespace lowrank::transport {

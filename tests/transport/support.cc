@@ -6,7 +6,7 @@
 #include <thread>
 #include <type_traits>
 
-#include "kernels/host/convert.h"
+#include "util/convert.h"
 #include "transport/bootstrap/bootstrap.h"
 #include "util/dtype.h"
 

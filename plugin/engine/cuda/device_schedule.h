@@ -7,7 +7,7 @@
 
 #include "engine/cuda/device_state.h"
 #include "engine/engine_config.h"
-#include "transport/nccl/nccl_api.h"
+#include "platform/nccl.h"
 
 namespace lowrank::cuda {
 

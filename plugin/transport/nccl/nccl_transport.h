@@ -23,7 +23,7 @@
 #include <memory>
 #include <string>
 
-#include "transport/nccl/nccl_api.h"
+#include "platform/nccl.h"
 #include "transport/transport.h"
 
 namespace lowrank {

@@ -1,6 +1,6 @@
 // CPU emulation of <cuda_bf16.h>: __nv_bfloat16 with the host converters (round to nearest even).
 #pragma once
-#include "kernels/host/convert.h"
+#include "util/convert.h"
 
 struct __nv_bfloat16 {
   uint16_t bits = 0;

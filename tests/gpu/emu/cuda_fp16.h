@@ -1,6 +1,6 @@
 // CPU emulation of <cuda_fp16.h>: __half with the host converters (round to nearest even).
 #pragma once
-#include "kernels/host/convert.h"
+#include "util/convert.h"
 
 struct __half {
   uint16_t bits = 0;

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "double.h"
-#include "kernels/host/convert.h"
+#include "util/convert.h"
 
 namespace nccl_double {
 namespace {

@@ -1,4 +1,4 @@
-#include "transport/nccl/nccl_api.h"
+#include "platform/nccl.h"
 
 #include <dlfcn.h>
 
