@@ -3,8 +3,7 @@
 
 #include "api/errors.h"
 #include "api/export.h"
-#include "engine/device_backend.h"
-#include "platform/cuda_probe.h"
+#include "engine/comm_init.h"
 #include "util/c_enum.h"
 #include "util/dtype.h"
 
@@ -42,8 +41,8 @@ LOWRANK_API lowrankResult_t lowrankAllReduce(const void* sendbuff, void* recvbuf
       return fail(comm, lowrankInvalidArgument,
                   "lowrankAllReduce: sendbuff and recvbuff overlap without being equal");
     // Device memory is told apart by the CUDA driver, if the process has loaded one.
-    const bool sendDev = lowrank::platform::isDevicePointer(sendbuff);
-    const bool recvDev = s == r ? sendDev : lowrank::platform::isDevicePointer(recvbuff);
+    const bool sendDev = lowrank::isDeviceBuffer(sendbuff);
+    const bool recvDev = s == r ? sendDev : lowrank::isDeviceBuffer(recvbuff);
     if (sendDev != recvDev)
       return fail(comm, lowrankInvalidArgument,
                   "lowrankAllReduce: sendbuff %p is %s memory but recvbuff %p is %s memory",

@@ -2,8 +2,7 @@
 #include "api/config.h"
 #include "api/errors.h"
 #include "api/export.h"
-#include "transport/bootstrap/bootstrap.h"
-#include "transport/ucx/ucx_transport.h"
+#include "engine/comm_init.h"
 #include "util/log.h"
 
 using lowrank::Status;
@@ -15,7 +14,7 @@ LOWRANK_API lowrankResult_t lowrankGetUniqueId(lowrankUniqueId* uniqueId) {
     if (!uniqueId) return fail(nullptr, lowrankInvalidArgument, "lowrankGetUniqueId: uniqueId is NULL");
     double timeout;
     Status s = lowrank::api::timeoutFromEnv(&timeout);
-    if (s.ok()) s = lowrank::bootstrap::makeUniqueId(uniqueId, timeout);
+    if (s.ok()) s = lowrank::makeUniqueId(uniqueId, timeout);
     return s.ok() ? lowrankSuccess : fail(nullptr, s);
   });
 }
@@ -33,12 +32,8 @@ LOWRANK_API lowrankResult_t lowrankCommInitRankConfig(lowrankComm_t* comm, int n
                   "lowrankCommInitRank: rank %d is not in [0, %d)", rank, nranks);
     auto c = std::make_unique<lowrankComm>();
     Status s = lowrank::api::resolveConfig(config, &c->cfg);
-    std::unique_ptr<lowrank::Transport> ucx;
-    if (s.ok()) s = lowrank::createUcxTransport(uniqueId, rank, nranks, c->cfg.timeoutSec, &ucx);
+    if (s.ok()) s = lowrank::connectUcx(c.get(), uniqueId, rank, nranks);
     if (!s.ok()) return fail(nullptr, s);
-    c->transport = std::make_unique<lowrank::AsyncTransport>(std::move(ucx));
-    c->rank = rank;
-    c->nranks = nranks;
     lowrank::api::logConfig(c->cfg, rank, nranks);
     *comm = c.release();
     return lowrankSuccess;

@@ -1,22 +1,20 @@
 // Communicators over NCCL: lowrankCommInitFromNccl (the application's NCCL communicator, not
 // owned) and lowrankCommInitNcclRank (one lowrank makes and owns), and NCCL's unique id.
-// The real NCCL is resolved at run time (nccl::realNccl); liblowrank links neither NCCL nor CUDA.
-#include <cstring>
-
+// The real NCCL is resolved at run time (platform/nccl.h, through engine/comm_init.h); liblowrank
+// links neither NCCL nor CUDA.
 #include "lowrank/lowrank_nccl.h"
 
 #include "api/config.h"
 #include "api/errors.h"
 #include "api/export.h"
-#include "transport/nccl/nccl_transport.h"
+#include "engine/comm_init.h"
 #include "util/log.h"
 
 using lowrank::Status;
 using lowrank::api::fail;
 using lowrank::api::guarded;
-namespace nccl = lowrank::nccl;
 
-static_assert(sizeof(ncclUniqueId) == sizeof(nccl::UniqueId), "ncclUniqueId is 128 bytes");
+static_assert(sizeof(ncclUniqueId) == 128, "ncclUniqueId is 128 bytes (NCCL_UNIQUE_ID_BYTES)");
 
 namespace {
 
@@ -28,23 +26,16 @@ struct DeleteComm {
 using CommPtr = std::unique_ptr<lowrankComm, DeleteComm>;
 
 // The first part of both inits, before any NCCL communicator is used: the new comm with its
-// configuration resolved, and the real NCCL's table.
-Status prepare(const lowrankConfig_t* config, CommPtr* c, const nccl::Api** api) {
+// configuration resolved.
+Status prepare(const lowrankConfig_t* config, CommPtr* c) {
   c->reset(new lowrankComm);
-  LR_RETURN_IF_ERROR(lowrank::api::resolveConfig(config, &(*c)->cfg));
-  return nccl::realNccl(api);
+  return lowrank::api::resolveConfig(config, &(*c)->cfg);
 }
 
 // The rest of both inits: c over the NCCL communicator `ncclComm` (owned or not), its NCCL
 // transport made; then *comm. On error c is freed (with an owned NCCL communicator).
-Status overNccl(const nccl::Api* api, void* ncclComm, bool owned, CommPtr c, lowrankComm_t* comm) {
-  c->ncclComm = ncclComm;
-  c->ownsNccl = owned;
-  std::unique_ptr<lowrank::NcclTransport> t;
-  LR_RETURN_IF_ERROR(lowrank::NcclTransport::create(api, ncclComm, c->cfg.timeoutSec, &t));
-  c->rank = t->rank();
-  c->nranks = t->size();
-  c->transport = std::make_unique<lowrank::AsyncTransport>(std::move(t));
+Status overNccl(void* ncclComm, bool owned, CommPtr c, lowrankComm_t* comm) {
+  LR_RETURN_IF_ERROR(lowrank::connectNccl(c.get(), ncclComm, owned));
   lowrank::api::logConfig(c->cfg, c->rank, c->nranks);
   *comm = c.release();
   return Status::Ok();
@@ -66,9 +57,8 @@ LOWRANK_API lowrankResult_t lowrankCommInitFromNcclConfig(lowrankComm_t* comm, n
     if (!nccl)
       return fail(nullptr, lowrankInvalidArgument, "lowrankCommInitFromNccl: the NCCL communicator is NULL");
     CommPtr c;
-    const nccl::Api* api = nullptr;
-    Status s = prepare(config, &c, &api);
-    if (s.ok()) s = overNccl(api, nccl, /*owned=*/false, std::move(c), comm);
+    Status s = prepare(config, &c);
+    if (s.ok()) s = overNccl(nccl, /*owned=*/false, std::move(c), comm);
     return s.ok() ? lowrankSuccess : failIn("lowrankCommInitFromNccl", std::move(s));
   });
 }
@@ -80,11 +70,7 @@ LOWRANK_API lowrankResult_t lowrankCommInitFromNccl(lowrankComm_t* comm, ncclCom
 LOWRANK_API lowrankResult_t lowrankNcclGetUniqueId(ncclUniqueId* id) {
   return guarded(nullptr, [&]() -> lowrankResult_t {
     if (!id) return fail(nullptr, lowrankInvalidArgument, "lowrankNcclGetUniqueId: id is NULL");
-    const nccl::Api* api = nullptr;
-    Status s = nccl::realNccl(&api);
-    if (s.ok()) s = nccl::requireEntry(*api, api->getUniqueId != nullptr, "ncclGetUniqueId");
-    if (s.ok())
-      s = nccl::fromNccl(*api, api->getUniqueId(reinterpret_cast<nccl::UniqueId*>(id)), "ncclGetUniqueId");
+    Status s = lowrank::ncclUniqueId(id);
     return s.ok() ? lowrankSuccess : failIn("lowrankNcclGetUniqueId", std::move(s));
   });
 }
@@ -100,17 +86,11 @@ LOWRANK_API lowrankResult_t lowrankCommInitNcclRank(lowrankComm_t* comm, int nra
       return fail(nullptr, lowrankInvalidArgument,
                   "lowrankCommInitNcclRank: rank %d is not in [0, %d)", rank, nranks);
     CommPtr c;
-    const nccl::Api* api = nullptr;
-    Status s = prepare(config, &c, &api);
-    if (s.ok()) s = nccl::requireEntry(*api, api->commInitRank != nullptr, "ncclCommInitRank");
+    Status s = prepare(config, &c);
     void* ncclComm = nullptr;
-    if (s.ok()) {
-      nccl::UniqueId uid;
-      std::memcpy(&uid, &id, sizeof uid);
-      s = nccl::fromNccl(*api, api->commInitRank(&ncclComm, nranks, uid, rank), "ncclCommInitRank");
-    }
+    if (s.ok()) s = lowrank::ncclCommInit(&ncclComm, nranks, &id, rank);
     // From here the NCCL communicator is c's: freed with it if the rest fails.
-    if (s.ok()) s = overNccl(api, ncclComm, /*owned=*/true, std::move(c), comm);
+    if (s.ok()) s = overNccl(ncclComm, /*owned=*/true, std::move(c), comm);
     return s.ok() ? lowrankSuccess : failIn("lowrankCommInitNcclRank", std::move(s));
   });
 }

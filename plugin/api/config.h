@@ -18,15 +18,4 @@ Status timeoutFromEnv(double* seconds);
 // Logs every value in force at INFO.
 void logConfig(const EngineConfig& cfg, int rank, int nranks);
 
-// The NCCL shim's own variables (plugin/nccl_shim compiles this file in; docs/environment.md):
-// LOWRANK_ENABLE (boolean, default 1), LOWRANK_MIN_BYTES (bytes, default 1 MiB) and
-// LOWRANK_START_ITER, which there counts identical repetitions of a communicator's call sequence
-// before compression starts (default 2). Errors: lowrankInvalidUsage naming the variable.
-struct ShimEnv {
-  bool enable = true;
-  uint64_t minBytes = uint64_t(1) << 20;
-  int startIter = 2;
-};
-Status shimEnvFromEnv(ShimEnv* out);
-
 }  // namespace lowrank::api

@@ -1,10 +1,10 @@
 // lowrankCommInitFromEnv: a communicator of one process per comm rank, started by a launcher
 // (torchrun, mpirun, srun, by hand), from the launcher's environment variables; no side channel
-// for the unique id (see transport/bootstrap/launcher_env.h).
+// for the unique id (see transport/bootstrap/launcher_env.h, reached through engine/comm_init.h).
 #include "api/config.h"
 #include "api/errors.h"
 #include "api/export.h"
-#include "transport/bootstrap/launcher_env.h"
+#include "engine/comm_init.h"
 #include "util/log.h"
 
 using lowrank::Status;
@@ -17,13 +17,12 @@ LOWRANK_API lowrankResult_t lowrankCommInitFromEnvConfig(lowrankComm_t* comm, lo
     *comm = nullptr;
     lowrank::EngineConfig cfg;  // for the timeout; lowrankCommInitRankConfig resolves it again
     Status s = lowrank::api::resolveConfig(config, &cfg);
-    lowrank::bootstrap::LauncherEnv env;
-    if (s.ok()) s = lowrank::bootstrap::readLauncherEnv(&env);
     lowrankUniqueId id;
-    if (s.ok()) s = lowrank::bootstrap::uniqueIdFromLauncherEnv(env, cfg.timeoutSec, &id);
+    int rank = -1, size = 0;
+    if (s.ok()) s = lowrank::launcherUniqueId(cfg.timeoutSec, &id, &rank, &size);
     if (!s.ok()) return fail(nullptr, s);
     // Every process now holds the same id; comm rank 0 serves it. The rest is lowrankCommInitRank.
-    return lowrankCommInitRankConfig(comm, env.size, id, env.rank, config);
+    return lowrankCommInitRankConfig(comm, size, id, rank, config);
   });
 }
 

@@ -4,20 +4,10 @@
 #include "nccl_shim/guard.h"
 #include "nccl_shim/layout_hint.h"
 #include "nccl_shim/shim_log.h"
+#include "util/dtype.h"  // dtypeSize (header only)
 
 namespace lowrank::shim {
 namespace {
-
-const char* dtypeName(ncclDataType_t t) {
-  switch (t) {
-    case ncclFloat16: return "float16";
-    case ncclBfloat16: return "bfloat16";
-    case ncclFloat32: return "float32";
-    default: return "?";
-  }
-}
-
-size_t dtypeSize(ncclDataType_t t) { return t == ncclFloat32 ? 4 : 2; }
 
 // Gives lowrank the layout hint of the buffer if this communicator has not applied it yet.
 // A hint whose elements do not add up to the call's count is stale (the address now holds another
@@ -125,8 +115,8 @@ ncclResult_t runCompressed(ShimComm& c, const RecordedCall& call) {
     SHIM_ERROR("comm %p (comm rank %d of %d): compressed allreduce of buffer %p (%zu %s, %s) "
                "failed in %s (lowrank result %d): %s. The output buffer may be partly written; "
                "the allreduce is not retried",
-               (void*)c.nccl, c.rank, c.nranks, call.recv, call.count, dtypeName(call.dtype),
-               call.op == 4 ? "avg" : "sum",
+               (void*)c.nccl, c.rank, c.nranks, call.recv, call.count,
+               plugin::pluginServices().dtypeName(call.dtype), plugin::pluginServices().opName(call.op),
                planned ? "lowrankAllReduce" : "lowrankBufferSetLayout", int(r), msg);
     // As NCCL would say it: a usage error inside (comm ranks that disagree on the call) stays one.
     return toNccl(r);

@@ -3,8 +3,6 @@
 // ops. Everything else of NCCL is the real library's (preload) or forwarded to it (drop-in).
 #include <nccl.h>
 
-#include <dlfcn.h>
-
 #include <cstdio>
 #include <cstring>
 
@@ -14,6 +12,7 @@
 #include "nccl_shim/real_nccl.h"
 #include "nccl_shim/settings.h"
 #include "nccl_shim/shim_log.h"
+#include "util/dtype.h"  // header only
 
 #define SHIM_API extern "C" __attribute__((visibility("default")))
 
@@ -23,14 +22,9 @@ namespace {
 
 // True if `stream` is being captured into a CUDA graph. A compressed allreduce cannot be captured
 // (its state changes at every call and a replay would not see it), so such calls go to NCCL as
-// they are, which NCCL lets the graph capture. Asks the CUDA runtime the application loaded; none
-// found (a static runtime): false, and lowrank itself refuses the capture with an error.
-bool capturing(cudaStream_t stream) {
-  using IsCapturing = int (*)(cudaStream_t, int*);
-  static IsCapturing fn = reinterpret_cast<IsCapturing>(dlsym(RTLD_DEFAULT, "cudaStreamIsCapturing"));
-  int status = 0;  // cudaStreamCaptureStatusNone
-  return fn && fn(stream, &status) == 0 && status != 0;
-}
+// they are, which NCCL lets the graph capture. liblowrank's probe (platform/cuda_probe.h); no CUDA
+// runtime reachable (a static one): false, and lowrank itself refuses the capture with an error.
+bool capturing(cudaStream_t stream) { return lowrank::plugin::pluginServices().streamCapturing(stream); }
 
 // The real library could not be reached (real() printed why, once): this thread's last error.
 ncclResult_t noRealNccl() {
@@ -60,7 +54,7 @@ ncclResult_t allReduce(const Real& r, const void* send, void* recv, size_t count
   std::shared_ptr<ShimComm> c = commFor(comm, s.env.startIter);
   std::lock_guard<std::mutex> lock(c->mu);
   if (c->nranks < 1) queryRanks(*c);
-  lowrank::setLogDevice(c->cudaDev);  // "[dev]" in this thread's log lines, as NCCL's
+  lowrank::plugin::pluginServices().setLogDevice(c->cudaDev);  // "[dev]" in this thread's log lines
   auto pm = c->preMul.find(int(op));
   const std::optional<int> mapped =
       mapOp(int(op), pm == c->preMul.end() ? nullptr : &pm->second, c->nranks);
@@ -191,7 +185,7 @@ SHIM_API ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t* simInfo) {
   const Real* r = real();
   if (!r) return noRealNccl();
   if (!r->groupSimulateEnd) {
-    SHIM_ERROR("the NCCL library %s has no ncclGroupSimulateEnd", r->path.c_str());
+    SHIM_ERROR("the NCCL library %s has no ncclGroupSimulateEnd", r->path);
     return ncclInvalidUsage;
   }
   if (bypass()) {
@@ -213,7 +207,7 @@ SHIM_API ncclResult_t ncclCommFinalize(ncclComm_t comm) {
   const Real* r = real();
   if (!r) return noRealNccl();
   if (!r->commFinalize) {
-    SHIM_ERROR("the NCCL library %s has no ncclCommFinalize", r->path.c_str());
+    SHIM_ERROR("the NCCL library %s has no ncclCommFinalize", r->path);
     return ncclInvalidUsage;
   }
   if (!bypass()) endComm(comm, "finalized", false);
@@ -235,24 +229,25 @@ SHIM_API ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar,
   const Real* r = real();
   if (!r) return noRealNccl();
   if (!r->redOpCreatePreMulSum) {
-    SHIM_ERROR("the NCCL library %s has no ncclRedOpCreatePreMulSum", r->path.c_str());
+    SHIM_ERROR("the NCCL library %s has no ncclRedOpCreatePreMulSum", r->path);
     return ncclInvalidUsage;
   }
   ncclResult_t res;
   {
     Guard g;
-    res = forwarded(r->redOpCreatePreMulSum(op, scalar, datatype, residence, comm));
+    res = forwarded(r->redOpCreatePreMulSum(reinterpret_cast<int*>(op), scalar, datatype, residence, comm));
   }
   if (res != ncclSuccess || bypass() || !settings().ok || !op || !scalar || !comm) return res;
   // A host scalar is read now, as NCCL does; a device scalar is unknown here (never compressed).
   std::shared_ptr<ShimComm> c = commFor(comm, settings().env.startIter);
   std::lock_guard<std::mutex> lock(c->mu);
-  const size_t size = datatype == ncclFloat64 ? 8
-                      : datatype == ncclFloat32 ? 4
-                      : datatype == ncclFloat16 || datatype == ncclBfloat16 ? 2 : 0;
+  // Only floating scalars can make sum or avg (policy.h: mapOp); the dtype is checked as an int
+  // before it is read as one (a caller's number may lie outside the enum).
+  const int dtype = int(datatype);
+  const size_t size = lowrank::dtypeMantissaBits(dtype) ? lowrank::dtypeSize(dtype) : 0;
   if (residence == ncclScalarHostImmediate && size) {
     PreMulSum p;
-    p.dtype = int(datatype);
+    p.dtype = dtype;
     std::memcpy(p.value, scalar, size);
     c->preMul[int(*op)] = p;
   } else {
@@ -276,7 +271,7 @@ SHIM_API ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm) {
   const Real* r = real();
   if (!r) return noRealNccl();
   if (!r->redOpDestroy) {
-    SHIM_ERROR("the NCCL library %s has no ncclRedOpDestroy", r->path.c_str());
+    SHIM_ERROR("the NCCL library %s has no ncclRedOpDestroy", r->path);
     return ncclInvalidUsage;
   }
   if (!bypass() && comm)

@@ -6,7 +6,7 @@
 
 #include "nccl_shim/guard.h"
 #include "nccl_shim/real_nccl.h"
-#include "util/log.h"
+#include "abi/plugin_log.h"
 
 namespace lowrank::shim {
 namespace {
@@ -48,7 +48,7 @@ void reportError(const char* file, int line, const char* fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(msg + sizeof kPrefix - 1, kLen - (sizeof kPrefix - 1), fmt, ap);
   va_end(ap);
-  logPrint(LogLevel::Warn, file, line, "NCCL shim: %s", msg + sizeof kPrefix - 1);
+  plugin::logf(lowrankLogWarn, file, line, "NCCL shim: %s", msg + sizeof kPrefix - 1);
   setLastError(msg);
 }
 

@@ -24,9 +24,9 @@ void reportError(const char* file, int line, const char* fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
 // The result of a call forwarded to the real library: a failure there is its own last error.
-inline ncclResult_t forwarded(ncclResult_t r) {
+inline ncclResult_t forwarded(int r) {
   if (r != ncclSuccess) clearLastError();
-  return r;
+  return ncclResult_t(r);
 }
 
 }  // namespace lowrank::shim

@@ -3,28 +3,11 @@
 #include <cmath>
 #include <cstring>
 
+#include "util/convert.h"  // header only
+#include "util/dtype.h"    // header only
+
 namespace lowrank::shim {
 namespace {
-
-double halfToDouble(uint16_t h) {
-  const int sign = h >> 15, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
-  double v;
-  if (exp == 0) v = std::ldexp(man, -24);
-  else if (exp == 31) v = man ? NAN : INFINITY;
-  else v = std::ldexp(man + 1024, exp - 25);
-  return sign ? -v : v;
-}
-
-// Mantissa bits of a floating dtype, 0 for the others.
-int mantissaBits(int dtype) {
-  switch (dtype) {
-    case kFloat16: return 10;
-    case kBfloat16: return 7;
-    case kFloat32: return 23;
-    case 8: return 52;  // float64
-    default: return 0;
-  }
-}
 
 // True when s is x rounded to nearest in a format of `bits` mantissa bits.
 bool isRoundingOf(double s, double x, int bits) {
@@ -38,32 +21,9 @@ bool isRoundingOf(double s, double x, int bits) {
 }  // namespace
 
 std::optional<double> preMulScalar(const PreMulSum& p) {
-  switch (p.dtype) {
-    case kFloat16: {
-      uint16_t h;
-      std::memcpy(&h, p.value, 2);
-      return halfToDouble(h);
-    }
-    case kBfloat16: {
-      uint16_t b;
-      std::memcpy(&b, p.value, 2);
-      uint32_t f = uint32_t(b) << 16;
-      float x;
-      std::memcpy(&x, &f, 4);
-      return x;
-    }
-    case kFloat32: {
-      float x;
-      std::memcpy(&x, p.value, 4);
-      return x;
-    }
-    case 8: {
-      double x;
-      std::memcpy(&x, p.value, 8);
-      return x;
-    }
-    default: return std::nullopt;
-  }
+  double x;
+  if (!host::scalarToDouble(p.dtype, p.value, &x)) return std::nullopt;
+  return x;
 }
 
 std::optional<int> mapOp(int op, const PreMulSum* premul, int nranks) {
@@ -72,15 +32,13 @@ std::optional<int> mapOp(int op, const PreMulSum* premul, int nranks) {
   const std::optional<double> s = preMulScalar(*premul);
   if (!s) return std::nullopt;
   if (*s == 1.0) return kSum;
-  if (isRoundingOf(*s, 1.0 / nranks, mantissaBits(premul->dtype))) return kAvg;
+  if (isRoundingOf(*s, 1.0 / nranks, dtypeMantissaBits(premul->dtype))) return kAvg;
   return std::nullopt;
 }
 
 bool eligible(int dtype, size_t count, uint64_t minBytes) {
-  size_t size;
-  if (dtype == kFloat32) size = 4;
-  else if (dtype == kFloat16 || dtype == kBfloat16) size = 2;
-  else return false;
+  if (!dtypeCompressible(dtype)) return false;
+  const size_t size = dtypeSize(dtype);
   size_t bytes;
   if (__builtin_mul_overflow(count, size, &bytes)) return true;
   return count > 0 && bytes >= minBytes;

@@ -24,16 +24,17 @@
 #include <unordered_set>
 #include <vector>
 
+#include "lowrank/lowrank.h"
+
 namespace lowrank::shim {
 
-// ncclDataType_t / ncclRedOp_t numbers (lowrank's enums use the same).
-enum : int { kFloat16 = 6, kFloat32 = 7, kBfloat16 = 9 };
+// ncclRedOp_t numbers (lowrank.h's enum uses the same; dtypes: plugin/util/dtype.h).
 enum : int { kSum = 0, kAvg = 4, kNumBuiltinOps = 5 };
 
 // A premulsum op made with a host scalar (ncclRedOpCreatePreMulSum, ncclScalarHostImmediate):
 // the scalar as stored (dtype's bytes) and its dtype.
 struct PreMulSum {
-  int dtype = kFloat32;
+  int dtype = lowrankFloat32;  // ncclDataType_t number
   unsigned char value[8] = {};
 };
 

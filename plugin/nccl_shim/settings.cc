@@ -8,16 +8,16 @@ namespace lowrank::shim {
 const Settings& settings() {
   static const Settings s = [] {
     Settings x;
-    Status st = api::shimEnvFromEnv(&x.env);
-    x.ok = st.ok();
+    const char* why = "";
+    x.ok = plugin::pluginServices().shimSettings(&x.env, &why) == 0;
     if (!x.ok) {
       SHIM_ERROR("%s: %s; every ncclAllReduce returns ncclInvalidUsage until it is fixed",
-                 shimMode(), st.msg.c_str());
+                 shimMode(), why);
       if (const char* m = lastError()) x.error = m;
     }
     else
       SHIM_INFO("%s: LOWRANK_ENABLE %d, LOWRANK_MIN_BYTES %llu, LOWRANK_START_ITER %d", shimMode(),
-                int(x.env.enable), (unsigned long long)x.env.minBytes, x.env.startIter);
+                x.env.enable, (unsigned long long)x.env.minBytes, x.env.startIter);
     return x;
   }();
   return s;

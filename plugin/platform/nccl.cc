@@ -1,6 +1,7 @@
 #include "platform/nccl.h"
 
 #include <dlfcn.h>
+#include <link.h>
 
 #include <cstdlib>
 #include <mutex>
@@ -10,60 +11,122 @@
 namespace lowrank::nccl {
 namespace {
 
-Status missingSymbol(const std::string& path, const char* name) {
+const char* libraryEnv() {
   const char* env = getenv("LOWRANK_NCCL_LIBRARY");
-  return Status::Error(lowrankSystemError, "the NCCL library %s%s has no symbol %s", path.c_str(),
-                       env && *env ? " (LOWRANK_NCCL_LIBRARY)" : "", name);
+  return env && *env ? env : nullptr;
 }
 
-Status load(Api* a) {
-  const char* env = getenv("LOWRANK_NCCL_LIBRARY");
-  a->path = env && *env ? env : "libnccl.so.2";
-  a->handle = dlopen(a->path.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (!a->handle)
-    return Status::Error(lowrankSystemError, "cannot load the NCCL library %s%s: %s",
-                         a->path.c_str(), env && *env ? " (LOWRANK_NCCL_LIBRARY)" : "", dlerror());
-  // lowrank's drop-in libnccl.so.2 forwards to a real NCCL; without one, every forwarded call
-  // would end the process: refuse it here with an error instead.
-  using Ready = int (*)();
-  if (auto ready = reinterpret_cast<Ready>(dlsym(a->handle, "lowrankNcclDropinReady")); ready && !ready())
+Status missingSymbol(const char* path, const char* name) {
+  return Status::Error(lowrankSystemError, "the NCCL library %s%s has no symbol %s", path,
+                       libraryEnv() ? " (LOWRANK_NCCL_LIBRARY)" : "", name);
+}
+
+// *fn = the p-prefixed profiling entry of `name` in the library `handle` (NCCL's own, never
+// interposed), else the plain name in that library; false if it has neither.
+template <typename F>
+bool resolve(void* handle, const char* name, F* fn) {
+  void* s = dlsym(handle, (std::string("p") + name).c_str());
+  if (!s) s = dlsym(handle, name);
+  *fn = reinterpret_cast<F>(s);
+  return s != nullptr;
+}
+
+bool isShim(void* handle) { return dlsym(handle, kShimMarker) != nullptr; }
+
+// Step 3 of the order: a loaded library (not lowrank's, not a dependency's definition) that
+// defines ncclGetVersion itself. Returns a handle of it (a reference the caller keeps), or null.
+void* findLoadedNccl(std::string* path) {
+  struct Found { void* handle; std::string path; } found{nullptr, {}};
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, size_t, void* data) -> int {
+        auto* f = static_cast<Found*>(data);
+        if (!info->dlpi_name || !*info->dlpi_name) return 0;  // the program itself, the vDSO
+        void* h = dlopen(info->dlpi_name, RTLD_LAZY | RTLD_NOLOAD);
+        if (!h) return 0;
+        Dl_info where{};
+        void* s = dlsym(h, "ncclGetVersion");
+        if (s && !isShim(h) && dladdr(s, &where) && where.dli_fbase == reinterpret_cast<void*>(info->dlpi_addr)) {
+          f->handle = h;
+          f->path = info->dlpi_name;
+          return 1;
+        }
+        dlclose(h);
+        return 0;
+      },
+      &found);
+  *path = found.path;
+  return found.handle;
+}
+
+Status open(void** handle, std::string* path) {
+  if (const char* env = libraryEnv()) {
+    *path = env;
+    *handle = dlopen(env, RTLD_NOW | RTLD_LOCAL);
+    if (!*handle)
+      return Status::Error(lowrankSystemError, "cannot load LOWRANK_NCCL_LIBRARY=%s: %s", env, dlerror());
+    return Status::Ok();
+  }
+  *path = "libnccl.so.2";
+  if ((*handle = dlopen("libnccl.so.2", RTLD_NOW | RTLD_NOLOAD)) && !isShim(*handle)) return Status::Ok();
+  if (*handle) dlclose(*handle);
+  if ((*handle = findLoadedNccl(path))) return Status::Ok();
+  *path = "libnccl.so.2";
+  *handle = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
+  if (!*handle)
+    return Status::Error(lowrankSystemError, "cannot load the NCCL library libnccl.so.2: %s", dlerror());
+  return Status::Ok();
+}
+
+Status load(Api* a, std::string* path) {
+  void* h = nullptr;
+  LR_RETURN_IF_ERROR(open(&h, path));
+  a->handle = h;
+  a->path = path->c_str();
+  // lowrank's own shim is not the real NCCL: every call would come back to lowrank.
+  if (isShim(h))
     return Status::Error(lowrankSystemError,
-                         "the NCCL library %s is lowrank's drop-in libnccl.so.2 with no real NCCL "
-                         "behind it (set LOWRANK_NCCL_LIBRARY to the real libnccl.so.2 for the "
-                         "drop-in, or unset it)", a->path.c_str());
+                         "%s is the lowrank shim itself, not the real NCCL library (%s)",
+                         path->c_str(),
+                         libraryEnv() ? "LOWRANK_NCCL_LIBRARY must name the real libnccl.so.2"
+                                      : "set LOWRANK_NCCL_LIBRARY to the real libnccl.so.2");
   struct Need { const char* name; bool ok; };
-  Need need[] = {
-      {"ncclAllReduce", resolveEntry(a->handle, "ncclAllReduce", &a->allReduce)},
-      {"ncclGroupStart", resolveEntry(a->handle, "ncclGroupStart", &a->groupStart)},
-      {"ncclGroupEnd", resolveEntry(a->handle, "ncclGroupEnd", &a->groupEnd)},
-      {"ncclCommCount", resolveEntry(a->handle, "ncclCommCount", &a->commCount)},
-      {"ncclCommUserRank", resolveEntry(a->handle, "ncclCommUserRank", &a->commUserRank)},
-      {"ncclCommGetAsyncError", resolveEntry(a->handle, "ncclCommGetAsyncError", &a->commGetAsyncError)},
-      {"ncclCommDestroy", resolveEntry(a->handle, "ncclCommDestroy", &a->commDestroy)},
-      {"ncclCommAbort", resolveEntry(a->handle, "ncclCommAbort", &a->commAbort)},
-      {"ncclGetVersion", resolveEntry(a->handle, "ncclGetVersion", &a->getVersion)},
-      {"ncclGetErrorString", resolveEntry(a->handle, "ncclGetErrorString", &a->getErrorString)},
+  const Need need[] = {
+      {"ncclAllReduce", resolve(h, "ncclAllReduce", &a->allReduce)},
+      {"ncclGroupStart", resolve(h, "ncclGroupStart", &a->groupStart)},
+      {"ncclGroupEnd", resolve(h, "ncclGroupEnd", &a->groupEnd)},
+      {"ncclCommCount", resolve(h, "ncclCommCount", &a->commCount)},
+      {"ncclCommUserRank", resolve(h, "ncclCommUserRank", &a->commUserRank)},
+      {"ncclCommGetAsyncError", resolve(h, "ncclCommGetAsyncError", &a->commGetAsyncError)},
+      {"ncclCommDestroy", resolve(h, "ncclCommDestroy", &a->commDestroy)},
+      {"ncclCommAbort", resolve(h, "ncclCommAbort", &a->commAbort)},
+      {"ncclGetVersion", resolve(h, "ncclGetVersion", &a->getVersion)},
+      {"ncclGetErrorString", resolve(h, "ncclGetErrorString", &a->getErrorString)},
   };
   for (const Need& n : need)
-    if (!n.ok) return missingSymbol(a->path, n.name);
-  resolveEntry(a->handle, "ncclCommFinalize", &a->commFinalize);  // optional: NCCL >= 2.14
-  resolveEntry(a->handle, "ncclGetLastError", &a->getLastError);  // optional: NCCL >= 2.13
-  // Optional for the transport; lowrankCommInitNcclRank checks them (requireEntry).
-  resolveEntry(a->handle, "ncclGetUniqueId", &a->getUniqueId);
-  resolveEntry(a->handle, "ncclCommInitRank", &a->commInitRank);
+    if (!n.ok) return missingSymbol(path->c_str(), n.name);
+  // Optional: null where the library predates them (real_nccl.h names the versions).
+  resolve(h, "ncclGroupSimulateEnd", &a->groupSimulateEnd);
+  resolve(h, "ncclCommCuDevice", &a->commCuDevice);
+  resolve(h, "ncclCommFinalize", &a->commFinalize);
+  resolve(h, "ncclRedOpCreatePreMulSum", &a->redOpCreatePreMulSum);
+  resolve(h, "ncclRedOpDestroy", &a->redOpDestroy);
+  resolve(h, "ncclGetUniqueId", &a->getUniqueId);
+  resolve(h, "ncclCommInitRank", &a->commInitRank);
+  resolve(h, "ncclGetLastError", &a->getLastError);
   int v = 0;
   a->getVersion(&v);
-  LR_INFO("NCCL transport: %s, NCCL version %d", a->path.c_str(), v);
+  LR_INFO("real NCCL: %s, version %d", path->c_str(), v);
   return Status::Ok();
 }
 
 }  // namespace
 
 Status realNccl(const Api** api) {
-  static Api table;
+  static Api table{};
+  static std::string path;
   static Status loaded;
   static std::once_flag once;
-  std::call_once(once, [] { loaded = load(&table); });
+  std::call_once(once, [] { loaded = load(&table, &path); });
   if (!loaded.ok()) return loaded;
   *api = &table;
   return Status::Ok();

@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "lowrank/lowrank.h"
+
 namespace lowrank::host {
 
 struct half_t { uint16_t bits; };
@@ -61,6 +63,20 @@ inline half_t toHalf(float f) {
   uint32_t r = a - 0x38000000u;                                    // rebias 127 -> 15
   r += 0xfffu + ((r >> 13) & 1);
   return {uint16_t(sign | (r >> 13))};
+}
+
+// One scalar of a floating dtype (float16, bfloat16, float32, float64; lowrank.h's numbers, which
+// are NCCL's) as a double, exactly; false for the other dtypes.
+inline bool scalarToDouble(int dtype, const void* bytes, double* out) {
+  uint16_t h;
+  float f;
+  switch (dtype) {
+    case lowrankFloat16: std::memcpy(&h, bytes, 2); *out = toFloat(half_t{h}); return true;
+    case lowrankBfloat16: std::memcpy(&h, bytes, 2); *out = toFloat(bf16_t{h}); return true;
+    case lowrankFloat32: std::memcpy(&f, bytes, 4); *out = f; return true;
+    case lowrankFloat64: std::memcpy(out, bytes, 8); return true;
+    default: return false;
+  }
 }
 
 template <typename T> inline T fromFloat(float f);

@@ -17,11 +17,28 @@ inline size_t dtypeSize(lowrankDataType_t t) {
   }
 }
 
+// The same for a number that may lie outside the enum (an NCCL caller's ncclDataType_t): checked
+// as an int before it is read as the enum.
+inline size_t dtypeSize(int t) {
+  return t >= 0 && t < lowrankNumTypes ? dtypeSize(lowrankDataType_t(t)) : 0;
+}
+
+// Mantissa bits of a floating dtype (10 half, 7 bfloat16, 23 float, 52 double), 0 for others.
+inline int dtypeMantissaBits(int t) {
+  switch (t) {
+    case lowrankFloat16: return 10;
+    case lowrankBfloat16: return 7;
+    case lowrankFloat32: return 23;
+    case lowrankFloat64: return 52;
+    default: return 0;
+  }
+}
+
 const char* dtypeName(lowrankDataType_t t);  // "float", "half", ... as nccl-tests names them
 const char* opName(lowrankRedOp_t op);       // "sum", "prod", "max", "min", "avg"
 
 // True for the dtypes PowerSGD compresses (float32, float16, bfloat16).
-inline bool dtypeCompressible(lowrankDataType_t t) {
+inline bool dtypeCompressible(int t) {
   return t == lowrankFloat32 || t == lowrankFloat16 || t == lowrankBfloat16;
 }
 

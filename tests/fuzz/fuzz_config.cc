@@ -12,6 +12,7 @@
 #include <string>
 
 #include "api/config.h"
+#include "util/env.h"
 #include "util/log.h"
 #include "tests/fuzz/fuzz_input.h"
 
@@ -126,8 +127,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           std::isfinite(cfg.timeoutSec) && cfg.pipelineChunk >= 1 && cfg.orthoEpsilon >= 0);
   }
 
-  api::ShimEnv shim;
-  const Status ss = api::shimEnvFromEnv(&shim);
+  env::ShimEnv shim;
+  const Status ss = env::shimEnv(&shim);
   if (!ss.ok()) {
     CHECK(namesABadOne(ss));
   } else if (shim.enable) {

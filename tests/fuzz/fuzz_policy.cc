@@ -33,7 +33,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::vector<CallKey> pattern(in.range(1, 6));
   auto randomKey = [&] {
     return CallKey{arena + in.range(0, 5), in.byte() >= 32, size_t(1024) * in.range(1, 3),
-                   in.byte() < 32 ? kBfloat16 : kFloat32, kSum};
+                   in.byte() < 32 ? lowrankBfloat16 : lowrankFloat32, kSum};
   };
   for (CallKey& k : pattern) k = randomKey();
   for (size_t step = 0; !in.empty() && step < 400; ++step) {

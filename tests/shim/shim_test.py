@@ -219,9 +219,12 @@ def case_exports(args, tmp):
     shim = nm_defined(args.shim)
     check(entry <= shim, f"liblowrank_nccl.so exports {sorted(entry)}: missing {sorted(entry - shim)}")
     check("lowrankNcclSetBucketLayout" in shim, "liblowrank_nccl.so exports lowrankNcclSetBucketLayout")
+    # The mark by which liblowrank never takes a lowrank shim for the real NCCL (platform/nccl.h).
+    check("lowrankNcclShimMarker" in shim, "liblowrank_nccl.so exports lowrankNcclShimMarker")
     pn = sorted(s for s in shim if s.startswith("pnccl"))
     check(not pn, f"liblowrank_nccl.so exports no pncclX (the real library's own entries): {pn}")
-    others = sorted(s for s in shim if not (s.startswith("nccl") or s == "lowrankNcclSetBucketLayout"))
+    others = sorted(s for s in shim if not (s.startswith("nccl") or
+                                            s in ("lowrankNcclSetBucketLayout", "lowrankNcclShimMarker")))
     check(not others, f"liblowrank_nccl.so exports nothing else (lowrank's internals stay local): "
           f"{others[:8]}")
     und = sorted(s for s in nm_undefined(args.shim) if re.match(r"p?nccl", s))

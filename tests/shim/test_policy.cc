@@ -14,6 +14,9 @@ using namespace lowrank::shim;
 
 namespace {
 
+// NCCL's dtype numbers, as lowrank.h gives them.
+constexpr int kFloat16 = lowrankFloat16, kFloat32 = lowrankFloat32, kBfloat16 = lowrankBfloat16;
+
 // Buffers are distinct addresses; keys are in-place float32 sums unless told.
 char arena[64];
 CallKey key(int buf, size_t count = 1 << 20, int dtype = kFloat32, int op = kSum, bool inPlace = true) {

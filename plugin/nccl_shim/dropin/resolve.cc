@@ -32,10 +32,3 @@ extern "C" __attribute__((visibility("hidden"))) void* lowrank_dropin_resolve(in
   __atomic_store_n(&lowrank_dropin_table[i], f, __ATOMIC_RELEASE);
   return f;
 }
-
-// Tells lowrank's own NCCL resolution (plugin/transport/nccl/nccl_api.cc) whether a real NCCL
-// stands behind this drop-in, so that a communicator made over it fails with an error instead of
-// the process ending at its first forwarded call.
-extern "C" __attribute__((visibility("default"))) int lowrankNcclDropinReady(void) {
-  return lowrank::shim::realHandle() != nullptr;
-}

@@ -1,13 +1,12 @@
 // NcclTransport: argument checks, the failed/aborted state, the NCCL call and the bounded wait.
 #include "transport/nccl/nccl_transport.h"
 
-#include <dlfcn.h>
-
 #include <chrono>
 #include <cstdint>
 #include <mutex>
 #include <thread>
 
+#include "platform/cuda_probe.h"
 #include "transport/reduce.h"
 #include "util/dtype.h"
 #include "util/log.h"
@@ -15,71 +14,14 @@
 namespace lowrank {
 namespace {
 
-// The few CUDA runtime calls the wait needs, found without loading CUDA: in the global scope (a
-// program linked with libcudart), else in a libcudart some library already loaded privately
-// (RTLD_NOLOAD: never loads one). All null when the process has no CUDA runtime.
-struct CudaRuntime {
-  int (*streamQuery)(void* stream) = nullptr;  // cudaSuccess 0, cudaErrorNotReady 600
-  int (*getDevice)(int* device) = nullptr;
-  int (*setDevice)(int device) = nullptr;
-};
 constexpr int kCudaErrorNotReady = 600;
 
-const CudaRuntime& cudaRuntime() {
-  static CudaRuntime rt;
-  static std::once_flag once;
-  std::call_once(once, [] {
-    void* h = RTLD_DEFAULT;
-    if (!dlsym(h, "cudaStreamQuery")) {
-      h = nullptr;
-      for (const char* so : {"libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0", "libcudart.so"})
-        if ((h = dlopen(so, RTLD_LAZY | RTLD_NOLOAD))) break;
-    }
-    if (!h) {
-      // The CUDA driver without a runtime we can reach: a program linked with the static cudart.
-      if (void* driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD)) {
-        dlclose(driver);
-        LR_WARN("NCCL transport: CUDA is in use but no CUDA runtime is reachable (static cudart?); "
-                "host-buffer allreduces over NCCL cannot wait for the stream");
-      } else {
-        LR_INFO("NCCL transport: no CUDA runtime in this process; NCCL calls are taken as synchronous");
-      }
-      return;
-    }
-    rt.streamQuery = reinterpret_cast<int (*)(void*)>(dlsym(h, "cudaStreamQuery"));
-    rt.getDevice = reinterpret_cast<int (*)(int*)>(dlsym(h, "cudaGetDevice"));
-    rt.setDevice = reinterpret_cast<int (*)(int)>(dlsym(h, "cudaSetDevice"));
-  });
-  return rt;
-}
-
-// ncclCommCuDevice is not in nccl::Api (the device engine does not need it); -1 if unavailable.
+// The device of an NCCL communicator (ncclCommCuDevice, optional in the table); -1 if unknown.
 int commDevice(const nccl::Api& api, void* comm) {
-  using Fn = nccl::Result (*)(const void*, int*);
-  void* s = dlsym(api.handle, "pncclCommCuDevice");
-  if (!s) s = dlsym(api.handle, "ncclCommCuDevice");
   int dev = -1;
-  if (!s || reinterpret_cast<Fn>(s)(comm, &dev) != nccl::kSuccess) return -1;
+  if (!api.commCuDevice || api.commCuDevice(comm, &dev) != nccl::kSuccess) return -1;
   return dev;
 }
-
-// Makes `device` current on this thread, and restores the caller's device after.
-class DeviceGuard {
- public:
-  DeviceGuard(const CudaRuntime& rt, int device) : rt_(rt) {
-    if (device >= 0 && rt.getDevice && rt.setDevice && rt.getDevice(&saved_) == 0 && saved_ != device)
-      rt.setDevice(device);
-    else
-      saved_ = -1;
-  }
-  ~DeviceGuard() {
-    if (saved_ >= 0) rt_.setDevice(saved_);
-  }
-
- private:
-  const CudaRuntime& rt_;
-  int saved_ = -1;
-};
 
 }  // namespace
 
@@ -107,7 +49,6 @@ Status NcclTransport::failWith(Status s) {
 }
 
 Status NcclTransport::waitDone() {
-  const CudaRuntime& rt = cudaRuntime();
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeoutSec_);
   for (;;) {
     nccl::Result async = nccl::kSuccess;
@@ -116,9 +57,16 @@ Status NcclTransport::waitDone() {
     if (async != nccl::kSuccess && async != nccl::kInProgress)
       return nccl::fromNccl(*api_, async, "ncclAllReduce (asynchronous error)");
     if (async != nccl::kInProgress) {  // queued (a non-blocking comm says so); now the stream
-      if (!rt.streamQuery) return Status::Ok();
-      const int e = rt.streamQuery(nullptr);
+      const int e = platform::streamQuery(nullptr);
       if (e == 0) return Status::Ok();
+      if (e < 0) {  // no CUDA runtime reachable (none loaded, or a static cudart)
+        static std::once_flag once;
+        std::call_once(once, [] {
+          LR_INFO("NCCL transport: no CUDA runtime reachable in this process; NCCL calls are "
+                  "taken as synchronous");
+        });
+        return Status::Ok();
+      }
       if (e != kCudaErrorNotReady)
         return Status::Error(lowrankUnhandledCudaError, "nccl allreduce: cudaStreamQuery failed (CUDA error %d)", e);
     }
@@ -149,7 +97,7 @@ Status NcclTransport::allreduce(void* buf, size_t count, lowrankDataType_t dtype
   LR_TRACE("nccl: comm rank %d: allreduce of %zu %s (%s)", rank_, count, dtypeName(dtype), opName(op));
   // The null stream is the current device's: make it the communicator's for the call and the
   // wait (the progress thread has no device of its own; the caller's is restored).
-  DeviceGuard device(cudaRuntime(), device_);
+  platform::DeviceGuard device(device_);
   // lowrank's dtype and op numbers are NCCL's.
   nccl::Result r = api_->allReduce(buf, buf, count, int(dtype), int(op), comm_, nullptr);
   if (r != nccl::kSuccess && r != nccl::kInProgress) return failWith(nccl::fromNccl(*api_, r, "ncclAllReduce"));

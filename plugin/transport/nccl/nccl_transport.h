@@ -3,12 +3,12 @@
 // library's own symbols (nccl::Api, so an LD_PRELOAD interposer never sees it), then waited for.
 //
 // Waiting: NCCL queues work on a CUDA stream. When a CUDA runtime is loaded in the process
-// (cudaStreamQuery found in the global scope or in an already-loaded libcudart), the call polls the
+// (platform::streamQuery, plugin/platform/cuda_probe.h), the call polls the
 // null stream on the communicator's device, and ncclCommGetAsyncError beside it, until the work is
 // done; that wait is bounded by timeoutSec (lowrankTimeout) and returns promptly after abort().
 // Without a CUDA runtime there is nothing asynchronous to wait for (NCCL's test double computes on
-// the host and has finished when ncclAllReduce returns); a program with the CUDA driver but only a
-// static cudart cannot be waited for (logged at WARN). The ncclAllReduce call itself is NCCL's
+// the host and has finished when ncclAllReduce returns; logged once at INFO); a program with only a
+// static cudart cannot be waited for either. The ncclAllReduce call itself is NCCL's
 // own: NCCL has no timeout of its own there, so a peer that never joins can hold it (NCCL's way out
 // is ncclCommAbort by the application, which owns the communicator).
 //

@@ -1,0 +1,68 @@
+#include "engine/comm_init.h"
+
+#include <cstring>
+#include <memory>
+
+#include "platform/cuda_probe.h"
+#include "platform/nccl.h"
+#include "transport/bootstrap/bootstrap.h"
+#include "transport/bootstrap/launcher_env.h"
+#include "transport/nccl/nccl_transport.h"
+#include "transport/ucx/ucx_transport.h"
+
+namespace lowrank {
+
+Status makeUniqueId(lowrankUniqueId* id, double timeoutSec) {
+  return bootstrap::makeUniqueId(id, timeoutSec);
+}
+
+Status connectUcx(lowrankComm* c, const lowrankUniqueId& id, int rank, int nranks) {
+  std::unique_ptr<Transport> ucx;
+  LR_RETURN_IF_ERROR(createUcxTransport(id, rank, nranks, c->cfg.timeoutSec, &ucx));
+  c->transport = std::make_unique<AsyncTransport>(std::move(ucx));
+  c->rank = rank;
+  c->nranks = nranks;
+  return Status::Ok();
+}
+
+Status connectNccl(lowrankComm* c, void* ncclComm, bool owned) {
+  c->ncclComm = ncclComm;
+  c->ownsNccl = owned;
+  const nccl::Api* api = nullptr;
+  LR_RETURN_IF_ERROR(nccl::realNccl(&api));
+  std::unique_ptr<NcclTransport> t;
+  LR_RETURN_IF_ERROR(NcclTransport::create(api, ncclComm, c->cfg.timeoutSec, &t));
+  c->rank = t->rank();
+  c->nranks = t->size();
+  c->transport = std::make_unique<AsyncTransport>(std::move(t));
+  return Status::Ok();
+}
+
+Status launcherUniqueId(double timeoutSec, lowrankUniqueId* id, int* rank, int* size) {
+  bootstrap::LauncherEnv env;
+  LR_RETURN_IF_ERROR(bootstrap::readLauncherEnv(&env));
+  LR_RETURN_IF_ERROR(bootstrap::uniqueIdFromLauncherEnv(env, timeoutSec, id));
+  *rank = env.rank;
+  *size = env.size;
+  return Status::Ok();
+}
+
+Status ncclUniqueId(void* id) {
+  const nccl::Api* api = nullptr;
+  LR_RETURN_IF_ERROR(nccl::realNccl(&api));
+  LR_RETURN_IF_ERROR(nccl::requireEntry(*api, api->getUniqueId != nullptr, "ncclGetUniqueId"));
+  return nccl::fromNccl(*api, api->getUniqueId(static_cast<nccl::UniqueId*>(id)), "ncclGetUniqueId");
+}
+
+Status ncclCommInit(void** ncclComm, int nranks, const void* id, int rank) {
+  const nccl::Api* api = nullptr;
+  LR_RETURN_IF_ERROR(nccl::realNccl(&api));
+  LR_RETURN_IF_ERROR(nccl::requireEntry(*api, api->commInitRank != nullptr, "ncclCommInitRank"));
+  nccl::UniqueId uid;
+  std::memcpy(&uid, id, sizeof uid);
+  return nccl::fromNccl(*api, api->commInitRank(ncclComm, nranks, uid, rank), "ncclCommInitRank");
+}
+
+bool isDeviceBuffer(const void* p) { return platform::isDevicePointer(p); }
+
+}  // namespace lowrank

@@ -1,0 +1,33 @@
+// Parsers of LOWRANK_* environment variables, the one place their syntax is defined (docs/
+// environment.md): a malformed value is lowrankInvalidUsage naming the variable, its value and
+// what was expected. Each parser leaves *out alone when the variable is unset or empty.
+// Thread safety: reads the environment (getenv); callers parse once per process or per call.
+#pragma once
+#include <climits>
+#include <cstdint>
+
+#include "util/status.h"
+
+namespace lowrank::env {
+
+Status integer(const char* name, long lo, long hi, int* out);  // decimal, in [lo, hi]
+// A finite number >= lo (> lo when loOpen).
+Status number(const char* name, double lo, bool loOpen, double* out);
+Status boolean(const char* name, bool* out);  // 0/1, true/false, yes/no, on/off
+// Decimal digits only, in [0, max] (no sign, no octal, no hexadecimal).
+Status unsignedInteger(const char* name, uint64_t* out, unsigned long long max = ULLONG_MAX);
+// LOWRANK_DEBUG is one of NONE, VERSION, WARN, INFO, TRACE (any case) when set.
+Status checkDebug();
+
+// The NCCL shim's variables (docs/environment.md): LOWRANK_ENABLE (boolean, default 1),
+// LOWRANK_MIN_BYTES (bytes, default 1 MiB) and LOWRANK_START_ITER, which there counts identical
+// repetitions of a communicator's call sequence before compression starts (default 2). The shim
+// reads them through liblowrank's services (lowrankServices_t.shimSettings), parsed once.
+struct ShimEnv {
+  bool enable = true;
+  uint64_t minBytes = uint64_t(1) << 20;
+  int startIter = 2;
+};
+Status shimEnv(ShimEnv* out);
+
+}  // namespace lowrank::env
