@@ -5,8 +5,10 @@
 #include <vector>
 
 #include "engine/communicator.h"
-#include "engine/device_backend.h"
+#include "engine/device_engine.h"
 #include "engine/powersgd.h"
+#include "platform/cuda_probe.h"
+#include "platform/nccl.h"
 #include "util/dtype.h"
 #include "util/log.h"
 
@@ -113,18 +115,17 @@ Status compressedAllReduce(lowrankComm* comm, const void* send, void* recv, size
 }
 
 
-// Device buffers: the CUDA backend, made at the first device buffer of the communicator.
+// Device buffers: the device engine (device_engine.h), made at the first device buffer of the
+// communicator; it loads the CUDA backend.
 Status deviceAllReduce(lowrankComm* comm, const void* send, void* recv, size_t count,
                        lowrankDataType_t dtype, lowrankRedOp_t op, void* stream, bool compress) {
   if (!comm->ncclComm)
     return Status::Error(lowrankInvalidUsage,
                          "device buffers need a communicator made by lowrankCommInitFromNccl "
                          "(this one moves host memory only)");
-  const DeviceBackend* backend = nullptr;
-  LR_RETURN_IF_ERROR(deviceBackend(&backend));
   // CUDA graph capture: a compressed call would change per-buffer state that a replay never sees,
   // so it is refused; an uncompressed call is NCCL's own, which NCCL lets the graph capture.
-  if (backend->streamCapturing(stream)) {
+  if (platform::streamCapturing(stream)) {
     if (compress)
       return Status::Error(lowrankInvalidUsage,
                            "device buffer %p: a compressed allreduce cannot be captured into a "
@@ -137,12 +138,11 @@ Status deviceAllReduce(lowrankComm* comm, const void* send, void* recv, size_t c
   }
   if (!comm->device) {
     DeviceCommDesc d;
-    LR_RETURN_IF_ERROR(nccl::realNccl(&d.nccl));
     d.ncclComm = comm->ncclComm;
     d.rank = comm->rank;
     d.nranks = comm->nranks;
     d.cfg = comm->cfg;
-    LR_RETURN_IF_ERROR(backend->createEngine(d, &comm->device));
+    LR_RETURN_IF_ERROR(DeviceEngine::create(d, &comm->device));
   }
   const BufferState* st = comm->buffers.find(recv);
   return comm->device->allReduce(send, recv, count, dtype, op, stream,

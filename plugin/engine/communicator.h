@@ -8,7 +8,7 @@
 #include <string>
 
 #include "engine/buffer_state.h"
-#include "engine/device_backend.h"
+#include "engine/device_engine.h"
 #include "engine/engine_config.h"
 #include "transport/async_transport.h"
 

@@ -24,10 +24,23 @@ std::string backendPath() {
   return "liblowrank_cuda.so";
 }
 
+// The version of the table a library exports, for the message: the newest of the symbols
+// lowrankCudaBackendV<n> it has (a table starts with its version), else that of the C++ table
+// of versions 1 and 2 (`lowrankCudaBackend`, an int first), or -1 for none.
+int exportedVersion(void* h) {
+  for (int v = LOWRANK_CUDA_BACKEND_VERSION + 8; v >= 1; --v) {
+    const std::string name = "lowrankCudaBackendV" + std::to_string(v);
+    if (const auto* t = static_cast<const lowrankCudaBackend_t*>(dlsym(h, name.c_str())))
+      return int(t->version);
+  }
+  if (const auto* legacy = static_cast<const int*>(dlsym(h, "lowrankCudaBackend"))) return *legacy;
+  return -1;
+}
+
 }  // namespace
 
-Status deviceBackend(const DeviceBackend** out) {
-  static const DeviceBackend* backend = nullptr;
+Status deviceBackend(const lowrankCudaBackend_t** out) {
+  static const lowrankCudaBackend_t* backend = nullptr;
   static Status status;
   static std::once_flag once;
   std::call_once(once, [] {
@@ -40,14 +53,19 @@ Status deviceBackend(const DeviceBackend** out) {
                              path.c_str(), dlerror());
       return;
     }
-    auto* b = static_cast<const DeviceBackend*>(dlsym(h, "lowrankCudaBackend"));
-    if (!b || b->abi != kDeviceBackendAbi) {
+    const auto* b = static_cast<const lowrankCudaBackend_t*>(dlsym(h, LOWRANK_CUDA_BACKEND_SYMBOL));
+    if (!b || b->version != LOWRANK_CUDA_BACKEND_VERSION || b->size < sizeof(lowrankCudaBackend_t)) {
+      const int found = b ? int(b->version) : exportedVersion(h);
       status = Status::Error(lowrankSystemError,
-                             "%s is not a lowrank CUDA backend of this version (ABI %d, want %d)",
-                             path.c_str(), b ? b->abi : -1, kDeviceBackendAbi);
+                             "%s is not a lowrank CUDA backend of this version: it has table "
+                             "version %d%s, this liblowrank needs version %d (%s); use the "
+                             "liblowrank_cuda.so built with this liblowrank",
+                             path.c_str(), found, found < 0 ? " (none)" : "",
+                             LOWRANK_CUDA_BACKEND_VERSION, LOWRANK_CUDA_BACKEND_SYMBOL);
+      dlclose(h);
       return;
     }
-    LR_INFO("CUDA backend loaded: %s", path.c_str());
+    LR_INFO("CUDA backend loaded: %s (table version %u)", path.c_str(), b->version);
     backend = b;
   });
   if (!status.ok()) return status;

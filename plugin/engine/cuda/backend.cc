@@ -1,18 +1,172 @@
-// The entry of liblowrank_cuda.so: the table liblowrank looks up with dlsym.
-#include "engine/cuda/cuda_engine.h"
-
+// The entry of liblowrank_cuda.so: the plain-C table liblowrank looks up with dlsym
+// (abi/cuda_backend.h), over the device state and schedule of this folder. Logging goes through
+// liblowrank's services table (abi/services.h): one logging state per process.
 #include <cuda_runtime_api.h>
 
+#include <cstdio>
+#include <cstdlib>
+#include <new>
+
+#include "abi/cuda_backend.h"
+#include "abi/plugin_log.h"
+#include "abi/services.h"
+#include "engine/cuda/cuda_status.h"
+#include "engine/cuda/device_schedule.h"
+#include "engine/cuda/device_state.h"
+
+struct lowrankCudaComm {
+  lowrank::cuda::DeviceComm dc;
+};
+struct lowrankCudaState {
+  lowrank::cuda::DeviceBuffer b;
+};
+
+namespace lowrank::plugin {
+
+// liblowrank's services (the library that loaded this one): asked once. Without them the backend
+// cannot log; commCreate refuses to start, so this is reached only with them.
+const lowrankServices_t& pluginServices() {
+  static const lowrankServices_t* services = [] {
+    const lowrankServices_t* s = lowrankGetServices(LOWRANK_SERVICES_VERSION);
+    if (!s) {
+      fprintf(stderr, "liblowrank_cuda: the liblowrank of this process serves no services table "
+                      "of version %d (a CUDA backend from another build?)\n",
+              LOWRANK_SERVICES_VERSION);
+      abort();
+    }
+    return s;
+  }();
+  return *services;
+}
+
+}  // namespace lowrank::plugin
+
+namespace lowrank::cuda {
 namespace {
 
-bool streamCapturing(void* stream) {
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  return cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &status) == cudaSuccess &&
-         status != cudaStreamCaptureStatusNone;
+int commCreate(const lowrankRealNccl_t* nccl, void* ncclComm, int nranks, lowrankCudaComm_t** out,
+               int* device, lowrankCudaError_t* error) {
+  if (!lowrankGetServices(LOWRANK_SERVICES_VERSION))
+    return Err::Fail(lowrankSystemError,
+                     "the CUDA backend needs liblowrank's services table version %d, which the "
+                     "loaded liblowrank does not serve (a backend from another build?)",
+                     LOWRANK_SERVICES_VERSION)
+        .report(error);
+  auto* c = new (std::nothrow) lowrankCudaComm();
+  if (!c) return Err::Fail(lowrankSystemError, "out of host memory").report(error);
+  DeviceComm& dc = c->dc;
+  dc.api = nccl;
+  dc.comm = ncclComm;
+  dc.nranks = nranks;
+  const Err s = [&]() -> Err {
+    LR_CUDA(cudaGetDevice(&dc.device));
+    LR_CUDA(cudaStreamCreateWithFlags(&dc.stream, cudaStreamNonBlocking));
+    LR_CUDA(cudaMalloc(reinterpret_cast<void**>(&dc.planCheck), 3 * sizeof(uint64_t)));
+    return Err::Ok();
+  }();
+  if (!s.ok()) {
+    if (dc.stream) cudaStreamDestroy(dc.stream);
+    delete c;
+    return s.report(error);
+  }
+  *out = c;
+  *device = dc.device;
+  return lowrankSuccess;
+}
+
+void commDestroy(lowrankCudaComm_t* c) {
+  if (!c) return;
+  DeviceComm& dc = c->dc;
+  if (dc.stream) {
+    cudaStreamSynchronize(dc.stream);
+    cudaStreamDestroy(dc.stream);
+  }
+  if (dc.planCheck) cudaFree(dc.planCheck);
+  delete c;
+}
+
+int planCheck(lowrankCudaComm_t* c, uint64_t words[3], lowrankCudaError_t* error) {
+  const DeviceComm& dc = c->dc;
+  const Err s = [&]() -> Err {
+    (void)cudaGetLastError();  // an error the application left in the runtime is not ours
+    LR_CUDA(cudaMemcpy(dc.planCheck, words, 3 * sizeof(uint64_t), cudaMemcpyHostToDevice));
+    LR_TRY(fromNccl(dc.api->allReduce(dc.planCheck, dc.planCheck, 3, lowrankUint64, lowrankMax,
+                                      dc.comm, dc.stream),
+                    "ncclAllReduce (plan check)"));
+    LR_CUDA(cudaStreamSynchronize(dc.stream));
+    LR_CUDA(cudaMemcpy(words, dc.planCheck, 3 * sizeof(uint64_t), cudaMemcpyDeviceToHost));
+    return Err::Ok();
+  }();
+  return s.report(error);
+}
+
+int exactAllReduce(lowrankCudaComm_t* c, const void* send, void* recv, size_t count, int dtype,
+                   int op, void* stream, lowrankCudaError_t* error) {
+  const DeviceComm& dc = c->dc;
+  (void)cudaGetLastError();  // an error the application left in the runtime is not ours
+  return fromNccl(dc.api->allReduce(send, recv, count, dtype, op, dc.comm, stream), "ncclAllReduce")
+      .report(error);
+}
+
+int stateCreate(lowrankCudaComm_t*, const lowrankCudaPlan_t* plan, lowrankCudaState_t** out,
+                uint64_t* bytes, lowrankCudaError_t* error) {
+  auto* st = new (std::nothrow) lowrankCudaState();
+  if (!st) return Err::Fail(lowrankSystemError, "out of host memory").report(error);
+  const Err s = st->b.allocate(*plan);  // frees what it allocated on failure
+  if (!s.ok()) {
+    delete st;
+    return s.report(error);
+  }
+  *out = st;
+  *bytes = st->b.bytes;
+  return lowrankSuccess;
+}
+
+void stateDestroy(lowrankCudaState_t* st) {
+  if (!st) return;
+  st->b.release();
+  delete st;
+}
+
+int runCompressed(lowrankCudaComm_t* c, lowrankCudaState_t* st, const void* send, void* recv,
+                  int op, const float* freshQ, void* stream, lowrankCudaError_t* error) {
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  DeviceBuffer& b = st->b;
+  const Err r = [&]() -> Err {
+    // An error left in the runtime's per-thread slot by the application's own calls would
+    // surface at our first launch check: clear it, it is not ours.
+    (void)cudaGetLastError();
+    LR_CUDA(cudaStreamWaitEvent(s, b.done, 0));  // the buffer's last call, on whatever stream
+    return runCompressedOnDevice(b, c->dc, send, recv, lowrankRedOp_t(op), freshQ, s);
+  }();
+  return r.report(error);
+}
+
+uint32_t collectChecks(lowrankCudaState_t* st, int wait, uint32_t* opMismatches) {
+  DeviceBuffer& b = st->b;
+  const size_t n = wait == lowrankCudaCollectAll ? SIZE_MAX
+                   : wait == lowrankCudaCollectForRoom && b.checksPending == DeviceBuffer::kCheckSlots
+                       ? 1
+                       : 0;
+  uint32_t mismatches = 0;
+  const uint32_t rejected = b.collectChecks(n, &mismatches);
+  if (opMismatches) *opMismatches = mismatches;
+  return rejected;
 }
 
 }  // namespace
+}  // namespace lowrank::cuda
 
 extern "C" __attribute__((visibility("default")))
-const lowrank::DeviceBackend lowrankCudaBackend = {
-    lowrank::kDeviceBackendAbi, &lowrank::cuda::CudaEngine::create, &streamCapturing};
+const lowrankCudaBackend_t lowrankCudaBackendV3 = {
+    LOWRANK_CUDA_BACKEND_VERSION,
+    sizeof(lowrankCudaBackend_t),
+    &lowrank::cuda::commCreate,
+    &lowrank::cuda::commDestroy,
+    &lowrank::cuda::planCheck,
+    &lowrank::cuda::exactAllReduce,
+    &lowrank::cuda::stateCreate,
+    &lowrank::cuda::stateDestroy,
+    &lowrank::cuda::runCompressed,
+    &lowrank::cuda::collectChecks,
+};

@@ -1,57 +1,47 @@
 #include "engine/cuda/device_schedule.h"
 
-#include "engine/cuda/cuda_status.h"
-#include "kernels/host/orthonormalize.h"
-#include "kernels/host/random.h"
+#include <cstring>
 
 namespace lowrank::cuda {
 namespace {
 
 // An NCCL sum allreduce of float32 in place on the communication stream, after `ready`.
-Status reduceOn(const DeviceComm& dc, float* x, size_t count, cudaEvent_t ready, cudaEvent_t reduced) {
+Err reduceOn(const DeviceComm& dc, float* x, size_t count, cudaEvent_t ready, cudaEvent_t reduced) {
   LR_CUDA(cudaStreamWaitEvent(dc.stream, ready, 0));
   if (count)
-    LR_RETURN_IF_ERROR(nccl::fromNccl(*dc.api,
-                                      dc.api->allReduce(x, x, count, lowrankFloat32, lowrankSum,
-                                                        dc.comm, dc.stream),
-                                      "ncclAllReduce of PowerSGD factors"));
+    LR_TRY(fromNccl(dc.api->allReduce(x, x, count, lowrankFloat32, lowrankSum, dc.comm, dc.stream),
+                    "ncclAllReduce of PowerSGD factors"));
   LR_CUDA(cudaEventRecord(reduced, dc.stream));
-  return Status::Ok();
+  return Err::Ok();
 }
 
-// Q for this call, as phases::prepareQ: a fresh draw (the same numbers as the host engine, drawn
-// and orthonormalized on the host, then copied) or the last call's Qbar orthonormalized on the
-// device (warm start).
-Status prepareQ(DeviceBuffer& b, const EngineConfig& cfg, cudaStream_t s) {
-  const Plan& pl = b.plan;
-  if (b.haveQ && cfg.warmStart) {
-    LR_CUDA(orthonormalize(b.orthoQ, b.qt, cfg.orthoEpsilon, s));
-    return Status::Ok();
+// Q for this call, as phases::prepareQ: a fresh draw (liblowrank's, the same numbers as the host
+// engine, orthonormalized on the host; staged in pinned memory, then copied) or the last call's
+// Qbar orthonormalized on the device (warm start).
+Err prepareQ(DeviceBuffer& b, const float* freshQ, cudaStream_t s) {
+  const DevicePlan& pl = b.plan;
+  if (!freshQ) {
+    LR_CUDA(orthonormalize(b.orthoQ, b.qt, pl.orthoEpsilon, s));
+    return Err::Ok();
   }
   LR_CUDA(cudaEventSynchronize(b.qCopied));  // hostQ is free again (rare: a fresh draw)
-  for (size_t i = 0; i < pl.tensors.size(); ++i) {
-    const TensorPlan& t = pl.tensors[i];
-    if (!t.compressed) continue;
-    float* q = b.hostQ + t.qOffset;
-    host::fillNormal(q, size_t(t.k) * t.view.cols, cfg.seed, (b.calls << 20) ^ i);
-    host::orthonormalize(q, t.view.cols, t.k, 1, t.view.cols, cfg.orthoEpsilon);
-  }
+  std::memcpy(b.hostQ, freshQ, pl.qElems * sizeof(float));
   LR_CUDA(cudaMemcpyAsync(b.qt, b.hostQ, pl.qElems * sizeof(float), cudaMemcpyHostToDevice, s));
   LR_CUDA(cudaEventRecord(b.qCopied, s));
-  return Status::Ok();
+  return Err::Ok();
 }
 
 }  // namespace
 
-Status runCompressedOnDevice(DeviceBuffer& b, const EngineConfig& cfg, const DeviceComm& dc,
-                             const void* send, void* recv, lowrankRedOp_t op, cudaStream_t s) {
-  const Plan& pl = b.plan;
+Err runCompressedOnDevice(DeviceBuffer& b, const DeviceComm& dc, const void* send, void* recv,
+                          lowrankRedOp_t op, const float* freshQ, cudaStream_t s) {
+  const DevicePlan& pl = b.plan;
   const int N = dc.nranks;
   float* p = b.payload + pl.pBase();
   float* checks = b.payload + pl.flagIndex();
   const float opCode = op == lowrankSum ? 1.f : 2.f;
 
-  LR_RETURN_IF_ERROR(prepareQ(b, cfg, s));
+  LR_TRY(prepareQ(b, freshQ, s));
   LR_CUDA(cudaMemsetAsync(checks, 0, sizeof(float), s));
   LR_CUDA(setFloat(checks + 1, opCode, s));
 
@@ -59,7 +49,7 @@ Status runCompressedOnDevice(DeviceBuffer& b, const EngineConfig& cfg, const Dev
   if (pl.exactElems) {
     LR_CUDA(packExact(b.exact, send, pl.dtype, b.payload, checks, s));
     LR_CUDA(cudaEventRecord(b.done, s));  // reused as "exact part packed"
-    LR_RETURN_IF_ERROR(reduceOn(dc, b.payload, pl.exactElems, b.done, b.exactReduced));
+    LR_TRY(reduceOn(dc, b.payload, pl.exactElems, b.done, b.exactReduced));
   }
 
   // Pass 1 by row blocks; each P chunk is reduced as soon as it is computed. The last carries
@@ -68,7 +58,7 @@ Status runCompressedOnDevice(DeviceBuffer& b, const EngineConfig& cfg, const Dev
     PChunkState& ch = b.pChunks[c];
     LR_CUDA(errorFeedbackAndP(ch.blocks, send, pl.dtype, b.e, b.qt, p, checks, s));
     LR_CUDA(cudaEventRecord(ch.computed, s));
-    LR_RETURN_IF_ERROR(reduceOn(dc, b.payload + pl.pChunks[c].offset, pl.pChunks[c].count,
+    LR_TRY(reduceOn(dc, b.payload + pl.pChunks[c].offset, pl.pChunks[c].count,
                                 ch.computed, ch.reduced));
   }
 
@@ -77,11 +67,11 @@ Status runCompressedOnDevice(DeviceBuffer& b, const EngineConfig& cfg, const Dev
     QChunkState& ch = b.qChunks[c];
     if (ch.ortho) {
       LR_CUDA(cudaStreamWaitEvent(s, b.pChunks[ch.waitPChunk].reduced, 0));
-      LR_CUDA(orthonormalize(ch.ortho, p, cfg.orthoEpsilon, s));
+      LR_CUDA(orthonormalize(ch.ortho, p, pl.orthoEpsilon, s));
     }
     LR_CUDA(computeQ(ch.blocks, send, pl.dtype, b.e, p, b.wire, s));
     LR_CUDA(cudaEventRecord(ch.computed, s));
-    LR_RETURN_IF_ERROR(reduceOn(dc, b.wire + pl.qChunks[c].offset, pl.qChunks[c].count,
+    LR_TRY(reduceOn(dc, b.wire + pl.qChunks[c].offset, pl.qChunks[c].count,
                                 ch.computed, ch.reduced));
   }
 
@@ -113,8 +103,7 @@ Status runCompressedOnDevice(DeviceBuffer& b, const EngineConfig& cfg, const Dev
   }
   LR_CUDA(scatterQ(b.scatter, b.wire, b.qt, checks, expectedOp, s));
   LR_CUDA(cudaEventRecord(b.done, s));
-  b.haveQ = true;
-  return Status::Ok();
+  return Err::Ok();
 }
 
 }  // namespace lowrank::cuda

@@ -3,27 +3,25 @@
 #include <algorithm>
 #include <mutex>
 
-#include "engine/cuda/cuda_status.h"
-#include "engine/phases.h"
+#include "abi/plugin_log.h"
 #include "kernels/cuda/dense_qr.h"
-#include "util/log.h"
 
 namespace lowrank::cuda {
 namespace {
 
 template <typename T>
-Status deviceAlloc(T** p, size_t count, size_t* bytes) {
-  if (count == 0) return Status::Ok();
+Err deviceAlloc(T** p, size_t count, size_t* bytes) {
+  if (count == 0) return Err::Ok();
   LR_CUDA(cudaMalloc(reinterpret_cast<void**>(p), count * sizeof(T)));
   *bytes += count * sizeof(T);
-  return Status::Ok();
+  return Err::Ok();
 }
 
 // Once per process, where a plan has a rank above 32: which orthonormalization serves it.
-void reportDenseQr(const Plan& pl) {
+void reportDenseQr(const lowrankCudaPlan_t& pl) {
   static std::once_flag once;
-  if (std::none_of(pl.tensors.begin(), pl.tensors.end(),
-                   [](const TensorPlan& t) { return t.compressed && t.k > 32; }))
+  if (std::none_of(pl.tensors, pl.tensors + pl.nTensors,
+                   [](const lowrankCudaTensor_t& t) { return t.compressed && t.k > 32; }))
     return;
   std::call_once(once, [] {
     const char* why = nullptr;
@@ -35,33 +33,33 @@ void reportDenseQr(const Plan& pl) {
   });
 }
 
-Status event(cudaEvent_t* e) {
+Err event(cudaEvent_t* e) {
   LR_CUDA(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
-  return Status::Ok();
+  return Err::Ok();
 }
 
-BlockDesc rowBlockDesc(const TensorPlan& t, const RowBlock& rb, int N) {
-  const size_t ld = t.view.stride(), skip = rb.r0 * ld;
+BlockDesc rowBlockDesc(const lowrankCudaTensor_t& t, const lowrankCudaRowBlock_t& rb) {
+  const size_t ld = t.ld, skip = rb.r0 * ld;
   BlockDesc d;
   d.offset = t.offset + skip;
-  d.valid = t.view.valid > skip ? t.view.valid - skip : 0;
+  d.valid = t.valid > skip ? t.valid - skip : 0;
   d.ld = ld;
   d.rows = uint32_t(rb.r1 - rb.r0);
-  d.cols = uint32_t(t.view.cols);
+  d.cols = uint32_t(t.cols);
   d.k = uint32_t(t.k);
   d.p = t.pOffset + rb.r0 * size_t(t.k);
   d.qt = t.qOffset;
-  d.qld = t.view.cols;
-  d.limit = phases::overflowLimit(t, N);
+  d.qld = t.cols;
+  d.limit = t.limit;
   return d;
 }
 
-BlockDesc colBlockDesc(const TensorPlan& t, const ColBlock& cb) {
+BlockDesc colBlockDesc(const lowrankCudaTensor_t& t, const lowrankCudaColBlock_t& cb) {
   BlockDesc d;
   d.offset = t.offset + cb.c0;
-  d.valid = t.view.valid > cb.c0 ? t.view.valid - cb.c0 : 0;
-  d.ld = t.view.stride();
-  d.rows = uint32_t(t.view.rows);
+  d.valid = t.valid > cb.c0 ? t.valid - cb.c0 : 0;
+  d.ld = t.ld;
+  d.rows = uint32_t(t.rows);
   d.cols = uint32_t(cb.c1 - cb.c0);
   d.k = uint32_t(t.k);
   d.p = t.pOffset;
@@ -70,77 +68,86 @@ BlockDesc colBlockDesc(const TensorPlan& t, const ColBlock& cb) {
   return d;
 }
 
-OrthoDesc pOrtho(const TensorPlan& t) {
-  return OrthoDesc{t.pOffset, t.view.rows, uint32_t(t.k), uint64_t(t.k), 1};
+OrthoDesc pOrtho(const lowrankCudaTensor_t& t) {
+  return OrthoDesc{t.pOffset, t.rows, uint32_t(t.k), uint64_t(t.k), 1};
 }
 
 }  // namespace
 
-Status DeviceBuffer::allocate(const Plan& pl, bool errorFeedback, int N) {
-  Status s = [&]() -> Status {
-    if (errorFeedback) LR_RETURN_IF_ERROR(deviceAlloc(&e, pl.count, &bytes));
-    LR_RETURN_IF_ERROR(deviceAlloc(&payload, pl.payloadElems(), &bytes));
-    LR_RETURN_IF_ERROR(deviceAlloc(&qt, pl.qElems, &bytes));
-    LR_RETURN_IF_ERROR(deviceAlloc(&wire, pl.qElems, &bytes));
+Err DeviceBuffer::allocate(const lowrankCudaPlan_t& pl) {
+  plan.count = pl.count;
+  plan.dtype = lowrankDataType_t(pl.dtype);
+  plan.orthoEpsilon = pl.orthoEpsilon;
+  plan.exactElems = pl.exactElems;
+  plan.pElems = pl.pElems;
+  plan.qElems = pl.qElems;
+  plan.pChunks.assign(pl.pChunks, pl.pChunks + pl.nPChunks);
+  plan.qChunks.assign(pl.qChunks, pl.qChunks + pl.nQChunks);
+  Err s = [&]() -> Err {
+    if (pl.errorFeedback) LR_TRY(deviceAlloc(&e, pl.count, &bytes));
+    LR_TRY(deviceAlloc(&payload, plan.payloadElems(), &bytes));
+    LR_TRY(deviceAlloc(&qt, pl.qElems, &bytes));
+    LR_TRY(deviceAlloc(&wire, pl.qElems, &bytes));
     LR_CUDA(cudaMallocHost(reinterpret_cast<void**>(&hostQ), std::max<size_t>(pl.qElems, 1) * sizeof(float)));
     LR_CUDA(cudaMallocHost(reinterpret_cast<void**>(&hostChecks), kCheckSlots * 2 * sizeof(float)));
-    for (cudaEvent_t* ev : {&exactReduced, &qCopied, &done}) LR_RETURN_IF_ERROR(event(ev));
-    for (cudaEvent_t& ev : checksCopied) LR_RETURN_IF_ERROR(event(&ev));
+    for (cudaEvent_t* ev : {&exactReduced, &qCopied, &done}) LR_TRY(event(ev));
+    for (cudaEvent_t& ev : checksCopied) LR_TRY(event(&ev));
 
     std::vector<ExactDesc> exacts;
     std::vector<OrthoDesc> qOrtho;
-    for (const TensorPlan& t : pl.tensors) {
+    for (size_t i = 0; i < pl.nTensors; ++i) {
+      const lowrankCudaTensor_t& t = pl.tensors[i];
       if (!t.compressed) exacts.push_back({t.offset, t.numel, t.exactOffset});
-      else qOrtho.push_back({t.qOffset, t.view.cols, uint32_t(t.k), 1, t.view.cols});
+      else qOrtho.push_back({t.qOffset, t.cols, uint32_t(t.k), 1, t.cols});
     }
     LR_CUDA(createExactTable(exacts.data(), exacts.size(), &exact));
     reportDenseQr(pl);
     LR_CUDA(createOrthoTable(qOrtho.data(), qOrtho.size(), &orthoQ));
 
-    pChunks.resize(pl.pChunks.size());
-    for (size_t c = 0; c < pl.pChunks.size(); ++c) {
+    pChunks.resize(pl.nPChunks);
+    for (size_t c = 0; c < pl.nPChunks; ++c) {
       std::vector<BlockDesc> blocks;
       for (size_t b = pl.pChunks[c].first; b < pl.pChunks[c].last; ++b) {
-        const RowBlock& rb = pl.rowBlocks[b];
-        blocks.push_back(rowBlockDesc(pl.tensors[rb.tensor], rb, N));
+        const lowrankCudaRowBlock_t& rb = pl.rowBlocks[b];
+        blocks.push_back(rowBlockDesc(pl.tensors[rb.tensor], rb));
       }
       LR_CUDA(createBlockTable(blocks.data(), blocks.size(), &pChunks[c].blocks));
-      LR_RETURN_IF_ERROR(event(&pChunks[c].computed));
-      LR_RETURN_IF_ERROR(event(&pChunks[c].reduced));
+      LR_TRY(event(&pChunks[c].computed));
+      LR_TRY(event(&pChunks[c].reduced));
     }
 
     // Q chunks: the blocks, and the tensors whose P is first needed by this chunk.
-    std::vector<char> seen(pl.tensors.size(), 0);
+    std::vector<char> seen(pl.nTensors, 0);
     std::vector<BlockDesc> all;
     std::vector<uint64_t> dstOffset, dstLd;
-    qChunks.resize(pl.qChunks.size());
-    for (size_t c = 0; c < pl.qChunks.size(); ++c) {
+    qChunks.resize(pl.nQChunks);
+    for (size_t c = 0; c < pl.nQChunks; ++c) {
       QChunkState& q = qChunks[c];
       std::vector<BlockDesc> blocks;
       std::vector<OrthoDesc> first;
       for (size_t b = pl.qChunks[c].first; b < pl.qChunks[c].last; ++b) {
-        const ColBlock& cb = pl.colBlocks[b];
-        const TensorPlan& t = pl.tensors[cb.tensor];
+        const lowrankCudaColBlock_t& cb = pl.colBlocks[b];
+        const lowrankCudaTensor_t& t = pl.tensors[cb.tensor];
         blocks.push_back(colBlockDesc(t, cb));
         all.push_back(blocks.back());
         dstOffset.push_back(t.qOffset + cb.c0);
-        dstLd.push_back(t.view.cols);
+        dstLd.push_back(t.cols);
         if (!seen[cb.tensor]) {
           seen[cb.tensor] = 1;
           first.push_back(pOrtho(t));
-          q.waitPChunk = q.waitPChunk == SIZE_MAX ? t.lastPChunk : std::max(q.waitPChunk, t.lastPChunk);
+          q.waitPChunk = q.waitPChunk == SIZE_MAX ? t.lastPChunk : std::max<size_t>(q.waitPChunk, t.lastPChunk);
         }
       }
       LR_CUDA(createBlockTable(blocks.data(), blocks.size(), &q.blocks));
       if (!first.empty()) LR_CUDA(createOrthoTable(first.data(), first.size(), &q.ortho));
-      LR_RETURN_IF_ERROR(event(&q.computed));
-      LR_RETURN_IF_ERROR(event(&q.reduced));
+      LR_TRY(event(&q.computed));
+      LR_TRY(event(&q.reduced));
     }
     LR_CUDA(createScatterTable(all.data(), dstOffset.data(), dstLd.data(), all.size(), &scatter));
     // The factor buffers start at zero, as on the host (padding of P is never written by pass 1).
-    LR_CUDA(cudaMemset(payload, 0, pl.payloadElems() * sizeof(float)));
+    LR_CUDA(cudaMemset(payload, 0, plan.payloadElems() * sizeof(float)));
     if (e) LR_CUDA(cudaMemset(e, 0, pl.count * sizeof(float)));
-    return Status::Ok();
+    return Err::Ok();
   }();
   if (!s.ok()) release();
   return s;
@@ -167,7 +174,30 @@ void DeviceBuffer::release() {
   }
   for (cudaEvent_t ev : {exactReduced, qCopied, done}) if (ev) cudaEventDestroy(ev);
   for (cudaEvent_t ev : checksCopied) if (ev) cudaEventDestroy(ev);
-  *this = DeviceBuffer();  // checks still pending are dropped (CudaEngine collects them first)
+  *this = DeviceBuffer();  // checks still pending are dropped (the engine collects them first)
+}
+
+uint32_t DeviceBuffer::collectChecks(size_t wait, uint32_t* opMismatches) {
+  uint32_t rejected = 0;
+  *opMismatches = 0;
+  for (size_t n = 0; checksPending; ++n) {
+    const size_t i = checksFirst;
+    const cudaError_t r =
+        n < wait ? cudaEventSynchronize(checksCopied[i]) : cudaEventQuery(checksCopied[i]);
+    if (r == cudaErrorNotReady) break;
+    if (r != cudaSuccess) {  // the device failed: these checks never arrive (the calls say so)
+      checksPending = 0;
+      break;
+    }
+    checksFirst = (i + 1) % kCheckSlots;
+    --checksPending;
+    const float* checks = hostChecks + 2 * i;
+    if (checks[0] != 0.f || checks[1] != expectedOp[i]) {
+      ++rejected;
+      if (checks[1] != expectedOp[i]) ++*opMismatches;
+    }
+  }
+  return rejected;
 }
 
 }  // namespace lowrank::cuda

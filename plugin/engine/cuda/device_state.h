@@ -1,17 +1,32 @@
-// The state of one device buffer: its plan (made on the host, as for host buffers), the device
-// memory of its residual and factors, the launch tables of its chunks, and the events that chain
-// the compute (the caller's stream) with the communication stream. Owned by CudaEngine.
+// The state of one device buffer: what the device needs of its plan (made by liblowrank and
+// described in plain C, abi/cuda_backend.h), the device memory of its residual and factors, the
+// launch tables of its chunks, and the events that chain the compute (the caller's stream) with the
+// communication stream. Behind the table's lowrankCudaState_t.
 #pragma once
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
 #include <vector>
 
-#include "engine/plan.h"
+#include "abi/cuda_backend.h"
+#include "engine/cuda/cuda_status.h"
 #include "kernels/cuda/powersgd_kernels.h"
-#include "util/status.h"
 
 namespace lowrank::cuda {
+
+// The plan's numbers that the calls use (the tensors and blocks serve only to build the tables).
+struct DevicePlan {
+  size_t count = 0;
+  lowrankDataType_t dtype = lowrankFloat32;
+  double orthoEpsilon = 0;
+  size_t exactElems = 0, pElems = 0, qElems = 0;
+  std::vector<lowrankCudaChunk_t> pChunks, qChunks;
+
+  // payload = [exact part | P | non-finite count | op], as liblowrank's Plan.
+  size_t pBase() const { return exactElems; }
+  size_t flagIndex() const { return exactElems + pElems; }
+  size_t payloadElems() const { return exactElems + pElems + 2; }
+};
 
 // Per P chunk and per Q chunk: the blocks of one launch, and the events around its allreduce.
 struct PChunkState {
@@ -26,17 +41,13 @@ struct QChunkState {
 };
 
 struct DeviceBuffer {
-  Plan plan;
-  bool planned = false;
-  bool exactOnly = false;  // some comm rank could not allocate: every call is exact
-  uint64_t calls = 0;      // calls since the plan was made
-  bool haveQ = false;      // qt holds a Qbar (warm start)
+  DevicePlan plan;
 
   float* e = nullptr;        // residual E (count floats), null without error feedback
   float* payload = nullptr;  // exact part | P | non-finite count | op
   float* qt = nullptr;       // Qt of every compressed tensor (whole-tensor layout)
   float* wire = nullptr;     // Qt by column blocks, as the Q chunks travel
-  float* hostQ = nullptr;    // pinned: a fresh initial Q drawn on the host
+  float* hostQ = nullptr;    // pinned: a fresh initial Q, staged for its copy to the device
 
   ExactTable* exact = nullptr;
   OrthoTable* orthoQ = nullptr;   // every compressed tensor's Qt (warm start)
@@ -57,10 +68,15 @@ struct DeviceBuffer {
   size_t checksFirst = 0, checksPending = 0;    // the oldest pending slot; how many are pending
   size_t bytes = 0;                             // device memory held
 
-  // Allocates everything for `plan`. On failure frees what was allocated and returns the error.
-  Status allocate(const Plan& plan, bool errorFeedback, int nranks);
-  // Frees everything (waits for the buffer's last call first). Keeps nothing but nothing.
+  // Allocates everything for `plan` and zeroes the residual and factors. On failure frees what
+  // was allocated and returns the error.
+  Err allocate(const lowrankCudaPlan_t& plan);
+  // Frees everything (waits for the buffer's last call first). Checks still pending are dropped.
   void release();
+  // Counts the rejected calls among the checks that have arrived, oldest first; waits for the
+  // oldest `wait` of them (0: never blocks; SIZE_MAX: all). *opMismatches: those rejected because
+  // the comm ranks used different ops.
+  uint32_t collectChecks(size_t wait, uint32_t* opMismatches);
 };
 
 }  // namespace lowrank::cuda

@@ -1,0 +1,144 @@
+/* The table between liblowrank and its CUDA backend, liblowrank_cuda.so, which liblowrank loads
+ * with dlopen the first time a device buffer appears (plugin/engine/device_backend.cc), so that a
+ * CPU-only program loads no CUDA library. Plain C and versioned, as NCCL's plugin tables: the
+ * backend exports `lowrankCudaBackendV3`; liblowrank refuses a table whose `version` is not the
+ * one it was built with (naming the path and both versions).
+ *
+ * Who does what. liblowrank keeps a device buffer's life (plugin/engine/device_engine.h): exact or
+ * compressed, the plan and its cross-rank check, warm-up, resets, counters, the view, and the fresh
+ * initial Q (drawn on the host, the same numbers as the host engine). The backend holds the device
+ * side only: per communicator a CUDA stream for the collectives and a small device buffer for the
+ * plan check; per buffer the device memory of a plan (residual, factors, launch tables, events, a
+ * ring of pending non-finite/op checks); and it queues one compressed call on the caller's stream.
+ * It logs through liblowrank (lowrankGetServices, plugin/abi/services.h): one logging state per
+ * process.
+ *
+ * Errors: every fallible entry returns a lowrankResult_t (0: success) and fills *error (never NULL):
+ * `message` names what failed; `ncclResult` is the ncclResult_t of the NCCL call that failed, 0 when
+ * the failure was not NCCL's (liblowrank then adds NCCL's own text of it). No exception crosses.
+ * Device: every entry that touches the device expects the comm's device (`commCreate`'s *device) to
+ * be current on the calling thread. Calls on one comm and its states are serialized by the caller. */
+#ifndef LOWRANK_ABI_CUDA_BACKEND_H_
+#define LOWRANK_ABI_CUDA_BACKEND_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "abi/real_nccl.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define LOWRANK_CUDA_BACKEND_VERSION 3
+#define LOWRANK_CUDA_BACKEND_SYMBOL "lowrankCudaBackendV3"
+
+typedef struct lowrankCudaError {
+  int ncclResult;     /* the failed NCCL call's ncclResult_t; 0: not an NCCL failure */
+  char message[512];  /* what failed, NUL-terminated */
+} lowrankCudaError_t;
+
+/* A compressed buffer's plan as the device needs it (liblowrank's Plan, engine/plan.h, flattened).
+ * Element offsets count elements of the buffer (dtype), or floats of the factor buffers:
+ * payload = [exact part (exactElems) | P (pElems) | non-finite count | op], Qt (qElems, whole-tensor
+ * layout), and the wire (qElems: Qt by column blocks, as the Q chunks travel). */
+typedef struct lowrankCudaTensor {
+  uint64_t offset, numel;  /* in the buffer */
+  uint64_t rows, cols;     /* compressed: the matrix view (n x m) */
+  uint64_t ld;             /* its row stride (>= cols) */
+  uint64_t valid;          /* elements of the view that exist (fewer than rows * cols if padded) */
+  uint64_t pOffset;        /* compressed: P (rows x k) at payload[exactElems + pOffset] */
+  uint64_t qOffset;        /* compressed: Qt (k x cols) at qt[qOffset] */
+  uint64_t exactOffset;    /* exact: at payload[exactOffset .. + numel) */
+  uint64_t lastPChunk;     /* the P chunk that completes this tensor's P */
+  float limit;             /* pass 1: |M| >= limit counts as non-finite (overflow bound) */
+  int32_t k;               /* approximation rank */
+  int32_t compressed;      /* 0: allreduced exactly, in the payload's exact part */
+  int32_t pad_;
+} lowrankCudaTensor_t;
+
+typedef struct lowrankCudaRowBlock { uint64_t tensor, r0, r1; } lowrankCudaRowBlock_t;
+/* Columns [c0, c1) of a tensor; its Qt (k x (c1 - c0)) at wire[wireOffset]. */
+typedef struct lowrankCudaColBlock { uint64_t tensor, c0, c1, wireOffset; } lowrankCudaColBlock_t;
+/* Blocks [first, last) of the row (P chunks) or column (Q chunks) blocks; the floats allreduced
+ * together: payload[offset .. + count) (P chunks) or wire[offset .. + count) (Q chunks). */
+typedef struct lowrankCudaChunk { uint64_t first, last, offset, count; } lowrankCudaChunk_t;
+
+typedef struct lowrankCudaPlan {
+  uint64_t count;          /* elements of the buffer */
+  int32_t dtype;           /* lowrankDataType_t: float32, float16 or bfloat16 */
+  int32_t errorFeedback;   /* 1: keep a residual (count floats) */
+  double orthoEpsilon;     /* warm start: the Gram-Schmidt epsilon of the device orthonormalization */
+  uint64_t exactElems, pElems, qElems;
+  const lowrankCudaTensor_t* tensors;     uint64_t nTensors;
+  const lowrankCudaRowBlock_t* rowBlocks; uint64_t nRowBlocks;
+  const lowrankCudaColBlock_t* colBlocks; uint64_t nColBlocks;
+  const lowrankCudaChunk_t* pChunks;      uint64_t nPChunks;  /* >= 1; the last carries the checks */
+  const lowrankCudaChunk_t* qChunks;      uint64_t nQChunks;  /* >= 1 */
+} lowrankCudaPlan_t;
+
+typedef struct lowrankCudaComm lowrankCudaComm_t;   /* one communicator's device side */
+typedef struct lowrankCudaState lowrankCudaState_t; /* one planned buffer's device memory */
+
+/* How much of a state's check ring collectChecks waits for. */
+enum {
+  lowrankCudaCollectArrived = 0, /* only the checks that have arrived: never blocks */
+  lowrankCudaCollectForRoom = 1, /* as Arrived, but when every slot is pending waits for the oldest,
+                                  * so that the next call has a slot */
+  lowrankCudaCollectAll = 2      /* waits for every pending check */
+};
+
+typedef struct lowrankCudaBackend {
+  uint32_t version; /* LOWRANK_CUDA_BACKEND_VERSION of the backend's build */
+  uint32_t size;    /* sizeof(lowrankCudaBackend_t) there */
+
+  /* The device side of an NCCL communicator of `nranks` comm ranks, on the calling thread's current
+   * device (returned in *device). `nccl`: the real NCCL, lent by liblowrank for the comm's life. */
+  int (*commCreate)(const lowrankRealNccl_t* nccl, void* ncclComm, int nranks,
+                    lowrankCudaComm_t** comm, int* device, lowrankCudaError_t* error);
+  /* Waits for the comm's stream and frees it. Every state made on it is destroyed first. */
+  void (*commDestroy)(lowrankCudaComm_t* comm);
+
+  /* The plan agreement: words[0..3) max-allreduced in place over the comm (on its stream; the
+   * host waits for the result). */
+  int (*planCheck)(lowrankCudaComm_t* comm, uint64_t words[3], lowrankCudaError_t* error);
+
+  /* ncclAllReduce as is (send/recv device memory, `stream` a cudaStream_t). */
+  int (*exactAllReduce)(lowrankCudaComm_t* comm, const void* send, void* recv, size_t count,
+                        int dtype, int op, void* stream, lowrankCudaError_t* error);
+
+  /* Allocates and initializes (zero residual and factors) the device state of `plan` (copied: the
+   * description may go after the call). *bytes: device memory it holds. On failure nothing stays
+   * allocated. */
+  int (*stateCreate)(lowrankCudaComm_t* comm, const lowrankCudaPlan_t* plan,
+                     lowrankCudaState_t** state, uint64_t* bytes, lowrankCudaError_t* error);
+  /* Waits for the state's last call, then frees it; checks still pending are dropped (collect them
+   * first to count them). */
+  void (*stateDestroy)(lowrankCudaState_t* state);
+
+  /* Queues one compressed call (send = G, recv = output, op lowrankSum or lowrankAvg) on `stream`,
+   * after the state's previous call on whatever stream. freshQ: the initial Qt of every compressed
+   * tensor (qElems floats, orthonormalized, read before the call returns), or NULL for the warm
+   * start (the last call's Qbar, orthonormalized on the device). The call's checks go to the next
+   * slot of the state's ring: the caller collects with lowrankCudaCollectForRoom first. On failure
+   * the state must be destroyed (it may be half updated). */
+  int (*runCompressed)(lowrankCudaComm_t* comm, lowrankCudaState_t* state, const void* send,
+                       void* recv, int op, const float* freshQ, void* stream,
+                       lowrankCudaError_t* error);
+
+  /* Collects the state's pending checks, oldest first, as `wait` says (lowrankCudaCollect*):
+   * returns how many of the collected calls were rejected on the device (output NaN), of which
+   * *opMismatches because the comm ranks used different ops (the rest: non-finite or huge input).
+   * A device failure drops the pending checks (their calls report it). */
+  uint32_t (*collectChecks)(lowrankCudaState_t* state, int wait, uint32_t* opMismatches);
+} lowrankCudaBackend_t;
+
+/* The table of a liblowrank_cuda.so: its one exported symbol (LOWRANK_CUDA_BACKEND_SYMBOL), looked
+ * up with dlsym. */
+extern const lowrankCudaBackend_t lowrankCudaBackendV3;
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* LOWRANK_ABI_CUDA_BACKEND_H_ */
