@@ -69,6 +69,8 @@ int commCreate(const lowrankRealNccl_t* nccl, void* ncclComm, int nranks, lowran
     delete c;
     return s.report(error);
   }
+  LR_INFO("CUDA backend: communication stream made on device %d for %d comm ranks", dc.device,
+          nranks);
   *out = c;
   *device = dc.device;
   return lowrankSuccess;

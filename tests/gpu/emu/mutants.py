@@ -32,6 +32,12 @@ MUTANTS = {
         "read of never-written device memory: the residual E is not zeroed when allocated",
         "    if (e) LR_CUDA(cudaMemset(e, 0, pl.count * sizeof(float)));\n",
         ""),
+    "fresh_q_dropped": (
+        "device_schedule.cc",
+        "the initial Q that liblowrank draws on the host never reaches the device: the first call "
+        "orthonormalizes the zeroed Qt as if it were a warm start",
+        "  if (!freshQ) {\n",
+        "  if (true) {\n"),
     "decompress_on_comm_stream": (
         "device_schedule.cc",
         "kernel on the wrong stream: decompress + error update (pass 3) launched on the "
