@@ -42,15 +42,16 @@ struct Runtime {
 const Runtime* runtime() {
   static std::atomic<const Runtime*> found{nullptr};
   if (const Runtime* rt = found.load(std::memory_order_acquire)) return rt;
+  // RTLD_DEFAULT is a null handle: whether one was found is told apart by `have`.
   void* h = RTLD_DEFAULT;
-  if (!dlsym(h, "cudaStreamQuery")) {
-    h = nullptr;
-    for (const char* so : {"libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0",
-                           "libcudart.so", "libcuda.so.1"})
-      if ((h = dlopen(so, RTLD_LAZY | RTLD_NOLOAD)) && dlsym(h, "cudaStreamQuery")) break;
-      else h = nullptr;
+  bool have = dlsym(h, "cudaStreamQuery") != nullptr;
+  for (const char* so : {"libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0", "libcudart.so",
+                         "libcuda.so.1"}) {
+    if (have) break;
+    h = dlopen(so, RTLD_LAZY | RTLD_NOLOAD);
+    have = h && dlsym(h, "cudaStreamQuery");
   }
-  if (!h) return nullptr;
+  if (!have) return nullptr;
   auto* rt = new Runtime();  // published once, never freed
   rt->streamQuery = reinterpret_cast<int (*)(void*)>(dlsym(h, "cudaStreamQuery"));
   rt->streamIsCapturing = reinterpret_cast<int (*)(void*, int*)>(dlsym(h, "cudaStreamIsCapturing"));
