@@ -2,7 +2,8 @@
 
 namespace lowrank {
 
-AsyncTransport::AsyncTransport(std::unique_ptr<Transport> inner) : inner_(std::move(inner)) {}
+AsyncTransport::AsyncTransport(std::unique_ptr<Transport> inner)
+    : Transport(*inner), inner_(std::move(inner)) {}
 
 AsyncTransport::~AsyncTransport() {
   {
@@ -13,13 +14,12 @@ AsyncTransport::~AsyncTransport() {
   if (thread_.joinable()) thread_.join();
 }
 
-void AsyncTransport::abort() {
+void AsyncTransport::onAbort() {
   inner_->abort();  // a job blocked on a peer returns promptly
   cv_.notify_all();
 }
 
-Status AsyncTransport::allreduce(void* buf, size_t count, lowrankDataType_t dtype,
-                                 lowrankRedOp_t op) {
+Status AsyncTransport::run(void* buf, size_t count, lowrankDataType_t dtype, lowrankRedOp_t op) {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return queue_.empty() && !busy_; });
   if (!error_.ok()) return error_;
@@ -37,7 +37,7 @@ Status AsyncTransport::allreduce(void* buf, size_t count, lowrankDataType_t dtyp
 AsyncTransport::Ticket AsyncTransport::post(void* buf, size_t count, lowrankDataType_t dtype,
                                             lowrankRedOp_t op) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
+  if (!thread_.joinable()) thread_ = std::thread([this] { progressLoop(); });
   queue_.push_back(Job{buf, count, dtype, op});
   cv_.notify_all();
   return ++posted_;
@@ -58,7 +58,7 @@ Status AsyncTransport::waitAll() {
   return wait(last);
 }
 
-void AsyncTransport::run() {
+void AsyncTransport::progressLoop() {
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
     cv_.wait(lock, [&] { return stop_ || (!queue_.empty() && !busy_); });

@@ -3,6 +3,9 @@
 // It is also a Transport: allreduce() runs inline on the caller's thread once nothing is pending,
 // so callers that do not pipeline pay no thread hand-off. The progress thread starts at the first
 // post and sleeps (condition variable) when it has nothing to do.
+// Failure: this transport and the inner one share one failure record (Transport(Transport&)), so
+// broken() and failure() are the same here and on the inner transport, whichever of the two found
+// the failure (a posted job fails in the inner's allreduce, an inline call in this one's).
 #pragma once
 #include <condition_variable>
 #include <cstdint>
@@ -24,14 +27,16 @@ class AsyncTransport final : public Transport {
 
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
+  const char* name() const override { return inner_->name(); }
   const TransportCounters& counters() const override { return inner_->counters(); }
-  void abort() override;
-  bool broken() const override { return inner_->broken(); }
 
-  // Inline allreduce: waits until no posted job is pending, then runs on the caller's thread.
-  Status allreduce(void* buf, size_t count, lowrankDataType_t dtype, lowrankRedOp_t op) override;
+  // allreduce() (Transport's entry) is inline: it waits until no posted job is pending, then runs
+  // on the caller's thread. After a posted job failed, every later call fails: the transport is
+  // broken (a job that failed in the inner transport's run() broke the shared record; one refused
+  // for its arguments is returned to the next inline call, which records it).
 
-  // Queues an allreduce of buf (which must stay valid and untouched until waited for).
+  // Queues an allreduce of buf (which must stay valid and untouched until waited for); the job
+  // goes through the inner transport's allreduce (its checks, its failure record: this one's).
   Ticket post(void* buf, size_t count, lowrankDataType_t dtype, lowrankRedOp_t op);
   // Waits until the job of `ticket` (and every job before it) has run; returns the first error of
   // any job up to it. After an error every later job is skipped and fails with that error.
@@ -46,7 +51,9 @@ class AsyncTransport final : public Transport {
     lowrankDataType_t dtype;
     lowrankRedOp_t op;
   };
-  void run();
+  Status run(void* buf, size_t count, lowrankDataType_t dtype, lowrankRedOp_t op) override;
+  void onAbort() override;
+  void progressLoop();  // the progress thread
 
   std::unique_ptr<Transport> inner_;
   std::mutex mu_;
@@ -54,7 +61,7 @@ class AsyncTransport final : public Transport {
   std::deque<Job> queue_;
   Ticket posted_ = 0, done_ = 0;  // tickets are 1, 2, ...; done_ = the last one finished
   bool busy_ = false, stop_ = false;
-  Status error_;
+  Status error_;  // the first error of a job (posted or inline): every later one gets it
   std::thread thread_;
 };
 

@@ -1,6 +1,7 @@
 // lowrankCommInitFromNccl over the NCCL test double, comm ranks as threads: the same results as
-// over UCX bit for bit, statistics, argument and environment errors, and the NCCL communicator
-// left alone by destroy and abort. Public C API only (liblowrank.so and the double's libnccl.so.2).
+// over UCX bit for bit, statistics, argument and environment errors, the NCCL communicator left
+// alone by destroy and abort, and an NCCL error in the middle of a compressed call failing the
+// communicator. Public C API only (liblowrank.so and the double's libnccl.so.2).
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -191,5 +192,75 @@ TEST(InitFromNccl, DestroyAndAbortLeaveTheNcclCommUsable) {
     }
   });
 }
+
+// An error NCCL returns for one of the factor allreduces of a compressed call (here injected by the
+// double into the second NCCL allreduce of a host buffer's second compressed call: P has been
+// reduced, Q has not) fails the lowrank communicator, whatever NCCL's code: the comm ranks may be
+// out of step on the NCCL communicator. Before, ncclInvalidUsage and ncclInvalidArgument passed
+// through as plan-time usage errors that left the communicator usable. Every comm rank arms the
+// same call on its own NCCL communicator, so none waits for a peer that never joins.
+class NcclErrorMidCall : public ::testing::TestWithParam<std::tuple<int, int>> {};
+
+TEST_P(NcclErrorMidCall, FailsTheCommunicator) {
+  const auto [ncclCode, pipeline] = GetParam();
+  const int n = 2;
+  withNcclComms(n, [&](int rank, ncclComm_t nccl) {
+    lowrankConfig_t cfg = LOWRANK_CONFIG_INITIALIZER;
+    cfg.approxRank = 2;
+    cfg.startIter = 0;
+    cfg.pipeline = pipeline;
+    lowrankComm_t comm = nullptr;
+    ASSERT_EQ(lowrankCommInitFromNcclConfig(&comm, nccl, &cfg), lowrankSuccess) << lowrankGetLastError(nullptr);
+    // A 64 x 48 float32 matrix, host memory, compressed from its first call.
+    const size_t shape[2] = {64, 48};
+    const size_t* shapes[1] = {shape};
+    const int ndims[1] = {2};
+    std::vector<float> g(64 * 48);
+    ASSERT_EQ(lowrankBufferSetLayout(comm, g.data(), 1, ndims, shapes), lowrankSuccess) << lowrankGetLastError(comm);
+    auto fill = [&] {
+      for (size_t i = 0; i < g.size(); ++i) g[i] = float((i % 48) * (rank + 1)) * 0.01f + float(i / 48) * 0.02f;
+    };
+    fill();
+    ASSERT_EQ(lowrankAllReduce(g.data(), g.data(), g.size(), lowrankFloat32, lowrankSum, comm, nullptr),
+              lowrankSuccess) << lowrankGetLastError(comm);
+    lowrankStats_t st;
+    ASSERT_EQ(lowrankGetStats(comm, &st), lowrankSuccess);
+    ASSERT_EQ(st.compressedCalls, 1u) << "the buffer should be compressed from its first call";
+
+    // The second call (planned already: P then Q, at least two NCCL allreduces): its second fails.
+    fill();
+    ncclDoubleFailCollective(nccl, 2, ncclCode);
+    const lowrankResult_t r =
+        lowrankAllReduce(g.data(), g.data(), g.size(), lowrankFloat32, lowrankSum, comm, nullptr);
+    const std::string first = lowrankGetLastError(comm);
+    EXPECT_EQ(r, lowrankResult_t(ncclCode)) << first;  // NCCL's code, mapped (the same number)
+    EXPECT_TRUE(contains(first, "failure injected by ncclDoubleFailCollective")) << first;
+
+    // Later calls are refused without any NCCL call (an armed failure would show as another code),
+    // naming the first failure; exact calls and other buffers too.
+    ncclDoubleFailCollective(nccl, 1, ncclSystemError);
+    EXPECT_EQ(lowrankAllReduce(g.data(), g.data(), g.size(), lowrankFloat32, lowrankSum, comm, nullptr),
+              lowrankInvalidUsage);
+    const std::string later = lowrankGetLastError(comm);
+    EXPECT_TRUE(contains(later, "earlier")) << later;
+    EXPECT_TRUE(contains(later, "failure injected by ncclDoubleFailCollective")) << later;
+    std::vector<int32_t> x(100, rank);
+    EXPECT_EQ(lowrankAllReduce(x.data(), x.data(), x.size(), lowrankInt32, lowrankSum, comm, nullptr),
+              lowrankInvalidUsage) << lowrankGetLastError(comm);
+    ncclDoubleFailCollective(nccl, 0, ncclSuccess);  // disarmed, unused
+    EXPECT_EQ(lowrankCommDestroy(comm), lowrankSuccess);
+
+    // The NCCL communicator is the application's, and both comm ranks failed the same call: it
+    // still works.
+    int y = rank + 1;
+    ASSERT_EQ(ncclAllReduce(&y, &y, 1, ncclInt32, ncclSum, nccl, nullptr), ncclSuccess) << ncclGetLastError(nccl);
+    EXPECT_EQ(y, 3);
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    NcclCodeAndPipeline, NcclErrorMidCall,
+    ::testing::Combine(::testing::Values(int(ncclInvalidUsage), int(ncclInvalidArgument), int(ncclSystemError)),
+                       ::testing::Values(0, 1)));
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <dlfcn.h>
 
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "transport/nccl/nccl_transport.h"
@@ -19,6 +20,7 @@ struct Double {
   int (*commInitRank)(void**, int, UniqueId, int);
   int (*commDestroy)(void*);
   unsigned long long (*callCount)(const char*);
+  void (*failCollective)(void*, unsigned long long, int);
 };
 
 const nccl::Api& api() {
@@ -36,12 +38,15 @@ const Double& dbl() {
     x.commInitRank = reinterpret_cast<int (*)(void**, int, UniqueId, int)>(dlsym(h, "ncclCommInitRank"));
     x.commDestroy = reinterpret_cast<int (*)(void*)>(dlsym(h, "ncclCommDestroy"));
     x.callCount = reinterpret_cast<unsigned long long (*)(const char*)>(dlsym(h, "ncclDoubleCallCount"));
+    x.failCollective =
+        reinterpret_cast<void (*)(void*, unsigned long long, int)>(dlsym(h, "ncclDoubleFailCollective"));
     return x;
   }();
   return d;
 }
 
-// Runs body(rank, transport) on n threads, each over its own NCCL communicator of the double.
+// Runs body(rank, transport) (or body(rank, transport, ncclComm)) on n threads, each over its own
+// NCCL communicator of the double.
 template <typename F>
 void withTransports(int n, F body) {
   ASSERT_NE(dbl().callCount, nullptr) << "libnccl.so.2 is not the test double: " << api().path;
@@ -55,7 +60,10 @@ void withTransports(int n, F body) {
       std::unique_ptr<NcclTransport> t;
       Status s = NcclTransport::create(&api(), comm, 30, &t);
       ASSERT_TRUE(s.ok()) << s.msg;
-      body(r, *t);
+      if constexpr (std::is_invocable_v<F, int, NcclTransport&, void*>)
+        body(r, *t, comm);
+      else
+        body(r, *t);
       t.reset();  // the NCCL comm is not the transport's: it is still there to destroy
       EXPECT_EQ(dbl().commDestroy(comm), 0);
     });
@@ -104,12 +112,40 @@ TEST(NcclTransport, AbortRefusesLaterCallsAndBadInputIsRefused) {
     float x = 1;
     EXPECT_EQ(t.allreduce(&x, 1, lowrankNumTypes, lowrankSum).code, lowrankInvalidArgument);
     EXPECT_EQ(t.allreduce(nullptr, 4, lowrankFloat32, lowrankSum).code, lowrankInvalidArgument);
+    EXPECT_FALSE(t.broken());  // argument errors do not break it
     EXPECT_TRUE(t.allreduce(&x, 1, lowrankFloat32, lowrankSum).ok());
     t.abort();
+    EXPECT_TRUE(t.broken());
     Status s = t.allreduce(&x, 1, lowrankFloat32, lowrankSum);
     EXPECT_EQ(s.code, lowrankInvalidUsage);
     EXPECT_NE(s.msg.find("aborted"), std::string::npos) << s.msg;
   });
+}
+
+// Whatever code NCCL returns for the allreduce (ncclInvalidUsage and ncclInvalidArgument
+// included), the transport is broken: later calls are refused, naming that first failure, with no
+// NCCL call. Both comm ranks arm the same call on their own comm (ncclDoubleFailCollective).
+TEST(NcclTransport, AnyNcclErrorOfACollectiveBreaksTheTransport) {
+  ASSERT_NE(dbl().failCollective, nullptr);
+  for (int code : {5 /* ncclInvalidUsage */, 4 /* ncclInvalidArgument */, 6 /* ncclRemoteError */}) {
+    const unsigned long long before = dbl().callCount("pncclAllReduce");
+    withTransports(2, [&](int, NcclTransport& t, void* comm) {
+      float x[3] = {1, 2, 3};
+      ASSERT_TRUE(t.allreduce(x, 3, lowrankFloat32, lowrankSum).ok());
+      dbl().failCollective(comm, 1, code);
+      Status s = t.allreduce(x, 3, lowrankFloat32, lowrankSum);
+      EXPECT_EQ(int(s.code), code) << s.msg;  // NCCL's code, mapped (the same number)
+      EXPECT_NE(s.msg.find("ncclAllReduce failed"), std::string::npos) << s.msg;
+      EXPECT_TRUE(t.broken()) << "NCCL code " << code;
+      EXPECT_NE(t.failure().find("failure injected by ncclDoubleFailCollective"), std::string::npos)
+          << t.failure();
+      s = t.allreduce(x, 3, lowrankFloat32, lowrankSum);
+      EXPECT_EQ(s.code, lowrankInvalidUsage);
+      EXPECT_NE(s.msg.find("nccl allreduce: the transport failed earlier: ncclAllReduce failed"),
+                std::string::npos) << s.msg;
+    });
+    EXPECT_EQ(dbl().callCount("pncclAllReduce") - before, 2u * 2u);  // the refused calls made none
+  }
 }
 
 // An NCCL failure carries NCCL's own text (ncclGetLastError), not only its code's name: here the

@@ -1,4 +1,5 @@
-// NcclTransport: argument checks, the failed/aborted state, the NCCL call and the bounded wait.
+// NcclTransport: the NCCL call and the bounded wait (argument checks and the failure record are
+// Transport's).
 #include "transport/nccl/nccl_transport.h"
 
 #include <chrono>
@@ -7,7 +8,6 @@
 #include <thread>
 
 #include "platform/cuda_probe.h"
-#include "transport/reduce.h"
 #include "util/dtype.h"
 #include "util/log.h"
 
@@ -40,14 +40,6 @@ Status NcclTransport::create(const nccl::Api* api, void* comm, double timeoutSec
   return Status::Ok();
 }
 
-Status NcclTransport::failWith(Status s) {
-  if (!failed_.load(std::memory_order_acquire)) {
-    failure_ = s.msg;
-    failed_.store(true, std::memory_order_release);
-  }
-  return s;
-}
-
 Status NcclTransport::waitDone() {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeoutSec_);
   for (;;) {
@@ -70,8 +62,9 @@ Status NcclTransport::waitDone() {
       if (e != kCudaErrorNotReady)
         return Status::Error(lowrankUnhandledCudaError, "nccl allreduce: cudaStreamQuery failed (CUDA error %d)", e);
     }
-    if (aborted_)
-      return Status::Error(lowrankRemoteError, "nccl allreduce: the communicator was aborted while waiting");
+    if (broken())  // abort() from another thread
+      return Status::Error(lowrankRemoteError, "nccl allreduce: aborted while waiting (%s)",
+                           failure().c_str());
     if (std::chrono::steady_clock::now() > deadline)
       return Status::Error(lowrankTimeout,
                            "nccl allreduce: not done after %g s (LOWRANK_TIMEOUT); the NCCL "
@@ -80,17 +73,7 @@ Status NcclTransport::waitDone() {
   }
 }
 
-Status NcclTransport::allreduce(void* buf, size_t count, lowrankDataType_t dtype, lowrankRedOp_t op) {
-  if (!transport::reductionValid(dtype, op))
-    return Status::Error(lowrankInvalidArgument, "nccl allreduce: invalid dtype %d or op %d", int(dtype), int(op));
-  const size_t es = dtypeSize(dtype);
-  if (count > 0 && !buf) return Status::Error(lowrankInvalidArgument, "nccl allreduce: null buffer");
-  if (count > SIZE_MAX / es)
-    return Status::Error(lowrankInvalidArgument, "nccl allreduce: count %zu overflows", count);
-  if (aborted_) return Status::Error(lowrankInvalidUsage, "nccl allreduce: the communicator was aborted");
-  if (failed_.load(std::memory_order_acquire))
-    return Status::Error(lowrankInvalidUsage, "nccl allreduce: the communicator failed earlier: %s",
-                         failure_.c_str());
+Status NcclTransport::run(void* buf, size_t count, lowrankDataType_t dtype, lowrankRedOp_t op) {
   // count 0: NCCL needs no call to keep ranks in step (it has no sequence numbers to keep).
   // One comm rank: the buffer already holds the result (avg over one rank is the identity).
   if (count == 0 || size_ == 1) return Status::Ok();
@@ -99,12 +82,13 @@ Status NcclTransport::allreduce(void* buf, size_t count, lowrankDataType_t dtype
   // wait (the progress thread has no device of its own; the caller's is restored).
   platform::DeviceGuard device(device_);
   // lowrank's dtype and op numbers are NCCL's.
+  // Any error breaks the transport (Transport::allreduce records it), whatever NCCL's code: the
+  // other comm ranks may have entered the collective.
   nccl::Result r = api_->allReduce(buf, buf, count, int(dtype), int(op), comm_, nullptr);
-  if (r != nccl::kSuccess && r != nccl::kInProgress) return failWith(nccl::fromNccl(*api_, r, "ncclAllReduce"));
-  Status st = waitDone();
-  if (!st.ok()) return failWith(st);
+  if (r != nccl::kSuccess && r != nccl::kInProgress) return nccl::fromNccl(*api_, r, "ncclAllReduce");
+  LR_RETURN_IF_ERROR(waitDone());
   // What the ring sends: 2 (N-1) steps of count/N elements (no overflow for any count).
-  const uint64_t n = uint64_t(size_), c = count;
+  const uint64_t n = uint64_t(size_), c = count, es = dtypeSize(dtype);
   const uint64_t elems = (c / n) * 2 * (n - 1) + (c % n) * 2 * (n - 1) / n;
   counters_.elementsSent.fetch_add(elems, std::memory_order_relaxed);
   counters_.bytesSent.fetch_add(elems * es, std::memory_order_relaxed);

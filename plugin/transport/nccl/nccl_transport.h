@@ -12,16 +12,19 @@
 // own: NCCL has no timeout of its own there, so a peer that never joins can hold it (NCCL's way out
 // is ncclCommAbort by the application, which owns the communicator).
 //
-// The NCCL communicator is not owned: abort() only marks this transport failed, and destruction
-// leaves the NCCL communicator alone.
+// Failure: any error of an NCCL call made for a collective (ncclAllReduce's result, whatever its
+// code, ncclInvalidUsage and ncclInvalidArgument included; an asynchronous error; the stream
+// query; the timeout) breaks the transport (Transport's record): the comm ranks may be out of step
+// on the NCCL communicator, and every later call is refused. Argument errors found before NCCL is
+// called (Transport::allreduce) do not.
+// The NCCL communicator is not owned: abort() only breaks this transport (a wait in progress
+// returns promptly), and destruction leaves the NCCL communicator alone.
 // Threads: each call goes out from whichever thread runs the allreduce (the caller or
 // AsyncTransport's progress thread), with the communicator's device made current for the call.
 // Counters: NCCL does not say what it sent, so each call counts what the ring algorithm sends,
 // 2 (N-1)/N x the buffer, in 2 (N-1) messages.
 #pragma once
-#include <atomic>
 #include <memory>
-#include <string>
 
 #include "platform/nccl.h"
 #include "transport/transport.h"
@@ -37,21 +40,19 @@ class NcclTransport final : public Transport {
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
-  Status allreduce(void* buf, size_t count, lowrankDataType_t dtype, lowrankRedOp_t op) override;
-  void abort() override { aborted_ = true; }
+  const char* name() const override { return "nccl"; }
 
  private:
+  // One in-place ncclAllReduce, waited for.
+  Status run(void* buf, size_t count, lowrankDataType_t dtype, lowrankRedOp_t op) override;
   NcclTransport(const nccl::Api* api, void* comm, int rank, int size, int device, double timeoutSec)
       : api_(api), comm_(comm), rank_(rank), size_(size), device_(device), timeoutSec_(timeoutSec) {}
   Status waitDone();  // the queued ncclAllReduce has finished, failed, timed out or been aborted
-  Status failWith(Status s);  // marks the transport failed; returns s
 
   const nccl::Api* api_;
   void* comm_;
   int rank_, size_, device_;  // device_: ncclCommCuDevice, -1 if unknown
   double timeoutSec_;
-  std::atomic<bool> aborted_{false}, failed_{false};
-  std::string failure_;  // written once before failed_ is set
 };
 
 }  // namespace lowrank

@@ -143,17 +143,6 @@ void UcxComm::abort() {
   if (worker_) ucp_worker_signal(worker_);  // thread-safe in every thread mode
 }
 
-void UcxComm::markFailed(const Status& why) {
-  std::lock_guard<std::mutex> g(failureMu_);
-  if (!failed_.load(std::memory_order_relaxed)) failure_ = why.msg;
-  failed_.store(true, std::memory_order_release);
-}
-
-std::string UcxComm::failure() const {
-  std::lock_guard<std::mutex> g(failureMu_);
-  return failure_;
-}
-
 bool UcxComm::progressOrSleep(int maxSleepMs) {
   for (int i = 0; i < kSpinRounds; ++i)
     if (ucp_worker_progress(worker_)) return true;
@@ -221,7 +210,7 @@ Exchange::Exchange(UcxComm& comm, uint32_t seq, TransportCounters* counters)
 void Exchange::resetDeadline() { deadline_ = steadySeconds() + comm_.timeoutSec(); }
 
 Status Exchange::fail(Status st) {
-  comm_.markFailed(st);
+  comm_.markFailed();
   return st;
 }
 
@@ -360,7 +349,7 @@ Exchange::~Exchange() {
   if (outstanding_ == 0) return;
   // An error left operations behind: cancel receives, close the endpoints (cancels sends), and wait
   // (bounded) so that UCX no longer writes into the caller's buffers.
-  comm_.markFailed(Status{lowrankRemoteError, "ucx: an earlier collective failed"});
+  comm_.markFailed();
   for (Op& op : ops_)
     if (op.req && op.recv) ucp_request_cancel(comm_.worker(), op.req);
   comm_.forceCloseEndpoints();

@@ -8,7 +8,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -40,10 +39,12 @@ class UcxComm {
   void abort();
   bool aborted() const { return aborted_.load(std::memory_order_acquire); }
 
-  // A failed comm stays failed: later collectives are refused with lowrankInvalidUsage.
-  void markFailed(const Status& why);
+  // Some collective failed on this comm (its endpoints may be force-closed, a peer may be gone):
+  // teardown then closes the endpoints without flushing. Only the UCX layer's own state: whether
+  // the transport is broken, and why, is Transport's record (transport.h), which refuses later
+  // calls.
+  void markFailed() { failed_.store(true, std::memory_order_release); }
   bool failed() const { return failed_.load(std::memory_order_acquire); }
-  std::string failure() const;
 
   // One round of waiting: spins on progress, then arms the worker and sleeps on its event fd for at
   // most maxSleepMs. Returns true if progress was made.
@@ -76,14 +77,13 @@ class UcxComm {
   std::unique_ptr<Peer[]> peers_;
   std::atomic<bool> aborted_{false};
   std::atomic<bool> failed_{false};
-  mutable std::mutex failureMu_;
-  std::string failure_;
 };
 
 // The messages of one collective: posts tagged sends/receives, tests and waits for them with
 // abort, peer failure and an inactivity deadline (timeoutSec without any completion) checked every
-// round. Every error it returns also marks the comm failed. The destructor cancels whatever is still
-// outstanding (after an error) and waits, bounded, for UCX to let go of the buffers.
+// round. Every error it returns also marks the comm failed (UcxComm::markFailed). The destructor
+// cancels whatever is still outstanding (after an error) and waits, bounded, for UCX to let go of
+// the buffers.
 class Exchange {
  public:
   using Handle = size_t;

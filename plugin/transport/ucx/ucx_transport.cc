@@ -1,11 +1,10 @@
-// UcxTransport: argument checks, the failed/aborted state, the sequence number and the choice of
-// algorithm; the messages are in ucx_comm.cc, the algorithms in direct.cc and ring.cc.
+// UcxTransport: the sequence number and the choice of algorithm (argument checks and the failure
+// record are Transport's); the messages are in ucx_comm.cc, the algorithms in direct.cc and ring.cc.
 #include "transport/ucx/ucx_transport.h"
 
 #include <cstdint>
 #include <vector>
 
-#include "transport/reduce.h"
 #include "transport/ucx/algorithms.h"
 #include "transport/ucx/ucx_comm.h"
 #include "util/dtype.h"
@@ -21,26 +20,16 @@ class UcxTransport final : public Transport {
 
   int rank() const override { return comm_->rank(); }
   int size() const override { return comm_->size(); }
-  void abort() override { comm_->abort(); }
-  bool broken() const override { return comm_->failed() || comm_->aborted(); }
+  const char* name() const override { return "ucx"; }
 
-  Status allreduce(void* buf, size_t count, lowrankDataType_t dtype, lowrankRedOp_t op) override {
-    if (!transport::reductionValid(dtype, op))
-      return Status::Error(lowrankInvalidArgument, "ucx allreduce: invalid dtype %d or op %d", int(dtype),
-                           int(op));
-    const size_t es = dtypeSize(dtype);
-    if (count > 0 && !buf) return Status::Error(lowrankInvalidArgument, "ucx allreduce: null buffer");
-    if (count > SIZE_MAX / es)
-      return Status::Error(lowrankInvalidArgument, "ucx allreduce: count %zu overflows", count);
-    if (comm_->aborted())
-      return Status::Error(lowrankInvalidUsage, "ucx allreduce: the communicator was aborted");
-    if (comm_->failed())
-      return Status::Error(lowrankInvalidUsage,
-                           "ucx allreduce: the communicator failed at an earlier collective (%s); "
-                           "destroy it", comm_->failure().c_str());
+ private:
+  void onAbort() override { comm_->abort(); }  // a waiting exchange returns promptly
+
+  Status run(void* buf, size_t count, lowrankDataType_t dtype, lowrankRedOp_t op) override {
     const uint32_t seq = ++seq_;  // every call, count 0 included, so ranks stay in step
     const int n = comm_->size();
     if (count == 0 || n == 1) return Status::Ok();  // avg over one rank is the identity
+    const size_t es = dtypeSize(dtype);
     const ucx::AllreduceArgs a{buf, count, dtype, op, es};
     // Direct sends (N-1) x the buffer in one step, the ring 2(N-1)/N x in 2(N-1) steps: direct
     // only while what it sends stays small, so slow links are not charged for its latency gain.
@@ -50,11 +39,10 @@ class UcxTransport final : public Transport {
     ucx::Exchange ex(*comm_, seq, &counters_);
     Status st = direct ? ucx::directAllreduce(ex, a, &scratch_)
                        : ucx::ringAllreduce(ex, a, opt_.chunkBytes, opt_.inflight, &scratch_);
-    if (!st.ok()) comm_->markFailed(st);
+    if (!st.ok()) comm_->markFailed();  // teardown then skips the flush (ucx_comm.h)
     return st;
   }
 
- private:
   std::unique_ptr<ucx::UcxComm> comm_;
   UcxTransportOptions opt_;
   uint32_t seq_ = 0;

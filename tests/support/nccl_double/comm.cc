@@ -60,6 +60,18 @@ ncclResult_t checkDtype(int t, const char* what) {
   return ncclSuccess;
 }
 
+ncclResult_t injectedFailure(ncclComm_t comm, const char* what) {
+  if (!comm) return ncclSuccess;  // the collective itself refuses a null comm
+  ncclResult_t r;
+  {
+    std::lock_guard<std::mutex> lock(comm->injectMu);
+    if (comm->failIn == 0 || --comm->failIn > 0) return ncclSuccess;
+    r = comm->failWith;
+    comm->failWith = ncclSuccess;
+  }
+  return fail(r, "%s: failure injected by ncclDoubleFailCollective (comm rank %d)", what, comm->rank);
+}
+
 int liveComms() { return live.load(); }
 
 ncclResult_t getVersion(int* version) {

@@ -24,6 +24,12 @@ struct ncclComm {
   int rank = 0, nranks = 1;
   std::atomic<int> asyncError{ncclSuccess};  // the first collective failure, for GetAsyncError
 
+  // ncclDoubleFailCollective: the collective call (counted down, 1 = the next) that returns
+  // failWith at once; 0: none armed.
+  std::mutex injectMu;
+  unsigned long long failIn = 0;
+  ncclResult_t failWith = ncclSuccess;
+
   // ncclCommAbort from another thread while a collective runs (NCCL's way to end a hang): abort
   // sets `aborting` under abortMu (after which collectives no longer touch `lr`), aborts `lr`
   // (which makes the running call return), and frees this struct once `inflight` is back to 0.
@@ -57,6 +63,10 @@ size_t dtypeSize(ncclDataType_t t);
 // t as an int: the entry points check a caller's datatype before it is used as the enum (a C
 // caller may pass any int; C++ may not load an enum outside its range: lowrank::cEnumValue).
 ncclResult_t checkDtype(int t, const char* what);
+
+// ncclDoubleFailCollective's injection: counts a collective call `what` on comm, and returns the
+// armed result (recorded as the last error) if this is the call it was armed for, else ncclSuccess.
+ncclResult_t injectedFailure(ncclComm_t comm, const char* what);
 
 // Communicators made and not yet destroyed or aborted, in this process (ncclDoubleLiveComms).
 int liveComms();

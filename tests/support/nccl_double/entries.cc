@@ -91,12 +91,14 @@ NCCL_ENTRY(ncclResult_t, ncclRedOpDestroy, redOpDestroy, (ncclRedOp_t op, ncclCo
 #define NCCL_COLLECTIVE(name, impl, params, args)                                          \
   NCCL_EXPORT ncclResult_t name params {                                                   \
     return call<ncclResult_t>(#name, [&] {                                                 \
+      if (ncclResult_t r = nccl_double::injectedFailure(c, #name)) return r;              \
       if (ncclResult_t r = nccl_double::checkDtype(lowrank::cEnumValue(t), #name)) return r; \
       return NCCL_RUN(#name, impl, args);                                                  \
     });                                                                                    \
   }                                                                                        \
   NCCL_EXPORT ncclResult_t p##name params {                                                \
     return call<ncclResult_t>("p" #name, [&] {                                             \
+      if (ncclResult_t r = nccl_double::injectedFailure(c, "p" #name)) return r;          \
       if (ncclResult_t r = nccl_double::checkDtype(lowrank::cEnumValue(t), "p" #name)) return r; \
       return NCCL_RUN("p" #name, impl, args);                                              \
     });                                                                                    \
@@ -130,6 +132,14 @@ NCCL_EXPORT void ncclDoubleFailNext(const char* entry, int result) {
     injected().erase(entry);
   else
     injected()[entry] = result;
+}
+
+NCCL_EXPORT void ncclDoubleFailCollective(ncclComm_t comm, unsigned long long nth, int result) {
+  if (!comm) return;
+  std::lock_guard<std::mutex> lock(comm->injectMu);
+  const bool cancel = nth == 0 || result == ncclSuccess;
+  comm->failIn = cancel ? 0 : nth;
+  comm->failWith = cancel ? ncclSuccess : ncclResult_t(result);
 }
 
 NCCL_EXPORT unsigned long long ncclDoubleCallCount(const char* entry) {

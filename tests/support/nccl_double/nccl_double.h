@@ -22,6 +22,15 @@ int ncclDoubleLiveComms(void);
 // points returning ncclResult_t; result 0 (ncclSuccess) cancels a pending injection.
 void ncclDoubleFailNext(const char* entry, int result);
 
+// Makes the `nth` collective call on `comm` from now on (1: the next; every collective entry
+// point counts, ncclAllReduce and pncclAllReduce alike) return `result` at once, doing nothing
+// else, as NCCL does when it refuses a call. Per communicator: comm ranks that are threads of one
+// process each arm their own, so that all of them fail the same call and none waits for a peer
+// that never joins. result 0 (ncclSuccess) or nth 0 cancels a pending injection. comm must be a
+// live communicator of the double (ignored if NULL). The call is counted by ncclDoubleCallCount.
+struct ncclComm;  /* ncclComm_t */
+void ncclDoubleFailCollective(struct ncclComm* comm, unsigned long long nth, int result);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,57 @@
+// Transport's one entry: argument checks, the broken state and the first failure, for every
+// transport.
+#include "transport/transport.h"
+
+#include <cstdint>
+#include <exception>
+#include <new>
+
+#include "transport/reduce.h"
+#include "util/dtype.h"
+
+namespace lowrank {
+
+Transport::Transport() : record_(std::make_shared<Record>()) {}
+Transport::Transport(Transport& inner) : record_(inner.record_) {}
+Transport::~Transport() = default;
+
+std::string Transport::failure() const {
+  return broken() ? record_->why : std::string();
+}
+
+void Transport::recordFailure(const std::string& why) {
+  if (record_->writing.test_and_set(std::memory_order_acq_rel)) return;  // not the first
+  record_->why = why;
+  record_->broken.store(true, std::memory_order_release);
+}
+
+void Transport::abort() {
+  recordFailure(std::string(name()) + ": the transport was aborted");
+  onAbort();
+}
+
+Status Transport::allreduce(void* buf, size_t count, lowrankDataType_t dtype, lowrankRedOp_t op) {
+  if (!transport::reductionValid(dtype, op))
+    return Status::Error(lowrankInvalidArgument, "%s allreduce: invalid dtype %d or op %d", name(),
+                         int(dtype), int(op));
+  if (count > 0 && !buf)
+    return Status::Error(lowrankInvalidArgument, "%s allreduce: null buffer (count %zu)", name(), count);
+  if (count > SIZE_MAX / dtypeSize(dtype))
+    return Status::Error(lowrankInvalidArgument, "%s allreduce: count %zu of %s overflows", name(),
+                         count, dtypeName(dtype));
+  if (broken())
+    return Status::Error(lowrankInvalidUsage, "%s allreduce: the transport failed earlier: %s", name(),
+                         failure().c_str());
+  Status s;
+  try {
+    s = run(buf, count, dtype, op);
+  } catch (const std::bad_alloc&) {
+    s = Status::Error(lowrankSystemError, "%s allreduce: out of memory", name());
+  } catch (const std::exception& e) {
+    s = Status::Error(lowrankInternalError, "%s allreduce: %s", name(), e.what());
+  }
+  if (!s.ok()) recordFailure(s.msg);
+  return s;
+}
+
+}  // namespace lowrank
