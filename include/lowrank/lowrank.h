@@ -254,8 +254,10 @@ lowrankResult_t lowrankCommUserRank(const lowrankComm_t comm, int* rank);
  *     (allocation, the transport), lowrankUnhandledCudaError (device buffers), lowrankInternalError.
  * Errors found before any data moves (argument checks, the plan agreement, sum vs avg) leave the
  * communicator usable; the others, and a mismatch the transport finds midway through a collective,
- * mark it failed (later calls: lowrankInvalidUsage naming the first error): destroy it. On error recvbuff may be partly written but the buffer's state
- * is reset, never left half-updated. */
+ * mark it failed (later calls: lowrankInvalidUsage naming the first error): destroy it. Over NCCL
+ * (lowrank_nccl.h), any error NCCL returns for one of a host-buffer call's allreduces fails it
+ * likewise, whatever its code (ncclInvalidUsage and ncclInvalidArgument included). On error
+ * recvbuff may be partly written but the buffer's state is reset, never left half-updated. */
 lowrankResult_t lowrankAllReduce(const void* sendbuff, void* recvbuff, size_t count,
                                  lowrankDataType_t datatype, lowrankRedOp_t op,
                                  lowrankComm_t comm, void* stream);

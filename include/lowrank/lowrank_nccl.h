@@ -27,6 +27,14 @@
  * order (as for any NCCL call), and not inside an ncclGroupStart/ncclGroupEnd of its own.
  * Asynchronous NCCL failures (a peer lost mid-collective) surface as NCCL's do: poll
  * ncclCommGetAsyncError and abort the NCCL communicator; lowrankCommAbort does not abort it.
+ * An NCCL error in the middle of a compressed call fails the lowrank communicator: any error NCCL
+ * returns for one of lowrank's allreduces of a host buffer (ncclInvalidUsage and
+ * ncclInvalidArgument included, as well as an asynchronous error, a failed stream query or
+ * LOWRANK_TIMEOUT while waiting for it) is that call's result, mapped to lowrank's code, and every
+ * later call on the communicator is refused with lowrankInvalidUsage naming it ("... failed
+ * earlier ...") until it is destroyed: the other comm ranks may have entered that allreduce, so
+ * the ranks can no longer be assumed in step. (Before, ncclInvalidUsage and ncclInvalidArgument
+ * left the communicator usable.) The NCCL communicator itself is the application's to recover.
  * (lowrankCommInitNcclRank instead makes an NCCL communicator that lowrank owns: there,
  * lowrankCommDestroy and lowrankCommAbort destroy and abort it.)
  * Compressed dtypes are float32, float16 and bfloat16; other NCCL dtypes (float8 too) are passed
