@@ -290,8 +290,9 @@ typedef struct {
   size_t pElements;     /* float32 elements of P (all compressed tensors) per call */
   size_t qElements;     /* float32 elements of Q (all compressed tensors) per call */
   size_t exactElements; /* elements allreduced exactly (1-D and incompressible tensors) per call */
-  size_t chunks;        /* P chunks per call (P by row blocks; Q likewise by column blocks): host
-                           buffers 0 when not pipelined; device buffers always >= 1 */
+  size_t chunks;        /* P chunks per call (P by row blocks; Q likewise by column blocks): 1
+                           when not pipelined (the whole buffer in one chunk), host and device
+                           buffers alike; 0 when nothing is compressed */
 } lowrankBufferView_t;
 
 /* Reports the view of a buffer. A buffer never called has planned = 0 (lowrankSuccess).

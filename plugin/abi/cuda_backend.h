@@ -31,6 +31,11 @@ extern "C" {
 #endif
 
 #define LOWRANK_CUDA_BACKEND_VERSION 3
+
+/* The code of a compressed call's op in the payload's op element (lowrankSum 0 -> 1, lowrankAvg 4
+ * -> 2): allreduced with the factors, it sums to N times one code only if every comm rank used the
+ * same op. The one definition, for liblowrank's host schedule (engine/phases.h) and the device's. */
+static inline float lowrankPayloadOpCode(int op) { return op == 0 ? 1.f : 2.f; }
 #define LOWRANK_CUDA_BACKEND_SYMBOL "lowrankCudaBackendV3"
 
 typedef struct lowrankCudaError {

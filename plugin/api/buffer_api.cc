@@ -1,4 +1,5 @@
-// Per-buffer state (layout, view, reset, release) and statistics.
+// Per-buffer state (layout, view, reset, release) and statistics: argument checks, then the
+// engine (engine/communicator.h).
 #include "api/errors.h"
 #include "api/export.h"
 
@@ -35,12 +36,7 @@ LOWRANK_API lowrankResult_t lowrankBufferSetLayout(lowrankComm_t comm, const voi
         layout[t].push_back(shapes[t][d]);
       }
     }
-    lowrank::BufferState& st = comm->buffers.get(recvbuff);
-    st.reset();
-    st.layout = std::move(layout);
-    // A device buffer's plan lives in the CUDA backend: dropped too, so that the next call plans
-    // with this layout.
-    if (comm->device) comm->device->resetBuffer(recvbuff);
+    lowrank::setLayout(comm, recvbuff, std::move(layout));
     return lowrankSuccess;
   });
 }
@@ -51,11 +47,7 @@ LOWRANK_API lowrankResult_t lowrankBufferGetView(lowrankComm_t comm, const void*
     return fail(comm, lowrankInvalidArgument, "lowrankBufferGetView: %s is NULL",
                 !comm ? "comm" : !recvbuff ? "recvbuff" : "view");
   std::lock_guard<std::mutex> lock(comm->callMu);
-  *view = lowrankBufferView_t{};
-  if (comm->device && comm->device->view(recvbuff, view)) return lowrankSuccess;
-  const lowrank::BufferState* st = comm->buffers.find(recvbuff);
-  if (!st || !st->planned) return lowrankSuccess;
-  lowrank::describePlan(st->plan, st->calls, view);
+  lowrank::viewBuffer(comm, recvbuff, view);
   return lowrankSuccess;
 }
 
@@ -63,8 +55,7 @@ LOWRANK_API lowrankResult_t lowrankBufferReset(lowrankComm_t comm, const void* r
   if (!comm || !recvbuff)
     return fail(comm, lowrankInvalidArgument, "lowrankBufferReset: %s is NULL", comm ? "recvbuff" : "comm");
   std::lock_guard<std::mutex> lock(comm->callMu);
-  if (lowrank::BufferState* st = comm->buffers.find(recvbuff)) st->reset();
-  if (comm->device) comm->device->resetBuffer(recvbuff);
+  lowrank::resetBuffer(comm, recvbuff);
   return lowrankSuccess;
 }
 
@@ -72,8 +63,7 @@ LOWRANK_API lowrankResult_t lowrankBufferRelease(lowrankComm_t comm, const void*
   if (!comm || !recvbuff)
     return fail(comm, lowrankInvalidArgument, "lowrankBufferRelease: %s is NULL", comm ? "recvbuff" : "comm");
   std::lock_guard<std::mutex> lock(comm->callMu);
-  comm->buffers.erase(recvbuff);
-  if (comm->device) comm->device->releaseBuffer(recvbuff);
+  lowrank::releaseBuffer(comm, recvbuff);
   return lowrankSuccess;
 }
 
@@ -81,33 +71,6 @@ LOWRANK_API lowrankResult_t lowrankGetStats(lowrankComm_t comm, lowrankStats_t* 
   if (!comm || !stats)
     return fail(comm, lowrankInvalidArgument, "lowrankGetStats: %s is NULL", comm ? "stats" : "comm");
   std::lock_guard<std::mutex> lock(comm->callMu);
-  const auto& c = comm->counters;
-  *stats = lowrankStats_t{};
-  stats->calls = c.calls;
-  stats->compressedCalls = c.compressedCalls;
-  stats->fallbackCalls = c.fallbackCalls;
-  stats->compressedElements = c.compressedElements;
-  stats->exactElements = c.exactElements;
-  stats->payloadElements = c.payloadElements;
-  const auto& t = comm->transport->counters();
-  stats->elementsSent = t.elementsSent.load();
-  stats->bytesSent = t.bytesSent.load();
-  stats->ratio = c.payloadElements
-                     ? double(c.compressedElements + c.exactElements) / double(c.payloadElements)
-                     : 0.0;
-  stats->stateBytes = comm->buffers.bytes();
-  stats->buffers = comm->buffers.size();
-  if (comm->device) {  // device buffers' counters live in the CUDA backend
-    const lowrank::DeviceCounters d = comm->device->counters();
-    stats->compressedCalls += d.compressedCalls;
-    stats->fallbackCalls += d.fallbackCalls;
-    stats->compressedElements += d.compressedElements;
-    stats->exactElements += d.exactElements;
-    stats->payloadElements += d.payloadElements;
-    stats->stateBytes += d.stateBytes;
-    stats->buffers += d.buffers;
-    const uint64_t payload = stats->payloadElements;
-    stats->ratio = payload ? double(stats->compressedElements + stats->exactElements) / double(payload) : 0.0;
-  }
+  lowrank::getStats(comm, stats);
   return lowrankSuccess;
 }

@@ -7,24 +7,27 @@
 #include <mutex>
 #include <string>
 
-#include "engine/buffer_state.h"
+#include <vector>
+
 #include "engine/device_engine.h"
 #include "engine/engine_config.h"
+#include "engine/host_backend.h"
+#include "engine/lifecycle.h"
 #include "transport/async_transport.h"
 
 struct lowrankComm {
   lowrank::EngineConfig cfg;
   std::unique_ptr<lowrank::AsyncTransport> transport;
-  lowrank::BufferRegistry buffers;
   int rank = 0, nranks = 1;
   void* ncclComm = nullptr;  // ncclComm_t of lowrankCommInitFromNccl / lowrankCommInitNcclRank
   bool ownsNccl = false;     // lowrankCommInitNcclRank: released by deleteComm, after the rest
-  std::unique_ptr<lowrank::DeviceEngine> device;  // made at the first device buffer
-
-  struct Counters {
-    uint64_t calls = 0, compressedCalls = 0, fallbackCalls = 0;
-    uint64_t compressedElements = 0, exactElements = 0, payloadElements = 0;
-  } counters;
+  // The two backends of engine/lifecycle.h, made at the first host or device buffer. The buffers
+  // are declared after them, so destroyed first (a device state before its device comm).
+  std::unique_ptr<lowrank::HostBackend> host;
+  std::unique_ptr<lowrank::DeviceBackend> device;
+  lowrank::BufferRegistry buffers;
+  lowrank::Counters counters;     // host and device buffers alike
+  std::vector<float> scratchQ;    // a fresh initial Q, while a call draws one
 
   std::mutex callMu;                 // held by every call; abort waits on it before freeing
   std::atomic<bool> failed{false};   // a collective failed: later calls are refused
@@ -36,11 +39,22 @@ struct lowrankComm {
 
 namespace lowrank {
 
-// Frees `comm` (no call may still run on it): lowrank's own state first (device engine, buffer
-// states, transport), then, when it owns its NCCL communicator (ownsNccl), that communicator:
+// Frees `comm` (no call may still run on it): lowrank's own state first (buffer states, backends,
+// transport), then, when it owns its NCCL communicator (ownsNccl), that communicator:
 // ncclCommAbort if the comm was aborted, else ncclCommDestroy. The one place an owned NCCL
 // communicator is let go. Errors: that NCCL call's (nccl::fromNccl); comm is freed regardless.
 Status deleteComm(lowrankComm* comm);
+
+// The buffer calls of lowrank.h, arguments already checked, under callMu. setLayout and reset drop
+// the buffer's plan and state (the next call plans afresh; the layout survives a reset); release
+// drops the buffer's record too. view is zero with planned = 0 for a buffer not planned here.
+void setLayout(lowrankComm* comm, const void* buf, Layout layout);
+void resetBuffer(lowrankComm* comm, const void* buf);
+void releaseBuffer(lowrankComm* comm, const void* buf);
+void viewBuffer(lowrankComm* comm, const void* buf, lowrankBufferView_t* view);
+// lowrankGetStats: the engine's counters (host and device buffers), the transport's bytes, and
+// the state held.
+void getStats(lowrankComm* comm, lowrankStats_t* stats);
 
 // The allreduce of lowrank.h, arguments already checked. Chooses exact or compressed, keeps the
 // buffer's state. On a transport error the buffer's state is reset and the comm marked failed.

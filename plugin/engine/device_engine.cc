@@ -1,11 +1,7 @@
 #include "engine/device_engine.h"
 
-#include <new>
-
 #include "engine/device_backend.h"
 #include "engine/phases.h"
-#include "kernels/host/orthonormalize.h"
-#include "kernels/host/random.h"
 #include "platform/cuda_probe.h"
 #include "platform/nccl.h"
 #include "util/dtype.h"
@@ -67,33 +63,51 @@ struct CudaPlan {
   }
 };
 
+// A device buffer's state in the backend: destroyed on the device it was made on.
+class DeviceState final : public BackendState {
+ public:
+  DeviceState(const lowrankCudaBackend_t* be, lowrankCudaState_t* s, uint64_t bytes, int device)
+      : be_(be), s_(s), bytes_(bytes), device_(device) {}
+  ~DeviceState() override {
+    platform::DeviceGuard guard(device_);
+    be_->stateDestroy(s_);
+  }
+  uint64_t bytes() const override { return bytes_; }
+  lowrankCudaState_t* get() const { return s_; }
+
+ private:
+  const lowrankCudaBackend_t* be_;
+  lowrankCudaState_t* s_;
+  uint64_t bytes_;
+  int device_;
+};
+
 }  // namespace
 
-Status DeviceEngine::create(const DeviceCommDesc& desc, std::unique_ptr<DeviceEngine>* out) {
+Status DeviceBackend::create(void* ncclComm, int nranks, const EngineConfig& cfg,
+                             std::unique_ptr<DeviceBackend>* out) {
   const lowrankCudaBackend_t* backend = nullptr;
   LR_RETURN_IF_ERROR(deviceBackend(&backend));
-  std::unique_ptr<DeviceEngine> e(new DeviceEngine(desc, backend));
+  std::unique_ptr<DeviceBackend> e(new DeviceBackend(nranks, cfg, backend));
   const nccl::Api* api = nullptr;
   LR_RETURN_IF_ERROR(nccl::realNccl(&api));
   e->nccl_ = api;
   lowrankCudaError_t err{};
-  if (int r = backend->commCreate(api, desc.ncclComm, desc.nranks, &e->comm_, &e->device_, &err))
+  if (int r = backend->commCreate(api, ncclComm, nranks, &e->comm_, &e->device_, &err))
     return e->fromBackend(r, err);
-  LR_INFO("CUDA engine for comm rank %d/%d on device %d", desc.rank, desc.nranks, e->device_);
+  LR_INFO("CUDA engine for %d comm ranks on device %d", nranks, e->device_);
   *out = std::move(e);
   return Status::Ok();
 }
 
-DeviceEngine::~DeviceEngine() {
+DeviceBackend::~DeviceBackend() {
   if (!comm_) return;
   // On the engine's device (the backend's streams and handles belong to it), whatever the caller's.
   platform::DeviceGuard guard(device_);
-  for (auto& kv : buffers_)  // pending checks are dropped: no one reads the counters
-    if (kv.second.state) be_->stateDestroy(kv.second.state);
   be_->commDestroy(comm_);
 }
 
-Status DeviceEngine::fromBackend(int code, const lowrankCudaError_t& error) const {
+Status DeviceBackend::fromBackend(int code, const lowrankCudaError_t& error) const {
   if (code == lowrankSuccess) return Status::Ok();
   if (error.ncclResult) return nccl::fromNccl(*nccl_, error.ncclResult, error.message);
   const lowrankResult_t c = code > lowrankSuccess && code < lowrankNumResults
@@ -101,160 +115,48 @@ Status DeviceEngine::fromBackend(int code, const lowrankCudaError_t& error) cons
   return Status::Error(c, "%s", error.message);
 }
 
-Status DeviceEngine::exact(const void* send, void* recv, size_t count, lowrankDataType_t dtype,
-                           lowrankRedOp_t op, void* stream) {
+Status DeviceBackend::exact(const Call& c) {
   lowrankCudaError_t err{};
-  LR_RETURN_IF_ERROR(fromBackend(
-      be_->exactAllReduce(comm_, send, recv, count, dtype, op, stream, &err), err));
-  counters_.exactElements += count;
-  counters_.payloadElements += count;
-  return Status::Ok();
+  return fromBackend(
+      be_->exactAllReduce(comm_, c.send, c.recv, c.count, c.dtype, c.op, c.stream, &err), err);
 }
 
-Status DeviceEngine::allocate(Buffer& b, const Plan& pl) {
-  const CudaPlan cp(pl, desc_.cfg, desc_.nranks);
+Status DeviceBackend::agree(uint64_t words[3]) {
   lowrankCudaError_t err{};
-  return fromBackend(be_->stateCreate(comm_, &cp.desc, &b.state, &b.bytes, &err), err);
+  return fromBackend(be_->planCheck(comm_, words, &err), err);
 }
 
-// As the host engine's planBuffer: plan, allocate, then one small allreduce in which every rank
-// shows its plan's hash and whether it could allocate. Blocks the host (once per buffer).
-Status DeviceEngine::plan(Buffer& b, size_t count, lowrankDataType_t dtype, lowrankRedOp_t op,
-                          const Layout* layout, const void* recv) {
-  Plan pl;
-  Status s = makePlan(count, dtype, op, layout, desc_.cfg, &pl);
-  if (s.ok() && pl.compressedElems && !pl.pipelined) makeChunks(pl, SIZE_MAX / 4);  // one chunk
-  bool allocated = false;
-  if (s.ok() && pl.compressedElems) {
-    if (desc_.cfg.testFailAllocRank != desc_.rank) {
-      const Status a = allocate(b, pl);
-      if (!a.ok()) LR_INFO("device buffer %p: its state could not be allocated: %s", recv, a.msg.c_str());
-      allocated = a.ok();
-    }
-  } else if (s.ok()) {
-    allocated = true;  // nothing to compress: no state
+std::unique_ptr<BackendState> DeviceBackend::allocate(const Plan& plan, const void* buf) {
+  const CudaPlan cp(plan, cfg_, nranks_);
+  lowrankCudaError_t err{};
+  lowrankCudaState_t* s = nullptr;
+  uint64_t bytes = 0;
+  const Status st = fromBackend(be_->stateCreate(comm_, &cp.desc, &s, &bytes, &err), err);
+  if (!st.ok()) {
+    LR_INFO("device buffer %p: its state could not be allocated: %s", buf, st.msg.c_str());
+    return nullptr;
   }
-  PlanCheck check(s, pl, allocated);
-  lowrankCudaError_t err{};
-  const Status x = fromBackend(be_->planCheck(comm_, check.words, &err), err);
-  bool exactOnly = false;
-  if (x.ok() && s.ok()) s = check.read(pl, op, recv, allocated, &exactOnly);
-  if (!x.ok() || !s.ok() || exactOnly) releaseState(recv, b);
-  if (!x.ok()) return x;
-  if (!s.ok()) return s;
-  b.exactOnly = exactOnly;
-  b.plan = std::move(pl);
-  b.planned = true;
-  LR_INFO("device buffer %p planned: count %zu %s, %zu tensors, P %zu Q %zu exact %zu, %zu+%zu "
-          "chunks, %llu bytes of state",
-          recv, count, dtypeName(dtype), b.plan.tensors.size(), b.plan.pElems, b.plan.qElems,
-          b.plan.exactElems, b.plan.pChunks.size(), b.plan.qChunks.size(),
-          (unsigned long long)b.bytes);
-  return Status::Ok();
+  return std::make_unique<DeviceState>(be_, s, bytes, device_);
 }
 
-void DeviceEngine::collectChecks(const void* recv, Buffer& b, int wait) {
-  if (!b.state) return;
+Status DeviceBackend::compressed(BackendState& state, const Plan&, const Call& c,
+                                 const float* freshQ, bool* fellBack) {
+  *fellBack = false;  // a rejection arrives later, through collect()
+  lowrankCudaError_t err{};
+  return fromBackend(be_->runCompressed(comm_, static_cast<DeviceState&>(state).get(), c.send,
+                                        c.recv, c.op, freshQ, c.stream, &err),
+                     err);
+}
+
+uint64_t DeviceBackend::collect(BackendState& state, const void* buf, int wait) {
   uint32_t opMismatches = 0;
-  const uint32_t rejected = be_->collectChecks(b.state, wait, &opMismatches);
-  counters_.fallbackCalls += rejected;
+  const uint32_t rejected =
+      be_->collectChecks(static_cast<DeviceState&>(state).get(), wait, &opMismatches);
   for (uint32_t i = 0; i < rejected; ++i)
-    LR_INFO("device buffer %p: a call was rejected on the device (%s); its output is NaN", recv,
+    LR_INFO("device buffer %p: a call was rejected on the device (%s); its output is NaN", buf,
             i < opMismatches ? "comm ranks used different ops"
                              : "non-finite or huge input on some comm rank");
-}
-
-void DeviceEngine::collectChecks() {
-  for (auto& kv : buffers_) collectChecks(kv.first, kv.second, lowrankCudaCollectArrived);
-}
-
-void DeviceEngine::releaseState(const void* recv, Buffer& b) {
-  if (b.state) {
-    collectChecks(recv, b, lowrankCudaCollectAll);
-    be_->stateDestroy(b.state);
-  }
-  b = Buffer();
-}
-
-const float* DeviceEngine::drawQ(Buffer& b) {
-  const Plan& pl = b.plan;
-  b.freshQ.resize(pl.qElems);
-  for (size_t i = 0; i < pl.tensors.size(); ++i) {
-    const TensorPlan& t = pl.tensors[i];
-    if (!t.compressed) continue;
-    float* q = b.freshQ.data() + t.qOffset;
-    host::fillNormal(q, size_t(t.k) * t.view.cols, desc_.cfg.seed, (b.calls << 20) ^ i);
-    host::orthonormalize(q, t.view.cols, t.k, 1, t.view.cols, desc_.cfg.orthoEpsilon);
-  }
-  return b.freshQ.data();
-}
-
-Status DeviceEngine::allReduce(const void* send, void* recv, size_t count, lowrankDataType_t dtype,
-                               lowrankRedOp_t op, void* stream, const Layout* layout) {
-  // Work goes to the communicator's device whatever the calling thread's current device is.
-  platform::DeviceGuard guard(device_);
-  setLogDevice(device_);
-  collectChecks();
-  const bool compressible = desc_.cfg.approxRank > 0 && dtypeCompressible(dtype) &&
-                            (op == lowrankSum || op == lowrankAvg);
-  if (!compressible) return exact(send, recv, count, dtype, op, stream);
-
-  Buffer& b = buffers_[recv];
-  if (b.planned && (b.plan.count != count || b.plan.dtype != dtype)) {
-    LR_INFO("device buffer %p: count or dtype changed, state reset", recv);
-    releaseState(recv, b);
-  }
-  if (!b.planned) LR_RETURN_IF_ERROR(plan(b, count, dtype, op, layout, recv));
-  const bool warmup = b.calls < uint64_t(desc_.cfg.startIter);
-  ++b.calls;
-  if (b.plan.compressedElems == 0 || warmup || b.exactOnly)
-    return exact(send, recv, count, dtype, op, stream);
-
-  // This call's checks need a free slot: when every one is pending, wait for the oldest.
-  collectChecks(recv, b, lowrankCudaCollectForRoom);
-  const float* freshQ = b.haveQ && desc_.cfg.warmStart ? nullptr : drawQ(b);
-  lowrankCudaError_t err{};
-  Status st = fromBackend(be_->runCompressed(comm_, b.state, send, recv, op, freshQ, stream, &err), err);
-  if (!st.ok()) {
-    releaseState(recv, b);  // never keep a half-updated state
-    return st;
-  }
-  b.haveQ = true;
-  ++counters_.compressedCalls;
-  counters_.compressedElements += b.plan.compressedElems;
-  counters_.exactElements += b.plan.exactElems;
-  counters_.payloadElements += b.plan.pElems + b.plan.qElems + b.plan.exactElems;
-  return Status::Ok();
-}
-
-void DeviceEngine::resetBuffer(const void* recv) {
-  auto it = buffers_.find(recv);
-  if (it == buffers_.end()) return;
-  platform::DeviceGuard guard(device_);
-  releaseState(recv, it->second);
-}
-
-void DeviceEngine::releaseBuffer(const void* recv) {
-  auto it = buffers_.find(recv);
-  if (it == buffers_.end()) return;
-  platform::DeviceGuard guard(device_);
-  releaseState(recv, it->second);
-  buffers_.erase(it);
-}
-
-bool DeviceEngine::view(const void* recv, lowrankBufferView_t* view) {
-  auto it = buffers_.find(recv);
-  if (it == buffers_.end() || !it->second.planned) return false;
-  describePlan(it->second.plan, it->second.calls, view);
-  return true;
-}
-
-DeviceCounters DeviceEngine::counters() {
-  collectChecks();
-  DeviceCounters c = counters_;
-  for (const auto& kv : buffers_) c.stateBytes += kv.second.bytes;
-  c.buffers = buffers_.size();
-  return c;
+  return rejected;
 }
 
 }  // namespace lowrank

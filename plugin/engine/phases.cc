@@ -7,31 +7,30 @@
 #include "kernels/host/orthonormalize.h"
 #include "kernels/host/powersgd_kernels.h"
 #include "kernels/host/random.h"
+#include "abi/cuda_backend.h"
 #include "util/dtype.h"
 
 namespace lowrank::phases {
 
-CallBuffers callBuffers(BufferState& st, const EngineConfig& cfg, const void* sendbuff,
-                        void* recvbuff) {
+CallBuffers callBuffers(const Plan& pl, HostState& st, const EngineConfig& cfg,
+                        const void* sendbuff, void* recvbuff) {
   float* pay = st.payload.data();
-  return CallBuffers{st.plan,
-                     dtypeSize(st.plan.dtype),
+  return CallBuffers{pl,
+                     dtypeSize(pl.dtype),
                      static_cast<const char*>(sendbuff),
                      static_cast<char*>(recvbuff),
                      cfg.errorFeedback ? st.error.data() : nullptr,
                      pay,
-                     pay + st.plan.pBase(),
+                     pay + pl.pBase(),
                      st.qt.data()};
 }
 
-void prepareQ(BufferState& st, const EngineConfig& cfg) {
-  const bool fresh = !st.haveQ || !cfg.warmStart;
-  const Plan& pl = st.plan;
+void initialQ(const Plan& pl, const EngineConfig& cfg, uint64_t calls, float* qt) {
   for (size_t i = 0; i < pl.tensors.size(); ++i) {
     const TensorPlan& t = pl.tensors[i];
     if (!t.compressed) continue;
-    float* q = st.qt.data() + t.qOffset;
-    if (fresh) host::fillNormal(q, size_t(t.k) * t.view.cols, cfg.seed, (st.calls << 20) ^ i);
+    float* q = qt + t.qOffset;
+    host::fillNormal(q, size_t(t.k) * t.view.cols, cfg.seed, (calls << 20) ^ i);
     host::orthonormalize(q, t.view.cols, t.k, 1, t.view.cols, cfg.orthoEpsilon);
   }
 }
@@ -61,13 +60,15 @@ float overflowLimit(const TensorPlan& t, int N) {
   return float(double(FLT_MAX) / grow);
 }
 
+float opCode(lowrankRedOp_t op) { return lowrankPayloadOpCode(op); }
+
 void setChecks(const Plan& pl, float* payload, size_t nonFinite, lowrankRedOp_t op) {
   payload[pl.flagIndex()] = float(std::min<size_t>(nonFinite, size_t(1) << 20));  // exact in float
-  payload[pl.opIndex()] = op == lowrankSum ? 1.f : 2.f;
+  payload[pl.opIndex()] = opCode(op);
 }
 
 Status readChecks(const Plan& pl, const float* payload, lowrankRedOp_t op, int N, bool* fellBack) {
-  const float mine = op == lowrankSum ? 1.f : 2.f;
+  const float mine = opCode(op);
   if (payload[pl.opIndex()] != mine * float(N))
     return Status::Error(lowrankInvalidUsage,
                          "the comm ranks called this buffer with different ops (sum and avg); this "

@@ -1,10 +1,12 @@
-// The steps of one compressed call that both schedules share (plugin/engine/powersgd.cc runs them
-// one after another, plugin/engine/pipeline.cc chunk by chunk), and the sub-views they run on.
+// The steps of one compressed call on the host (plugin/engine/pipeline.cc runs them chunk by
+// chunk), the sub-views they run on, and the first Q that host and device buffers share.
 #pragma once
 #include <cstddef>
+#include <cstdint>
 
-#include "engine/buffer_state.h"
 #include "engine/engine_config.h"
+#include "engine/host_backend.h"
+#include "engine/plan.h"
 
 namespace lowrank::phases {
 
@@ -19,13 +21,15 @@ struct CallBuffers {
   float* p;           // P of every compressed tensor (inside pay)
   float* qt;          // Q^T of every compressed tensor, whole-tensor layout
 };
-CallBuffers callBuffers(BufferState& st, const EngineConfig& cfg, const void* sendbuff,
-                        void* recvbuff);
+CallBuffers callBuffers(const Plan& pl, HostState& st, const EngineConfig& cfg,
+                        const void* sendbuff, void* recvbuff);
 
-// Q for this call: drawn from N(0, 1) at the first call (the same seed on every rank; a reset
-// buffer draws the same Q again), else the last call's Qbar (warm start); orthonormalized either
-// way, which keeps P = M Q well scaled without changing its span.
-void prepareQ(BufferState& st, const EngineConfig& cfg);
+// The fresh Qt of every compressed tensor (qt: plan.qElems floats, at each tensor's qOffset), for
+// host and device buffers alike: drawn from N(0, 1) with cfg.seed and a stream of (calls << 20) ^
+// tensor index, so every comm rank draws the same Q (and a reset buffer the same again), then
+// orthonormalized, which keeps P = M Q well scaled without changing its span. calls: the buffer's
+// calls since its plan, this one included. Without it the call warm-starts from the last Qbar.
+void initialQ(const Plan& pl, const EngineConfig& cfg, uint64_t calls, float* qt);
 
 // Packs the exact tensors of G into payload[0, exactElems) as float32; returns their non-finite count.
 size_t packExact(const Plan& pl, const void* sendbuff, float* payload);
@@ -37,6 +41,11 @@ void unpackExact(const Plan& pl, const float* payload, void* recvbuff, lowrankRe
 // |P Qbar^T| are at most N k sqrt(max(n, m)) max|M|): pass 1 counts them with the non-finite ones,
 // so such a call falls back to an exact allreduce on every rank, as a NaN would.
 float overflowLimit(const TensorPlan& t, int N);
+
+// The op's code in the payload's op element (abi/cuda_backend.h: lowrankPayloadOpCode, the one
+// definition host and device use): summed over N comm ranks it is N times one code only if every
+// rank used the same op.
+float opCode(lowrankRedOp_t op);
 
 // Sets the two check elements of the payload: the non-finite count and this rank's op.
 void setChecks(const Plan& pl, float* payload, size_t nonFinite, lowrankRedOp_t op);

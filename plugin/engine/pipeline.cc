@@ -1,19 +1,21 @@
 #include <algorithm>
 #include <vector>
 
+#include "engine/host_backend.h"
 #include "engine/phases.h"
-#include "engine/powersgd.h"
 #include "kernels/host/orthonormalize.h"
 #include "kernels/host/powersgd_kernels.h"
 #include "util/dtype.h"
 
 namespace lowrank {
 
-Status runPipelined(BufferState& st, const EngineConfig& cfg, const void* sendbuff, void* recvbuff,
-                    lowrankRedOp_t op, AsyncTransport& tr, CompressedResult* result) {
+Status runCompressed(HostState& st, const Plan& plan, const EngineConfig& cfg, const void* sendbuff,
+                     void* recvbuff, lowrankRedOp_t op, const float* freshQ, AsyncTransport& tr,
+                     bool* fellBack) {
   using Ticket = AsyncTransport::Ticket;
   const int N = tr.size();
-  const auto [pl, es, send, recv, e, pay, p, qt] = phases::callBuffers(st, cfg, sendbuff, recvbuff);
+  const auto [pl, es, send, recv, e, pay, p, qt] =
+      phases::callBuffers(plan, st, cfg, sendbuff, recvbuff);
   float* wire = st.qwire.data();
   // Posted slices must stay untouched until reduced: on any error, let the queue drain first.
   auto failed = [&](Status s) {
@@ -21,7 +23,14 @@ Status runPipelined(BufferState& st, const EngineConfig& cfg, const void* sendbu
     return s;
   };
 
-  phases::prepareQ(st, cfg);
+  // Q: the fresh one given, else the last call's Qbar (warm start), orthonormalized.
+  if (freshQ) {
+    std::copy_n(freshQ, pl.qElems, qt);
+  } else {
+    for (const TensorPlan& t : pl.tensors)
+      if (t.compressed)
+        host::orthonormalize(qt + t.qOffset, t.view.cols, t.k, 1, t.view.cols, cfg.orthoEpsilon);
+  }
 
   // The exact part travels first, under pass 1.
   size_t bad = phases::packExact(pl, sendbuff, pay);
@@ -69,8 +78,8 @@ Status runPipelined(BufferState& st, const EngineConfig& cfg, const void* sendbu
   }
 
   Status s = tr.wait(pTicket.back());
-  if (s.ok()) s = phases::readChecks(pl, pay, op, N, &result->fellBack);
-  if (!s.ok() || result->fellBack) return failed(s);
+  if (s.ok()) s = phases::readChecks(pl, pay, op, N, fellBack);
+  if (!s.ok() || *fellBack) return failed(s);
   phases::unpackExact(pl, pay, recvbuff, op, N);  // the exact part was posted before every P chunk
 
   // Pass 3 chunk by chunk as Q arrives; Qbar goes back to the whole-tensor layout for warm start.
@@ -92,7 +101,6 @@ Status runPipelined(BufferState& st, const EngineConfig& cfg, const void* sendbu
                     qt + t.qOffset + size_t(j) * t.view.cols + cb.c0);
     }
   }
-  st.haveQ = true;
   return Status::Ok();
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 
 #include "util/dtype.h"
 #include "util/log.h"
@@ -214,6 +215,8 @@ Status makePlan(size_t count, lowrankDataType_t dtype, lowrankRedOp_t op, const 
     p.pipelined = true;
     makeChunks(p, size_t(cfg.pipelineChunk));
     h = mix(h, cfg.pipelineChunk);
+  } else if (p.compressedElems) {
+    makeChunks(p, SIZE_MAX / 4);  // one chunk per phase: the schedule without overlap
   }
   p.hash = mix(h, p.pipelined);
   *out = std::move(p);

@@ -28,9 +28,9 @@ struct TensorPlan {
   size_t lastPChunk = 0;   // pipelined: the P chunk that completes this tensor's P
 };
 
-// Pipelined schedule (plan.pipelined): P by row blocks, Q and decompression by column blocks,
-// grouped in chunks of about EngineConfig::pipelineChunk elements of M; each chunk's factors are
-// one contiguous slice, allreduced while the next chunk is computed.
+// The schedule's chunks: P by row blocks, Q and decompression by column blocks, grouped in chunks
+// (of about EngineConfig::pipelineChunk elements of M when plan.pipelined, else one per phase);
+// each chunk's factors are one contiguous slice, allreduced while the next chunk is computed.
 struct RowBlock { size_t tensor, r0, r1; };
 struct ColBlock { size_t tensor, c0, c1, wireOffset; };  // its Qt (k x (c1 - c0)) at qwire[wireOffset]
 struct Chunk {
@@ -70,9 +70,9 @@ host::MatrixView batchedView(size_t count);
 bool shouldCompress(size_t n, size_t m, int k, double rate);
 
 // Splits every compressed tensor of p into row blocks (P) and column blocks (Q) of at most `target`
-// elements of M, grouped in chunks of about `target` elements (what makePlan does when it
-// pipelines). The device schedule calls it with a huge target on unpipelined plans, to run one
-// chunk per phase. Requires p.compressedElems > 0 and no chunks yet.
+// elements of M, grouped in chunks of about `target` elements. makePlan chunks every plan with
+// compressed tensors: by EngineConfig::pipelineChunk when it pipelines, else in one chunk per
+// phase (the schedule without overlap). Requires p.compressedElems > 0 and no chunks yet.
 void makeChunks(Plan& p, size_t target);
 
 // The agreement of a buffer's first call, shared by the host and device engines: every comm rank

@@ -120,8 +120,16 @@ void checkPlan(const Plan& p, size_t count, const Layout* layout, const EngineCo
           (n == m && n * n >= count && (n - 1) * (n - 1) < count));
   }
   CHECK(p.pipelined == (cfg.pipeline && ce >= 2 * cfg.pipelineChunk));
-  if (p.pipelined) checkPipeline(p, size_t(cfg.pipelineChunk));
-  else CHECK(p.rowBlocks.empty() && p.pChunks.empty() && p.qChunks.empty());
+  // Every plan with compressed tensors is chunked: by pipelineChunk when pipelined, else in one
+  // chunk per phase (the schedule without overlap).
+  if (p.pipelined) {
+    checkPipeline(p, size_t(cfg.pipelineChunk));
+  } else if (ce) {
+    checkPipeline(p, SIZE_MAX / 4);
+    CHECK(p.pChunks.size() == 1 && p.qChunks.size() == 1);
+  } else {
+    CHECK(p.rowBlocks.empty() && p.pChunks.empty() && p.qChunks.empty());
+  }
 }
 
 }  // namespace

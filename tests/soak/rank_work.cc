@@ -55,7 +55,8 @@ std::vector<const float*> residuals(const Slot& sl, const std::vector<void*>& re
                                     const std::vector<lowrankComm_t>& comms, size_t* wrong) {
   std::vector<const float*> e(comms.size(), nullptr);
   for (size_t q = 0; q < comms.size(); ++q) {
-    const BufferState* st = comms[q]->buffers.find(recv[q]);
+    const Buffer* b = comms[q]->buffers.find(recv[q]);
+    const auto* st = b ? dynamic_cast<const HostState*>(b->state.get()) : nullptr;
     if (!st || st->error.empty()) continue;
     if (st->error.size() != sl.count)
       ++*wrong;  // a state of another count: never reset

@@ -137,7 +137,8 @@ class Soak {
   }
 
   void corruptResidual(const Step& s) {
-    BufferState* st = stepComms_[0]->buffers.find(s.recv[0]);
+    Buffer* b = stepComms_[0]->buffers.find(s.recv[0]);
+    auto* st = b ? dynamic_cast<HostState*>(b->state.get()) : nullptr;
     if (!st || st->error.empty()) return;
     st->error[0] += 0.01f * s.slot->scale;
     corrupted_ = true;

@@ -15,7 +15,7 @@ Err reduceOn(const DeviceComm& dc, float* x, size_t count, cudaEvent_t ready, cu
   return Err::Ok();
 }
 
-// Q for this call, as phases::prepareQ: a fresh draw (liblowrank's, the same numbers as the host
+// Q for this call: a fresh draw (liblowrank's, the same numbers as the host
 // engine, orthonormalized on the host; staged in pinned memory, then copied) or the last call's
 // Qbar orthonormalized on the device (warm start).
 Err prepareQ(DeviceBuffer& b, const float* freshQ, cudaStream_t s) {
@@ -39,7 +39,7 @@ Err runCompressedOnDevice(DeviceBuffer& b, const DeviceComm& dc, const void* sen
   const int N = dc.nranks;
   float* p = b.payload + pl.pBase();
   float* checks = b.payload + pl.flagIndex();
-  const float opCode = op == lowrankSum ? 1.f : 2.f;
+  const float opCode = lowrankPayloadOpCode(op);
 
   LR_TRY(prepareQ(b, freshQ, s));
   LR_CUDA(cudaMemsetAsync(checks, 0, sizeof(float), s));

@@ -1,0 +1,40 @@
+#include "engine/host_backend.h"
+
+#include <cstring>
+#include <new>
+
+#include "util/dtype.h"
+#include "util/log.h"
+
+namespace lowrank {
+
+Status HostBackend::exact(const Call& c) {
+  if (c.send != c.recv) std::memcpy(c.recv, c.send, c.count * dtypeSize(c.dtype));
+  return tr_.allreduce(c.recv, c.count, c.dtype, c.op);
+}
+
+Status HostBackend::agree(uint64_t words[3]) {
+  return tr_.allreduce(words, 3, lowrankUint64, lowrankMax);
+}
+
+std::unique_ptr<BackendState> HostBackend::allocate(const Plan& plan, const void* buf) {
+  try {
+    auto st = std::make_unique<HostState>();
+    if (cfg_.errorFeedback) st->error.assign(plan.count, 0.f);
+    st->payload.assign(plan.payloadElems(), 0.f);
+    st->qt.assign(plan.qElems, 0.f);
+    st->qwire.assign(plan.qElems, 0.f);
+    return st;
+  } catch (const std::bad_alloc&) {
+    LR_INFO("buffer %p: its state could not be allocated (out of host memory)", buf);
+    return nullptr;
+  }
+}
+
+Status HostBackend::compressed(BackendState& state, const Plan& plan, const Call& c,
+                               const float* freshQ, bool* fellBack) {
+  return runCompressed(static_cast<HostState&>(state), plan, cfg_, c.send, c.recv, c.op, freshQ,
+                       tr_, fellBack);
+}
+
+}  // namespace lowrank
