@@ -28,7 +28,7 @@
  * Asynchronous NCCL failures (a peer lost mid-collective) surface as NCCL's do: poll
  * ncclCommGetAsyncError and abort the NCCL communicator; lowrankCommAbort does not abort it.
  * An NCCL error in the middle of a compressed call fails the lowrank communicator: any error NCCL
- * returns for one of lowrank's allreduces of a host buffer (ncclInvalidUsage and
+ * returns for one of lowrank's allreduces, of host or device buffers (ncclInvalidUsage and
  * ncclInvalidArgument included, as well as an asynchronous error, a failed stream query or
  * LOWRANK_TIMEOUT while waiting for it) is that call's result, mapped to lowrank's code, and every
  * later call on the communicator is refused with lowrankInvalidUsage naming it ("... failed

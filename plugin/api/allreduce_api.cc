@@ -15,12 +15,6 @@ LOWRANK_API lowrankResult_t lowrankAllReduce(const void* sendbuff, void* recvbuf
   if (!comm) return fail(nullptr, lowrankInvalidArgument, "lowrankAllReduce: comm is NULL");
   return lowrank::api::guarded(comm, [&]() -> lowrankResult_t {
     std::lock_guard<std::mutex> lock(comm->callMu);
-    if (comm->failed)
-      return fail(comm, lowrankInvalidUsage,
-                  "lowrankAllReduce: the communicator failed at an earlier call%s%s%s; destroy it "
-                  "(lowrankCommDestroy) and make a new one",
-                  comm->failure.empty() ? "" : " (", comm->failure.c_str(),
-                  comm->failure.empty() ? "" : ")");
     if (!sendbuff || !recvbuff)
       return fail(comm, lowrankInvalidArgument, "lowrankAllReduce: %s is NULL",
                   sendbuff ? "recvbuff" : "sendbuff");
@@ -49,11 +43,11 @@ LOWRANK_API lowrankResult_t lowrankAllReduce(const void* sendbuff, void* recvbuf
                   sendbuff, sendDev ? "device" : "host", recvbuff, recvDev ? "device" : "host");
     // Host buffers on an NCCL communicator: the stream goes nowhere (NCCL gets the host engine's
     // factor buffers); elsewhere a stream with host buffers is a mistake worth reporting.
-    if (stream && !sendDev && !comm->ncclComm)
+    if (stream && !sendDev && !comm->engine->overNccl())
       return fail(comm, lowrankInvalidArgument,
                   "lowrankAllReduce: a stream was given with host buffers (pass NULL)");
     lowrank::Status st =
-        lowrank::allReduce(comm, sendbuff, recvbuff, count, datatype, op, stream, sendDev);
+        comm->engine->allReduce(sendbuff, recvbuff, count, datatype, op, stream, sendDev);
     return st.ok() ? lowrankSuccess : fail(comm, st);
   });
 }

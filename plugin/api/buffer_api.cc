@@ -1,5 +1,5 @@
 // Per-buffer state (layout, view, reset, release) and statistics: argument checks, then the
-// engine (engine/communicator.h).
+// engine (engine/engine.h).
 #include "api/errors.h"
 #include "api/export.h"
 
@@ -36,7 +36,7 @@ LOWRANK_API lowrankResult_t lowrankBufferSetLayout(lowrankComm_t comm, const voi
         layout[t].push_back(shapes[t][d]);
       }
     }
-    lowrank::setLayout(comm, recvbuff, std::move(layout));
+    comm->engine->setLayout(recvbuff, std::move(layout));
     return lowrankSuccess;
   });
 }
@@ -46,31 +46,39 @@ LOWRANK_API lowrankResult_t lowrankBufferGetView(lowrankComm_t comm, const void*
   if (!comm || !recvbuff || !view)
     return fail(comm, lowrankInvalidArgument, "lowrankBufferGetView: %s is NULL",
                 !comm ? "comm" : !recvbuff ? "recvbuff" : "view");
-  std::lock_guard<std::mutex> lock(comm->callMu);
-  lowrank::viewBuffer(comm, recvbuff, view);
-  return lowrankSuccess;
+  return lowrank::api::guarded(comm, [&]() -> lowrankResult_t {
+    std::lock_guard<std::mutex> lock(comm->callMu);
+    comm->engine->view(recvbuff, view);
+    return lowrankSuccess;
+  });
 }
 
 LOWRANK_API lowrankResult_t lowrankBufferReset(lowrankComm_t comm, const void* recvbuff) {
   if (!comm || !recvbuff)
     return fail(comm, lowrankInvalidArgument, "lowrankBufferReset: %s is NULL", comm ? "recvbuff" : "comm");
-  std::lock_guard<std::mutex> lock(comm->callMu);
-  lowrank::resetBuffer(comm, recvbuff);
-  return lowrankSuccess;
+  return lowrank::api::guarded(comm, [&]() -> lowrankResult_t {
+    std::lock_guard<std::mutex> lock(comm->callMu);
+    comm->engine->reset(recvbuff);
+    return lowrankSuccess;
+  });
 }
 
 LOWRANK_API lowrankResult_t lowrankBufferRelease(lowrankComm_t comm, const void* recvbuff) {
   if (!comm || !recvbuff)
     return fail(comm, lowrankInvalidArgument, "lowrankBufferRelease: %s is NULL", comm ? "recvbuff" : "comm");
-  std::lock_guard<std::mutex> lock(comm->callMu);
-  lowrank::releaseBuffer(comm, recvbuff);
-  return lowrankSuccess;
+  return lowrank::api::guarded(comm, [&]() -> lowrankResult_t {
+    std::lock_guard<std::mutex> lock(comm->callMu);
+    comm->engine->release(recvbuff);
+    return lowrankSuccess;
+  });
 }
 
 LOWRANK_API lowrankResult_t lowrankGetStats(lowrankComm_t comm, lowrankStats_t* stats) {
   if (!comm || !stats)
     return fail(comm, lowrankInvalidArgument, "lowrankGetStats: %s is NULL", comm ? "stats" : "comm");
-  std::lock_guard<std::mutex> lock(comm->callMu);
-  lowrank::getStats(comm, stats);
-  return lowrankSuccess;
+  return lowrank::api::guarded(comm, [&]() -> lowrankResult_t {
+    std::lock_guard<std::mutex> lock(comm->callMu);
+    comm->engine->stats(stats);
+    return lowrankSuccess;
+  });
 }

@@ -31,10 +31,11 @@ LOWRANK_API lowrankResult_t lowrankCommInitRankConfig(lowrankComm_t* comm, int n
       return fail(nullptr, lowrankInvalidArgument,
                   "lowrankCommInitRank: rank %d is not in [0, %d)", rank, nranks);
     auto c = std::make_unique<lowrankComm>();
-    Status s = lowrank::api::resolveConfig(config, &c->cfg);
-    if (s.ok()) s = lowrank::connectUcx(c.get(), uniqueId, rank, nranks);
+    lowrank::EngineConfig cfg;
+    Status s = lowrank::api::resolveConfig(config, &cfg);
+    if (s.ok()) s = lowrank::Engine::overUcx(cfg, uniqueId, rank, nranks, &c->engine);
     if (!s.ok()) return fail(nullptr, s);
-    lowrank::api::logConfig(c->cfg, rank, nranks);
+    lowrank::api::logConfig(cfg, rank, nranks);
     *comm = c.release();
     return lowrankSuccess;
   });
@@ -47,17 +48,20 @@ LOWRANK_API lowrankResult_t lowrankCommInitRank(lowrankComm_t* comm, int nranks,
 
 namespace {
 
-// Destroy and abort: waits for a running call, then frees the comm (lowrank::deleteComm, which
-// also destroys or aborts an NCCL communicator the comm owns). `fn` names the entry point.
+// Destroy and abort: waits for a running call, then frees the comm (Engine::close, which also
+// destroys or aborts an NCCL communicator the comm owns). `fn` names the entry point.
 lowrankResult_t destroy(lowrankComm_t comm, const char* fn) {
   return guarded(nullptr, [&]() -> lowrankResult_t {
     {
       std::lock_guard<std::mutex> wait(comm->callMu);  // no call may still be running on it
     }
-    LR_INFO("comm rank %d/%d destroyed: %llu calls, %llu compressed", comm->rank, comm->nranks,
-            (unsigned long long)comm->counters.calls,
-            (unsigned long long)comm->counters.compressedCalls);
-    Status s = lowrank::deleteComm(comm);
+    lowrankStats_t st;
+    comm->engine->stats(&st);
+    LR_INFO("comm rank %d/%d destroyed: %llu calls, %llu compressed", comm->engine->rank(),
+            comm->engine->nranks(), (unsigned long long)st.calls,
+            (unsigned long long)st.compressedCalls);
+    Status s = lowrank::Engine::close(std::move(comm->engine));
+    delete comm;
     if (s.ok()) return lowrankSuccess;
     s.msg = std::string(fn) + ": " + s.msg;
     return fail(nullptr, s);
@@ -73,23 +77,21 @@ LOWRANK_API lowrankResult_t lowrankCommDestroy(lowrankComm_t comm) {
 
 LOWRANK_API lowrankResult_t lowrankCommAbort(lowrankComm_t comm) {
   if (!comm) return fail(nullptr, lowrankInvalidArgument, "lowrankCommAbort: comm is NULL");
-  comm->aborted = true;
-  comm->failed = true;
-  if (comm->transport) comm->transport->abort();  // a waiting call returns promptly
+  comm->engine->abort();  // any thread: a waiting call returns promptly
   return destroy(comm, "lowrankCommAbort");
 }
 
 LOWRANK_API lowrankResult_t lowrankCommCount(const lowrankComm_t comm, int* count) {
   if (!comm || !count)
     return fail(nullptr, lowrankInvalidArgument, "lowrankCommCount: %s is NULL", comm ? "count" : "comm");
-  *count = comm->nranks;
+  *count = comm->engine->nranks();
   return lowrankSuccess;
 }
 
 LOWRANK_API lowrankResult_t lowrankCommUserRank(const lowrankComm_t comm, int* rank) {
   if (!comm || !rank)
     return fail(nullptr, lowrankInvalidArgument, "lowrankCommUserRank: %s is NULL", comm ? "rank" : "comm");
-  *rank = comm->rank;
+  *rank = comm->engine->rank();
   return lowrankSuccess;
 }
 
@@ -99,7 +101,7 @@ LOWRANK_API lowrankResult_t lowrankCommGetConfig(const lowrankComm_t comm, lowra
   if (config->size != sizeof(lowrankConfig_t) || config->magic != LOWRANK_CONFIG_MAGIC)
     return fail(nullptr, lowrankInvalidArgument,
                 "lowrankCommGetConfig: config not initialized with LOWRANK_CONFIG_INITIALIZER");
-  const lowrank::EngineConfig& c = comm->cfg;
+  const lowrank::EngineConfig& c = comm->engine->config();
   config->approxRank = c.approxRank;
   config->minCompressionRate = c.minCompressionRate;
   config->startIter = c.startIter;

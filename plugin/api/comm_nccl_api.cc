@@ -18,25 +18,12 @@ static_assert(sizeof(ncclUniqueId) == 128, "ncclUniqueId is 128 bytes (NCCL_UNIQ
 
 namespace {
 
-// A communicator being made: freed by lowrank::deleteComm, so that one which already owns its
-// NCCL communicator releases it too, whatever way the init fails (an exception included).
-struct DeleteComm {
-  void operator()(lowrankComm* c) const { (void)lowrank::deleteComm(c); }
-};
-using CommPtr = std::unique_ptr<lowrankComm, DeleteComm>;
-
-// The first part of both inits, before any NCCL communicator is used: the new comm with its
-// configuration resolved.
-Status prepare(const lowrankConfig_t* config, CommPtr* c) {
-  c->reset(new lowrankComm);
-  return lowrank::api::resolveConfig(config, &(*c)->cfg);
-}
-
-// The rest of both inits: c over the NCCL communicator `ncclComm` (owned or not), its NCCL
-// transport made; then *comm. On error c is freed (with an owned NCCL communicator).
-Status overNccl(void* ncclComm, bool owned, CommPtr c, lowrankComm_t* comm) {
-  LR_RETURN_IF_ERROR(lowrank::connectNccl(c.get(), ncclComm, owned));
-  lowrank::api::logConfig(c->cfg, c->rank, c->nranks);
+// The end of both inits: the comm over the NCCL communicator `ncclComm` (owned or not; an owned
+// one is released if this fails), then *comm.
+Status overNccl(const lowrank::EngineConfig& cfg, void* ncclComm, bool owned, lowrankComm_t* comm) {
+  auto c = std::make_unique<lowrankComm>();
+  LR_RETURN_IF_ERROR(lowrank::Engine::overNccl(cfg, ncclComm, owned, &c->engine));
+  lowrank::api::logConfig(cfg, c->engine->rank(), c->engine->nranks());
   *comm = c.release();
   return Status::Ok();
 }
@@ -56,9 +43,9 @@ LOWRANK_API lowrankResult_t lowrankCommInitFromNcclConfig(lowrankComm_t* comm, n
     *comm = nullptr;
     if (!nccl)
       return fail(nullptr, lowrankInvalidArgument, "lowrankCommInitFromNccl: the NCCL communicator is NULL");
-    CommPtr c;
-    Status s = prepare(config, &c);
-    if (s.ok()) s = overNccl(nccl, /*owned=*/false, std::move(c), comm);
+    lowrank::EngineConfig cfg;
+    Status s = lowrank::api::resolveConfig(config, &cfg);
+    if (s.ok()) s = overNccl(cfg, nccl, /*owned=*/false, comm);
     return s.ok() ? lowrankSuccess : failIn("lowrankCommInitFromNccl", std::move(s));
   });
 }
@@ -85,12 +72,12 @@ LOWRANK_API lowrankResult_t lowrankCommInitNcclRank(lowrankComm_t* comm, int nra
     if (rank < 0 || rank >= nranks)
       return fail(nullptr, lowrankInvalidArgument,
                   "lowrankCommInitNcclRank: rank %d is not in [0, %d)", rank, nranks);
-    CommPtr c;
-    Status s = prepare(config, &c);
+    lowrank::EngineConfig cfg;
+    Status s = lowrank::api::resolveConfig(config, &cfg);
     void* ncclComm = nullptr;
     if (s.ok()) s = lowrank::ncclCommInit(&ncclComm, nranks, &id, rank);
-    // From here the NCCL communicator is c's: freed with it if the rest fails.
-    if (s.ok()) s = overNccl(ncclComm, /*owned=*/true, std::move(c), comm);
+    // From here the NCCL communicator is the engine's: released by it if the rest fails.
+    if (s.ok()) s = overNccl(cfg, ncclComm, /*owned=*/true, comm);
     return s.ok() ? lowrankSuccess : failIn("lowrankCommInitNcclRank", std::move(s));
   });
 }

@@ -4,7 +4,7 @@
 #include <new>
 #include <string>
 
-#include "engine/communicator.h"
+#include "api/comm.h"
 #include "util/status.h"
 
 namespace lowrank::api {

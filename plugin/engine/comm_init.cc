@@ -7,35 +7,11 @@
 #include "platform/nccl.h"
 #include "transport/bootstrap/bootstrap.h"
 #include "transport/bootstrap/launcher_env.h"
-#include "transport/nccl/nccl_transport.h"
-#include "transport/ucx/ucx_transport.h"
 
 namespace lowrank {
 
 Status makeUniqueId(lowrankUniqueId* id, double timeoutSec) {
   return bootstrap::makeUniqueId(id, timeoutSec);
-}
-
-Status connectUcx(lowrankComm* c, const lowrankUniqueId& id, int rank, int nranks) {
-  std::unique_ptr<Transport> ucx;
-  LR_RETURN_IF_ERROR(createUcxTransport(id, rank, nranks, c->cfg.timeoutSec, &ucx));
-  c->transport = std::make_unique<AsyncTransport>(std::move(ucx));
-  c->rank = rank;
-  c->nranks = nranks;
-  return Status::Ok();
-}
-
-Status connectNccl(lowrankComm* c, void* ncclComm, bool owned) {
-  c->ncclComm = ncclComm;
-  c->ownsNccl = owned;
-  const nccl::Api* api = nullptr;
-  LR_RETURN_IF_ERROR(nccl::realNccl(&api));
-  std::unique_ptr<NcclTransport> t;
-  LR_RETURN_IF_ERROR(NcclTransport::create(api, ncclComm, c->cfg.timeoutSec, &t));
-  c->rank = t->rank();
-  c->nranks = t->size();
-  c->transport = std::make_unique<AsyncTransport>(std::move(t));
-  return Status::Ok();
 }
 
 Status launcherUniqueId(double timeoutSec, lowrankUniqueId* id, int* rank, int* size) {

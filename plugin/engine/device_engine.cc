@@ -107,9 +107,12 @@ DeviceBackend::~DeviceBackend() {
   be_->commDestroy(comm_);
 }
 
-Status DeviceBackend::fromBackend(int code, const lowrankCudaError_t& error) const {
+Status DeviceBackend::fromBackend(int code, const lowrankCudaError_t& error) {
   if (code == lowrankSuccess) return Status::Ok();
-  if (error.ncclResult) return nccl::fromNccl(*nccl_, error.ncclResult, error.message);
+  if (error.ncclResult) {
+    ncclFailed_ = true;
+    return nccl::fromNccl(*nccl_, error.ncclResult, error.message);
+  }
   const lowrankResult_t c = code > lowrankSuccess && code < lowrankNumResults
                                 ? lowrankResult_t(code) : lowrankInternalError;
   return Status::Error(c, "%s", error.message);

@@ -35,12 +35,13 @@ class DeviceBackend final : public BufferBackend {
   Status compressed(BackendState& state, const Plan& plan, const Call& c, const float* freshQ,
                     bool* fellBack) override;
   uint64_t collect(BackendState& state, const void* buf, int wait) override;
+  bool broken() const override { return ncclFailed_; }
 
  private:
   DeviceBackend(int nranks, const EngineConfig& cfg, const lowrankCudaBackend_t* backend)
       : nranks_(nranks), cfg_(cfg), be_(backend) {}
-  // A backend error as a Status (an NCCL failure with NCCL's own text).
-  Status fromBackend(int code, const lowrankCudaError_t& error) const;
+  // A backend error as a Status (an NCCL failure with NCCL's own text; it breaks the backend).
+  Status fromBackend(int code, const lowrankCudaError_t& error);
 
   int nranks_;
   EngineConfig cfg_;
@@ -48,6 +49,7 @@ class DeviceBackend final : public BufferBackend {
   const lowrankRealNccl_t* nccl_ = nullptr;
   lowrankCudaComm_t* comm_ = nullptr;
   int device_ = -1;
+  bool ncclFailed_ = false;  // an NCCL call of a collective failed (broken())
 };
 
 }  // namespace lowrank

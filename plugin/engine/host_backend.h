@@ -43,6 +43,7 @@ class HostBackend final : public BufferBackend {
   std::unique_ptr<BackendState> allocate(const Plan& plan, const void* buf) override;
   Status compressed(BackendState& state, const Plan& plan, const Call& c, const float* freshQ,
                     bool* fellBack) override;
+  bool broken() const override { return tr_.broken(); }
 
  private:
   const EngineConfig& cfg_;

@@ -66,6 +66,11 @@ Buffer* BufferRegistry::find(const void* buf) {
   return it == map_.end() ? nullptr : &it->second;
 }
 
+const Buffer* BufferRegistry::find(const void* buf) const {
+  auto it = map_.find(buf);
+  return it == map_.end() ? nullptr : &it->second;
+}
+
 void BufferRegistry::reset(const void* buf, Buffer& b, Counters& k) {
   if (b.state) k.fallbackCalls += b.backend->collect(*b.state, buf, 2);
   std::optional<Layout> layout = std::move(b.layout);

@@ -59,6 +59,11 @@ class BufferBackend {
   // exact. On error the state may be half updated: the caller drops it.
   virtual Status compressed(BackendState& state, const Plan& plan, const Call& c,
                             const float* freshQ, bool* fellBack) = 0;
+  // True once a collective of this backend failed midway (any error of the transport or of NCCL
+  // during a collective): the comm ranks may be out of step, so the communicator fails. The same
+  // notion for both backends: the transport's broken() (transport/transport.h), or an NCCL error
+  // the CUDA backend reported.
+  virtual bool broken() const = 0;
   // Calls rejected after they returned (the device's non-finite and op checks, which arrive later;
   // their output is NaN), counted as they arrive. wait: as abi/cuda_backend.h's
   // lowrankCudaCollect* (0: only what has arrived; 1: room for one more call; 2: every one).
@@ -85,6 +90,7 @@ class BufferRegistry {
  public:
   Buffer& get(const void* buf) { return map_[buf]; }
   Buffer* find(const void* buf);
+  const Buffer* find(const void* buf) const;
   // Drops b's plan and state (keeps the layout): the next call plans afresh. Calls the backend
   // rejected meanwhile are counted first.
   void reset(const void* buf, Buffer& b, Counters& k);

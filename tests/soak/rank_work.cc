@@ -4,7 +4,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "engine/communicator.h"
+#include "api/comm.h"
 #include "soak/values.h"
 
 namespace lowrank::soak {
@@ -55,7 +55,7 @@ std::vector<const float*> residuals(const Slot& sl, const std::vector<void*>& re
                                     const std::vector<lowrankComm_t>& comms, size_t* wrong) {
   std::vector<const float*> e(comms.size(), nullptr);
   for (size_t q = 0; q < comms.size(); ++q) {
-    const Buffer* b = comms[q]->buffers.find(recv[q]);
+    const Buffer* b = comms[q]->engine->find(recv[q]);
     const auto* st = b ? dynamic_cast<const HostState*>(b->state.get()) : nullptr;
     if (!st || st->error.empty()) continue;
     if (st->error.size() != sl.count)

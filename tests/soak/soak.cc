@@ -11,7 +11,7 @@
 #include <memory>
 #include <random>
 
-#include "engine/communicator.h"
+#include "api/comm.h"
 #include "lowrank/lowrank.h"
 #include "soak/rank_work.h"
 #include "soak/values.h"
@@ -137,8 +137,8 @@ class Soak {
   }
 
   void corruptResidual(const Step& s) {
-    Buffer* b = stepComms_[0]->buffers.find(s.recv[0]);
-    auto* st = b ? dynamic_cast<HostState*>(b->state.get()) : nullptr;
+    const Buffer* b = stepComms_[0]->engine->find(s.recv[0]);
+    auto* st = b ? dynamic_cast<HostState*>(b->state.get()) : nullptr;  // corrupted on purpose
     if (!st || st->error.empty()) return;
     st->error[0] += 0.01f * s.slot->scale;
     corrupted_ = true;

@@ -1,0 +1,185 @@
+#include "engine/engine.h"
+
+#include <cstdio>
+
+#include "platform/cuda_probe.h"
+#include "platform/nccl.h"
+#include "transport/nccl/nccl_transport.h"
+#include "transport/ucx/ucx_transport.h"
+#include "util/dtype.h"
+#include "util/log.h"
+
+namespace lowrank {
+namespace {
+
+// Releases an NCCL communicator the engine owns: the one place one is let go.
+Status releaseNccl(void* comm, bool abort) {
+  const nccl::Api* api = nullptr;
+  LR_RETURN_IF_ERROR(nccl::realNccl(&api));  // resolved already: the NCCL comm was made through it
+  return abort ? nccl::fromNccl(*api, api->commAbort(comm), "ncclCommAbort")
+               : nccl::fromNccl(*api, api->commDestroy(comm), "ncclCommDestroy");
+}
+
+}  // namespace
+
+Status Engine::overUcx(const EngineConfig& cfg, const lowrankUniqueId& id, int rank, int nranks,
+                       std::unique_ptr<Engine>* out) {
+  std::unique_ptr<Transport> ucx;
+  LR_RETURN_IF_ERROR(createUcxTransport(id, rank, nranks, cfg.timeoutSec, &ucx));
+  out->reset(new Engine(cfg, std::make_unique<AsyncTransport>(std::move(ucx)), rank, nranks));
+  return Status::Ok();
+}
+
+Status Engine::overNccl(const EngineConfig& cfg, void* ncclComm, bool owned,
+                        std::unique_ptr<Engine>* out) {
+  const nccl::Api* api = nullptr;
+  std::unique_ptr<NcclTransport> t;
+  Status s = nccl::realNccl(&api);
+  if (s.ok()) s = NcclTransport::create(api, ncclComm, cfg.timeoutSec, &t);
+  if (!s.ok()) {
+    if (owned) (void)releaseNccl(ncclComm, /*abort=*/false);  // made for this engine: not left behind
+    return s;
+  }
+  const int rank = t->rank(), nranks = t->size();
+  out->reset(new Engine(cfg, std::make_unique<AsyncTransport>(std::move(t)), rank, nranks));
+  (*out)->ncclComm_ = ncclComm;
+  (*out)->ownsNccl_ = owned;
+  return Status::Ok();
+}
+
+Engine::~Engine() {
+  // Device states and the device comm are freed on the communicator's device.
+  platform::DeviceGuard guard(device());
+  buffers_ = BufferRegistry();
+  device_.reset();
+}
+
+Status Engine::close(std::unique_ptr<Engine> engine) {
+  void* owned = engine->ownsNccl_ ? engine->ncclComm_ : nullptr;
+  const bool abort = engine->aborted_;
+  engine.reset();  // buffer states, backends and transport: all of them use the NCCL comm
+  return owned ? releaseNccl(owned, abort) : Status::Ok();
+}
+
+void Engine::abort() {
+  aborted_ = true;
+  {
+    std::lock_guard<std::mutex> lock(failureMu_);
+    if (failure_.empty()) failure_ = "the communicator was aborted";
+  }
+  failed_ = true;
+  transport_->abort();  // a waiting call returns promptly
+}
+
+// Device buffers: the CUDA backend, made at the first device buffer of the communicator.
+Status Engine::deviceAllReduce(const Call& c) {
+  if (!ncclComm_)
+    return Status::Error(lowrankInvalidUsage,
+                         "device buffers need a communicator made by lowrankCommInitFromNccl "
+                         "(this one moves host memory only)");
+  // CUDA graph capture: a compressed call would change per-buffer state that a replay never sees,
+  // so it is refused; an uncompressed call is NCCL's own, which NCCL lets the graph capture.
+  if (platform::streamCapturing(c.stream)) {
+    if (compresses(cfg_, c.dtype, c.op))
+      return Status::Error(lowrankInvalidUsage,
+                           "device buffer %p: a compressed allreduce cannot be captured into a "
+                           "CUDA graph (its state changes at every call); call it outside the "
+                           "graph", c.recv);
+    const nccl::Api* api = nullptr;
+    LR_RETURN_IF_ERROR(nccl::realNccl(&api));
+    return nccl::fromNccl(*api, api->allReduce(c.send, c.recv, c.count, c.dtype, c.op, ncclComm_,
+                                               c.stream),
+                          "ncclAllReduce (captured)");
+  }
+  if (!device_) LR_RETURN_IF_ERROR(DeviceBackend::create(ncclComm_, nranks_, cfg_, &device_));
+  // Work goes to the communicator's device whatever the calling thread's current device is.
+  platform::DeviceGuard guard(device_->device());
+  setLogDevice(device_->device());
+  buffers_.collectArrived(*device_, counters_);
+  return runCall(*device_, buffers_, c, cfg_, rank_, counters_, scratchQ_);
+}
+
+Status Engine::allReduce(const void* send, void* recv, size_t count, lowrankDataType_t dtype,
+                         lowrankRedOp_t op, void* stream, bool device) {
+  if (failed_) {
+    std::lock_guard<std::mutex> lock(failureMu_);
+    return Status::Error(lowrankInvalidUsage,
+                         "the communicator failed at an earlier call (%s); destroy it "
+                         "(lowrankCommDestroy) and make a new one", failure_.c_str());
+  }
+  const Call c{send, recv, count, dtype, op, stream};
+  Status s;
+  if (device) {
+    s = deviceAllReduce(c);
+  } else {
+    if (!host_) host_ = std::make_unique<HostBackend>(cfg_, *transport_);
+    s = runCall(*host_, buffers_, c, cfg_, rank_, counters_, scratchQ_);
+  }
+  const BufferBackend* be = device ? static_cast<const BufferBackend*>(device_.get()) : host_.get();
+  if (s.ok()) {
+    ++counters_.calls;
+  } else if ((s.code != lowrankInvalidArgument && s.code != lowrankInvalidUsage) ||
+             (be && be->broken())) {
+    // A collective broke midway: the ranks may now be at different points of the call sequence,
+    // so refuse further calls. (Usage errors found at plan time are agreed by all ranks and leave
+    // the communicator usable; one the transport found midway, such as counts that differ after
+    // the plan, does not.) Name the buffer: a rank that skipped a call shows up here as a timeout
+    // on the others.
+    char what[160];
+    snprintf(what, sizeof what, "allreduce of buffer %p (count %zu, %s, %s), call %llu: ", recv,
+             count, dtypeName(dtype), opName(op), (unsigned long long)counters_.calls + 1);
+    s.msg = what + s.msg;
+    std::lock_guard<std::mutex> lock(failureMu_);
+    if (failure_.empty()) failure_ = s.msg;
+    failed_ = true;
+  }
+  return s;
+}
+
+void Engine::setLayout(const void* buf, Layout layout) {
+  platform::DeviceGuard guard(device());
+  Buffer& b = buffers_.get(buf);
+  buffers_.reset(buf, b, counters_);
+  b.layout = std::move(layout);
+}
+
+void Engine::reset(const void* buf) {
+  platform::DeviceGuard guard(device());
+  if (Buffer* b = buffers_.find(buf)) buffers_.reset(buf, *b, counters_);
+}
+
+void Engine::release(const void* buf) {
+  platform::DeviceGuard guard(device());
+  buffers_.erase(buf, counters_);
+}
+
+void Engine::view(const void* buf, lowrankBufferView_t* view) const {
+  *view = lowrankBufferView_t{};
+  const Buffer* b = buffers_.find(buf);
+  if (b && b->planned) describePlan(b->plan, b->calls, view);
+}
+
+void Engine::stats(lowrankStats_t* stats) {
+  if (device_) {  // the device's checks that have arrived count now
+    platform::DeviceGuard guard(device_->device());
+    buffers_.collectArrived(*device_, counters_);
+  }
+  const Counters& c = counters_;
+  *stats = lowrankStats_t{};
+  stats->calls = c.calls;
+  stats->compressedCalls = c.compressedCalls;
+  stats->fallbackCalls = c.fallbackCalls;
+  stats->compressedElements = c.compressedElements;
+  stats->exactElements = c.exactElements;
+  stats->payloadElements = c.payloadElements;
+  const auto& t = transport_->counters();
+  stats->elementsSent = t.elementsSent.load();
+  stats->bytesSent = t.bytesSent.load();
+  stats->ratio = c.payloadElements
+                     ? double(c.compressedElements + c.exactElements) / double(c.payloadElements)
+                     : 0.0;
+  stats->stateBytes = buffers_.stateBytes();
+  stats->buffers = buffers_.size();
+}
+
+}  // namespace lowrank

@@ -1,0 +1,90 @@
+// The engine of one communicator: it owns the configuration in force, the transport, the backends
+// of host and device buffers, every buffer's record and the counters, and the communicator's
+// failure. plugin/api only checks arguments, locks, guards exceptions and maps status codes
+// around it (plugin/api/comm.h).
+// Thread safety: every call but abort() is serialized by the caller (lowrankComm::callMu);
+// abort() and failed() may come from any thread at any time.
+#pragma once
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "engine/device_engine.h"
+#include "engine/engine_config.h"
+#include "engine/host_backend.h"
+#include "engine/lifecycle.h"
+#include "lowrank/lowrank.h"
+#include "transport/async_transport.h"
+#include "util/status.h"
+
+namespace lowrank {
+
+class Engine {
+ public:
+  // Over UCX, as comm rank `rank` of `nranks`, from a lowrank unique id (lowrankCommInitRank).
+  static Status overUcx(const EngineConfig& cfg, const lowrankUniqueId& id, int rank, int nranks,
+                        std::unique_ptr<Engine>* out);
+  // Over the NCCL communicator `ncclComm` (an ncclComm_t), its rank and size taken from it. owned:
+  // the engine releases it (close()), also when this fails.
+  static Status overNccl(const EngineConfig& cfg, void* ncclComm, bool owned,
+                         std::unique_ptr<Engine>* out);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  int rank() const { return rank_; }
+  int nranks() const { return nranks_; }
+  const EngineConfig& config() const { return cfg_; }
+  bool overNccl() const { return ncclComm_ != nullptr; }
+
+  // The allreduce of lowrank.h, arguments checked; device: the buffers are device memory (the CUDA
+  // backend runs the call on `stream`). A collective that broke midway fails the communicator:
+  // every later call is refused with lowrankInvalidUsage naming the first failure.
+  Status allReduce(const void* send, void* recv, size_t count, lowrankDataType_t dtype,
+                   lowrankRedOp_t op, void* stream, bool device);
+
+  // setLayout and reset drop the buffer's plan and state (the next call plans afresh; the layout
+  // survives a reset); release drops its record too. view is zero (planned 0) for a buffer not
+  // planned here.
+  void setLayout(const void* buf, Layout layout);
+  void reset(const void* buf);
+  void release(const void* buf);
+  void view(const void* buf, lowrankBufferView_t* view) const;
+  void stats(lowrankStats_t* stats);
+  // The buffer's record, for tests (null: none).
+  const Buffer* find(const void* buf) const { return buffers_.find(buf); }
+
+  // Any thread, any time: marks the communicator failed and makes a waiting call return promptly.
+  void abort();
+  // Frees the engine's state; then, when it owns its NCCL communicator, releases that one
+  // (ncclCommAbort after abort(), else ncclCommDestroy). Errors: that NCCL call's.
+  static Status close(std::unique_ptr<Engine> engine);
+
+ private:
+  Engine(const EngineConfig& cfg, std::unique_ptr<AsyncTransport> transport, int rank, int nranks)
+      : cfg_(cfg), transport_(std::move(transport)), rank_(rank), nranks_(nranks) {}
+  Status deviceAllReduce(const Call& c);
+  // The communicator's device, current while device states are collected or freed (-1: none).
+  int device() const { return device_ ? device_->device() : -1; }
+
+  EngineConfig cfg_;
+  std::unique_ptr<AsyncTransport> transport_;
+  int rank_, nranks_;
+  void* ncclComm_ = nullptr;  // ncclComm_t of lowrankCommInitFromNccl / lowrankCommInitNcclRank
+  bool ownsNccl_ = false;     // lowrankCommInitNcclRank: released by close(), after the rest
+  // The two backends, made at the first host or device buffer. The buffers are declared after
+  // them, so destroyed first (a device state before its device comm).
+  std::unique_ptr<HostBackend> host_;
+  std::unique_ptr<DeviceBackend> device_;
+  BufferRegistry buffers_;
+  Counters counters_;            // host and device buffers alike
+  std::vector<float> scratchQ_;  // a fresh initial Q, while a call draws one
+
+  std::atomic<bool> failed_{false}, aborted_{false};
+  mutable std::mutex failureMu_;
+  std::string failure_;  // why it failed (the first failure)
+};
+
+}  // namespace lowrank
