@@ -1,7 +1,7 @@
 /* The table between liblowrank and its CUDA backend, liblowrank_cuda.so, which liblowrank loads
  * with dlopen the first time a device buffer appears (plugin/engine/device_backend.cc), so that a
  * CPU-only program loads no CUDA library. Plain C and versioned, as NCCL's plugin tables: the
- * backend exports `lowrankCudaBackendV3`; liblowrank refuses a table whose `version` is not the
+ * backend exports `lowrankCudaBackendV4`; liblowrank refuses a table whose `version` is not the
  * one it was built with (naming the path and both versions).
  *
  * Who does what. liblowrank keeps a device buffer's life (plugin/engine/device_engine.h): exact or
@@ -30,13 +30,13 @@
 extern "C" {
 #endif
 
-#define LOWRANK_CUDA_BACKEND_VERSION 3
+#define LOWRANK_CUDA_BACKEND_VERSION 4
 
 /* The code of a compressed call's op in the payload's op element (lowrankSum 0 -> 1, lowrankAvg 4
  * -> 2): allreduced with the factors, it sums to N times one code only if every comm rank used the
  * same op. The one definition, for liblowrank's host schedule (engine/phases.h) and the device's. */
 static inline float lowrankPayloadOpCode(int op) { return op == 0 ? 1.f : 2.f; }
-#define LOWRANK_CUDA_BACKEND_SYMBOL "lowrankCudaBackendV3"
+#define LOWRANK_CUDA_BACKEND_SYMBOL "lowrankCudaBackendV4"
 
 typedef struct lowrankCudaError {
   int ncclResult;     /* the failed NCCL call's ncclResult_t; 0: not an NCCL failure */
@@ -62,9 +62,20 @@ typedef struct lowrankCudaTensor {
   int32_t pad_;
 } lowrankCudaTensor_t;
 
-typedef struct lowrankCudaRowBlock { uint64_t tensor, r0, r1; } lowrankCudaRowBlock_t;
-/* Columns [c0, c1) of a tensor; its Qt (k x (c1 - c0)) at wire[wireOffset]. */
-typedef struct lowrankCudaColBlock { uint64_t tensor, c0, c1, wireOffset; } lowrankCudaColBlock_t;
+/* A block of a chunk, resolved by liblowrank (engine/plan.h: rowSpan, colSpan; the one place block
+ * offsets are computed, for the host schedule and this one). Row blocks (P chunks): rows [first,
+ * first + rows) of the tensor's view; P rows at p (stride k) in the P area, the tensor's Qt at qt
+ * (stride qld = cols). Column blocks (Q chunks): columns [first, first + cols); the tensor's P at
+ * p, the block's Qt at wire[qt] (stride qld = cols). */
+typedef struct lowrankCudaBlock {
+  uint64_t tensor, first;
+  uint64_t offset;  /* element (0, 0) of the block in the buffer */
+  uint64_t valid;   /* elements that exist counted from offset */
+  uint64_t ld;      /* row stride of the tensor's view */
+  uint64_t rows, cols;
+  uint64_t p, qt, qld;
+  int32_t k, pad_;
+} lowrankCudaBlock_t;
 /* Blocks [first, last) of the row (P chunks) or column (Q chunks) blocks; the floats allreduced
  * together: payload[offset .. + count) (P chunks) or wire[offset .. + count) (Q chunks). */
 typedef struct lowrankCudaChunk { uint64_t first, last, offset, count; } lowrankCudaChunk_t;
@@ -76,8 +87,8 @@ typedef struct lowrankCudaPlan {
   double orthoEpsilon;     /* warm start: the Gram-Schmidt epsilon of the device orthonormalization */
   uint64_t exactElems, pElems, qElems;
   const lowrankCudaTensor_t* tensors;     uint64_t nTensors;
-  const lowrankCudaRowBlock_t* rowBlocks; uint64_t nRowBlocks;
-  const lowrankCudaColBlock_t* colBlocks; uint64_t nColBlocks;
+  const lowrankCudaBlock_t* rowBlocks;    uint64_t nRowBlocks;
+  const lowrankCudaBlock_t* colBlocks;    uint64_t nColBlocks;
   const lowrankCudaChunk_t* pChunks;      uint64_t nPChunks;  /* >= 1; the last carries the checks */
   const lowrankCudaChunk_t* qChunks;      uint64_t nQChunks;  /* >= 1 */
 } lowrankCudaPlan_t;
@@ -140,7 +151,7 @@ typedef struct lowrankCudaBackend {
 
 /* The table of a liblowrank_cuda.so: its one exported symbol (LOWRANK_CUDA_BACKEND_SYMBOL), looked
  * up with dlsym. */
-extern const lowrankCudaBackend_t lowrankCudaBackendV3;
+extern const lowrankCudaBackend_t lowrankCudaBackendV4;
 
 #ifdef __cplusplus
 }

@@ -10,11 +10,26 @@
 namespace lowrank {
 namespace {
 
+lowrankCudaBlock_t block(const BlockSpan& s) {
+  lowrankCudaBlock_t b{};
+  b.tensor = s.tensor;
+  b.first = s.first;
+  b.offset = s.offset;
+  b.valid = s.valid;
+  b.ld = s.ld;
+  b.rows = s.rows;
+  b.cols = s.cols;
+  b.p = s.p;
+  b.qt = s.qt;
+  b.qld = s.qld;
+  b.k = s.k;
+  return b;
+}
+
 // A plan as the backend reads it (abi/cuda_backend.h): the description and the arrays it points to.
 struct CudaPlan {
   std::vector<lowrankCudaTensor_t> tensors;
-  std::vector<lowrankCudaRowBlock_t> rowBlocks;
-  std::vector<lowrankCudaColBlock_t> colBlocks;
+  std::vector<lowrankCudaBlock_t> rowBlocks, colBlocks;
   std::vector<lowrankCudaChunk_t> pChunks, qChunks;
   lowrankCudaPlan_t desc{};
 
@@ -39,8 +54,8 @@ struct CudaPlan {
       }
       tensors.push_back(c);
     }
-    for (const RowBlock& b : pl.rowBlocks) rowBlocks.push_back({b.tensor, b.r0, b.r1});
-    for (const ColBlock& b : pl.colBlocks) colBlocks.push_back({b.tensor, b.c0, b.c1, b.wireOffset});
+    for (const RowBlock& b : pl.rowBlocks) rowBlocks.push_back(block(rowSpan(pl, b)));
+    for (const ColBlock& b : pl.colBlocks) colBlocks.push_back(block(colSpan(pl, b)));
     for (const Chunk& c : pl.pChunks) pChunks.push_back({c.first, c.last, c.offset, c.count});
     for (const Chunk& c : pl.qChunks) qChunks.push_back({c.first, c.last, c.offset, c.count});
     desc.count = pl.count;

@@ -77,20 +77,4 @@ Status readChecks(const Plan& pl, const float* payload, lowrankRedOp_t op, int N
   return Status::Ok();
 }
 
-host::MatrixView rowBlock(const host::MatrixView& v, size_t r0, size_t r1) {
-  host::MatrixView b = v;
-  const size_t skip = r0 * v.stride();
-  b.rows = r1 - r0;
-  b.valid = v.valid > skip ? v.valid - skip : 0;
-  return b;
-}
-
-host::MatrixView colBlock(const host::MatrixView& v, size_t c0, size_t c1) {
-  host::MatrixView b = v;
-  b.ld = v.stride();
-  b.cols = c1 - c0;
-  b.valid = v.valid > c0 ? v.valid - c0 : 0;
-  return b;
-}
-
 }  // namespace lowrank::phases

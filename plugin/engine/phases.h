@@ -1,5 +1,6 @@
 // The steps of one compressed call on the host (plugin/engine/pipeline.cc runs them chunk by
-// chunk), the sub-views they run on, and the first Q that host and device buffers share.
+// chunk on the blocks of plan.h's rowSpan/colSpan), and the first Q and the op code that host and
+// device buffers share.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -52,10 +53,5 @@ void setChecks(const Plan& pl, float* payload, size_t nonFinite, lowrankRedOp_t 
 // After allreduce #1: Ok, fellBack (some rank's input was non-finite or huge), or
 // lowrankInvalidUsage when the ranks called with different ops (every rank sees the same sums).
 Status readChecks(const Plan& pl, const float* payload, lowrankRedOp_t op, int N, bool* fellBack);
-
-// Rows [r0, r1) of a tensor's view, as a view of their own (pointers offset by r0 * stride).
-host::MatrixView rowBlock(const host::MatrixView& v, size_t r0, size_t r1);
-// Columns [c0, c1) of a tensor's view: stride = the full width (pointers offset by c0).
-host::MatrixView colBlock(const host::MatrixView& v, size_t c0, size_t c1);
 
 }  // namespace lowrank::phases

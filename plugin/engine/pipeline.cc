@@ -41,13 +41,10 @@ Status runCompressed(HostState& st, const Plan& plan, const EngineConfig& cfg, c
   for (size_t c = 0; c < pl.pChunks.size(); ++c) {
     const Chunk& ch = pl.pChunks[c];
     for (size_t b = ch.first; b < ch.last; ++b) {
-      const RowBlock& rb = pl.rowBlocks[b];
-      const TensorPlan& t = pl.tensors[rb.tensor];
-      const size_t skip = t.offset + rb.r0 * t.view.stride();
-      bad += host::errorFeedbackAndP(send + skip * es, pl.dtype, e ? e + skip : nullptr,
-                                     phases::rowBlock(t.view, rb.r0, rb.r1), qt + t.qOffset, t.k,
-                                     p + t.pOffset + rb.r0 * size_t(t.k),
-                                     phases::overflowLimit(t, N));
+      const BlockSpan s = rowSpan(pl, pl.rowBlocks[b]);
+      bad += host::errorFeedbackAndP(send + s.offset * es, pl.dtype, e ? e + s.offset : nullptr,
+                                     s.view(), qt + s.qt, s.k, p + s.p,
+                                     phases::overflowLimit(pl.tensors[s.tensor], N));
     }
     if (c + 1 == pl.pChunks.size()) phases::setChecks(pl, pay, bad, op);
     pTicket[c] = tr.post(pay + ch.offset, ch.count, lowrankFloat32, lowrankSum);
@@ -61,18 +58,16 @@ Status runCompressed(HostState& st, const Plan& plan, const EngineConfig& cfg, c
   for (size_t c = 0; c < pl.qChunks.size(); ++c) {
     const Chunk& ch = pl.qChunks[c];
     for (size_t b = ch.first; b < ch.last; ++b) {
-      const ColBlock& cb = pl.colBlocks[b];
-      const TensorPlan& t = pl.tensors[cb.tensor];
-      if (!orthonormal[cb.tensor]) {
+      const BlockSpan sp = colSpan(pl, pl.colBlocks[b]);
+      const TensorPlan& t = pl.tensors[sp.tensor];
+      if (!orthonormal[sp.tensor]) {
         Status s = tr.wait(pTicket[t.lastPChunk]);
         if (!s.ok()) return failed(s);
         host::orthonormalize(p + t.pOffset, t.view.rows, t.k, size_t(t.k), 1, cfg.orthoEpsilon);
-        orthonormal[cb.tensor] = 1;
+        orthonormal[sp.tensor] = 1;
       }
-      const size_t skip = t.offset + cb.c0;
-      host::computeQ(send + skip * es, pl.dtype, e ? e + skip : nullptr,
-                     phases::colBlock(t.view, cb.c0, cb.c1), p + t.pOffset, t.k,
-                     wire + cb.wireOffset);
+      host::computeQ(send + sp.offset * es, pl.dtype, e ? e + sp.offset : nullptr, sp.view(),
+                     p + sp.p, sp.k, wire + sp.qt);
     }
     qTicket[c] = tr.post(wire + ch.offset, ch.count, lowrankFloat32, lowrankSum);
   }
@@ -90,15 +85,13 @@ Status runCompressed(HostState& st, const Plan& plan, const EngineConfig& cfg, c
     if (!s.ok()) return failed(s);
     host::scale(wire + ch.offset, ch.count, 1.f / float(N));
     for (size_t b = ch.first; b < ch.last; ++b) {
-      const ColBlock& cb = pl.colBlocks[b];
-      const TensorPlan& t = pl.tensors[cb.tensor];
-      const size_t skip = t.offset + cb.c0, w = cb.c1 - cb.c0;
-      host::decompressAndUpdateError(e ? e + skip : nullptr, phases::colBlock(t.view, cb.c0, cb.c1),
-                                     p + t.pOffset, wire + cb.wireOffset, t.k, outScale,
-                                     recv + skip * es, pl.dtype);
-      for (int j = 0; j < t.k; ++j)
-        std::copy_n(wire + cb.wireOffset + size_t(j) * w, w,
-                    qt + t.qOffset + size_t(j) * t.view.cols + cb.c0);
+      const BlockSpan sp = colSpan(pl, pl.colBlocks[b]);
+      const TensorPlan& t = pl.tensors[sp.tensor];
+      host::decompressAndUpdateError(e ? e + sp.offset : nullptr, sp.view(), p + sp.p,
+                                     wire + sp.qt, sp.k, outScale, recv + sp.offset * es, pl.dtype);
+      for (int j = 0; j < sp.k; ++j)  // the block's Qbar into the tensor's whole Qt
+        std::copy_n(wire + sp.qt + size_t(j) * sp.qld, sp.cols,
+                    qt + t.qOffset + size_t(j) * t.view.cols + sp.first);
     }
   }
   return Status::Ok();

@@ -116,6 +116,41 @@ Status PlanCheck::read(const Plan& p, lowrankRedOp_t op, const void* buf, bool a
   return Status::Ok();
 }
 
+BlockSpan rowSpan(const Plan& p, const RowBlock& b) {
+  const TensorPlan& t = p.tensors[b.tensor];
+  const size_t ld = t.view.stride(), skip = b.r0 * ld;
+  BlockSpan s;
+  s.tensor = b.tensor;
+  s.first = b.r0;
+  s.offset = t.offset + skip;
+  s.valid = t.view.valid > skip ? t.view.valid - skip : 0;
+  s.ld = ld;
+  s.rows = b.r1 - b.r0;
+  s.cols = t.view.cols;
+  s.k = t.k;
+  s.p = t.pOffset + b.r0 * size_t(t.k);
+  s.qt = t.qOffset;
+  s.qld = t.view.cols;
+  return s;
+}
+
+BlockSpan colSpan(const Plan& p, const ColBlock& b) {
+  const TensorPlan& t = p.tensors[b.tensor];
+  BlockSpan s;
+  s.tensor = b.tensor;
+  s.first = b.c0;
+  s.offset = t.offset + b.c0;
+  s.valid = t.view.valid > b.c0 ? t.view.valid - b.c0 : 0;
+  s.ld = t.view.stride();
+  s.rows = t.view.rows;
+  s.cols = b.c1 - b.c0;
+  s.k = t.k;
+  s.p = t.pOffset;
+  s.qt = b.wireOffset;
+  s.qld = b.c1 - b.c0;
+  return s;
+}
+
 void describePlan(const Plan& p, uint64_t calls, lowrankBufferView_t* view) {
   view->planned = 1;
   view->perTensor = p.perTensor;

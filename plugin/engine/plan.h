@@ -61,6 +61,34 @@ struct Plan {
   std::vector<Chunk> pChunks, qChunks;  // the last P chunk also carries the two check elements
 };
 
+// A block of a chunk resolved against its tensor, for the host schedule and the device's alike (the
+// one place block offsets are computed): the elements of M it covers and where its factors sit.
+// Row block (P chunks): rows [first, first + rows) of the tensor's view, every column; its P rows
+// at p (row stride k) in the P area, the tensor's whole Qt at qt (row stride qld = cols).
+// Column block (Q chunks): every row, columns [first, first + cols); the tensor's whole P at p,
+// the block's Qt (k x cols) at qt in the Q wire (row stride qld = cols).
+struct BlockSpan {
+  size_t tensor = 0;
+  size_t first = 0;    // its first row (row block) or column (column block) in the tensor's view
+  size_t offset = 0;   // element (0, 0) of the block in the buffer (G, E, output)
+  size_t valid = 0;    // elements that exist counted from offset (fewer than rows * ld if padded)
+  size_t ld = 0;       // row stride of the tensor's view
+  size_t rows = 0, cols = 0;
+  int k = 0;
+  size_t p = 0, qt = 0, qld = 0;
+  // The block as a host kernel's view (rows x cols, stride ld, `valid` elements).
+  host::MatrixView view() const {
+    host::MatrixView v;
+    v.rows = rows;
+    v.cols = cols;
+    v.valid = valid;
+    v.ld = ld;
+    return v;
+  }
+};
+BlockSpan rowSpan(const Plan& p, const RowBlock& b);
+BlockSpan colSpan(const Plan& p, const ColBlock& b);
+
 // The batched view of `count` elements: n x m with n * m = count, n <= m <= 4 n, n as large as
 // possible; else a padded square of side ceil(sqrt(count)) (as PyTorch's batched hook).
 host::MatrixView batchedView(size_t count);

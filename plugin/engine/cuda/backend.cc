@@ -160,7 +160,7 @@ uint32_t collectChecks(lowrankCudaState_t* st, int wait, uint32_t* opMismatches)
 }  // namespace lowrank::cuda
 
 extern "C" __attribute__((visibility("default")))
-const lowrankCudaBackend_t lowrankCudaBackendV3 = {
+const lowrankCudaBackend_t lowrankCudaBackendV4 = {
     LOWRANK_CUDA_BACKEND_VERSION,
     sizeof(lowrankCudaBackend_t),
     &lowrank::cuda::commCreate,

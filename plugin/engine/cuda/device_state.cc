@@ -38,33 +38,20 @@ Err event(cudaEvent_t* e) {
   return Err::Ok();
 }
 
-BlockDesc rowBlockDesc(const lowrankCudaTensor_t& t, const lowrankCudaRowBlock_t& rb) {
-  const size_t ld = t.ld, skip = rb.r0 * ld;
+// A block as the kernels read it: liblowrank resolved it (abi/cuda_backend.h); limit: its tensor's
+// overflow bound (pass 1 only).
+BlockDesc blockDesc(const lowrankCudaBlock_t& b, float limit) {
   BlockDesc d;
-  d.offset = t.offset + skip;
-  d.valid = t.valid > skip ? t.valid - skip : 0;
-  d.ld = ld;
-  d.rows = uint32_t(rb.r1 - rb.r0);
-  d.cols = uint32_t(t.cols);
-  d.k = uint32_t(t.k);
-  d.p = t.pOffset + rb.r0 * size_t(t.k);
-  d.qt = t.qOffset;
-  d.qld = t.cols;
-  d.limit = t.limit;
-  return d;
-}
-
-BlockDesc colBlockDesc(const lowrankCudaTensor_t& t, const lowrankCudaColBlock_t& cb) {
-  BlockDesc d;
-  d.offset = t.offset + cb.c0;
-  d.valid = t.valid > cb.c0 ? t.valid - cb.c0 : 0;
-  d.ld = t.ld;
-  d.rows = uint32_t(t.rows);
-  d.cols = uint32_t(cb.c1 - cb.c0);
-  d.k = uint32_t(t.k);
-  d.p = t.pOffset;
-  d.qt = cb.wireOffset;
-  d.qld = cb.c1 - cb.c0;
+  d.offset = b.offset;
+  d.valid = b.valid;
+  d.ld = b.ld;
+  d.rows = uint32_t(b.rows);
+  d.cols = uint32_t(b.cols);
+  d.k = uint32_t(b.k);
+  d.p = b.p;
+  d.qt = b.qt;
+  d.qld = b.qld;
+  d.limit = limit;
   return d;
 }
 
@@ -108,8 +95,8 @@ Err DeviceBuffer::allocate(const lowrankCudaPlan_t& pl) {
     for (size_t c = 0; c < pl.nPChunks; ++c) {
       std::vector<BlockDesc> blocks;
       for (size_t b = pl.pChunks[c].first; b < pl.pChunks[c].last; ++b) {
-        const lowrankCudaRowBlock_t& rb = pl.rowBlocks[b];
-        blocks.push_back(rowBlockDesc(pl.tensors[rb.tensor], rb));
+        const lowrankCudaBlock_t& rb = pl.rowBlocks[b];
+        blocks.push_back(blockDesc(rb, pl.tensors[rb.tensor].limit));
       }
       LR_CUDA(createBlockTable(blocks.data(), blocks.size(), &pChunks[c].blocks));
       LR_TRY(event(&pChunks[c].computed));
@@ -126,11 +113,11 @@ Err DeviceBuffer::allocate(const lowrankCudaPlan_t& pl) {
       std::vector<BlockDesc> blocks;
       std::vector<OrthoDesc> first;
       for (size_t b = pl.qChunks[c].first; b < pl.qChunks[c].last; ++b) {
-        const lowrankCudaColBlock_t& cb = pl.colBlocks[b];
+        const lowrankCudaBlock_t& cb = pl.colBlocks[b];
         const lowrankCudaTensor_t& t = pl.tensors[cb.tensor];
-        blocks.push_back(colBlockDesc(t, cb));
+        blocks.push_back(blockDesc(cb, 0.f));
         all.push_back(blocks.back());
-        dstOffset.push_back(t.qOffset + cb.c0);
+        dstOffset.push_back(t.qOffset + cb.first);
         dstLd.push_back(t.cols);
         if (!seen[cb.tensor]) {
           seen[cb.tensor] = 1;
