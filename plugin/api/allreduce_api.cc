@@ -43,7 +43,7 @@ LOWRANK_API lowrankResult_t lowrankAllReduce(const void* sendbuff, void* recvbuf
                   sendbuff, sendDev ? "device" : "host", recvbuff, recvDev ? "device" : "host");
     // Host buffers on an NCCL communicator: the stream goes nowhere (NCCL gets the host engine's
     // factor buffers); elsewhere a stream with host buffers is a mistake worth reporting.
-    if (stream && !sendDev && !comm->engine->overNccl())
+    if (stream && !sendDev && !comm->engine->onNccl())
       return fail(comm, lowrankInvalidArgument,
                   "lowrankAllReduce: a stream was given with host buffers (pass NULL)");
     lowrank::Status st =

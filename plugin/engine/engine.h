@@ -37,7 +37,7 @@ class Engine {
   int rank() const { return rank_; }
   int nranks() const { return nranks_; }
   const EngineConfig& config() const { return cfg_; }
-  bool overNccl() const { return ncclComm_ != nullptr; }
+  bool onNccl() const { return ncclComm_ != nullptr; }  // made over an NCCL communicator
 
   // The allreduce of lowrank.h, arguments checked; device: the buffers are device memory (the CUDA
   // backend runs the call on `stream`). A collective that broke midway fails the communicator:
