@@ -32,9 +32,11 @@ Status runCompressed(HostState& st, const Plan& plan, const EngineConfig& cfg, c
         host::orthonormalize(qt + t.qOffset, t.view.cols, t.k, 1, t.view.cols, cfg.orthoEpsilon);
   }
 
-  // The exact part travels first, under pass 1.
+  // The exact part travels first, under pass 1. With one P chunk there is nothing to overlap: it
+  // rides with that chunk, one allreduce of [exact part | P | checks] (a call fewer per buffer).
   size_t bad = phases::packExact(pl, sendbuff, pay);
-  if (pl.exactElems) tr.post(pay, pl.exactElems, lowrankFloat32, lowrankSum);
+  const bool exactApart = pl.exactElems && pl.pChunks.size() > 1;
+  if (exactApart) tr.post(pay, pl.exactElems, lowrankFloat32, lowrankSum);
 
   // Pass 1 by row blocks; each P chunk is posted as soon as it is computed.
   std::vector<Ticket> pTicket(pl.pChunks.size());
@@ -47,7 +49,8 @@ Status runCompressed(HostState& st, const Plan& plan, const EngineConfig& cfg, c
                                      phases::overflowLimit(pl.tensors[s.tensor], N));
     }
     if (c + 1 == pl.pChunks.size()) phases::setChecks(pl, pay, bad, op);
-    pTicket[c] = tr.post(pay + ch.offset, ch.count, lowrankFloat32, lowrankSum);
+    const size_t from = c == 0 && !exactApart ? 0 : ch.offset;  // the exact part before chunk 0
+    pTicket[c] = tr.post(pay + from, ch.offset + ch.count - from, lowrankFloat32, lowrankSum);
   }
 
   // Pass 2 by column blocks; a tensor is orthonormalized once its last P chunk is reduced.
@@ -75,7 +78,7 @@ Status runCompressed(HostState& st, const Plan& plan, const EngineConfig& cfg, c
   Status s = tr.wait(pTicket.back());
   if (s.ok()) s = phases::readChecks(pl, pay, op, N, fellBack);
   if (!s.ok() || *fellBack) return failed(s);
-  phases::unpackExact(pl, pay, recvbuff, op, N);  // the exact part was posted before every P chunk
+  phases::unpackExact(pl, pay, recvbuff, op, N);  // posted before (or with) the first P chunk
 
   // Pass 3 chunk by chunk as Q arrives; Qbar goes back to the whole-tensor layout for warm start.
   const float outScale = op == lowrankSum ? float(N) : 1.f;
