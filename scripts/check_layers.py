@@ -4,12 +4,16 @@
 Each layer's library sees only the include roots of the layers it may use (plugin/layers/), so an
 include such as "engine/plan.h" in the transport does not compile. Two ways round that remain, and
 this script refuses both:
-  - a relative include ("../engine/plan.h", or "cuda/x.h" found beside the including file) that
-    reaches another layer's file;
-  - a meson.build of one layer that compiles another layer's source (a second copy of a common
-    part in a second library), or that gives a library the tests' wide include root `inc`.
-It also holds every quoted include to the layer graph below, so a new root given by mistake in a
-meson.build is caught too.
+  - a relative include ("../engine/plan.h", <../engine/plan.h>, "transport/../engine/plan.h", or
+    "cuda/x.h" found beside the including file) that reaches another layer's file; an include by
+    macro, which cannot be checked;
+  - a meson.build of one layer that names another layer's source (as a literal, built with +, / or
+    join_paths, or through the other layer's variable of files()), a second copy of a common part
+    in a second library; or that gives a library the tests' wide include root `inc`.
+It also holds every include of lowrank's headers to the layer graph below (a quoted include must
+name an allowed layer's root, or a file beside the includer), so a new root given by mistake in a
+meson.build is caught too. Directives are read as the preprocessor reads them: continued lines
+joined, block comments before the '#' skipped.
 
 Usage: check_layers.py [SOURCE_ROOT]   (default: the repository holding this script)
 Prints one line per violation ("FILE:LINE: ...") and exits 1 if there is any; else prints a summary
@@ -59,9 +63,11 @@ NAMESPACES = [
     ("transport/", "transport"), ("engine/", "engine"), ("api/", "api"), ("abi/", "abi"),
     ("nccl_shim/", "shim"), ("lowrank/", "public"),
 ]
-SOURCE_EXT = (".cc", ".h", ".cu", ".cuh", ".c", ".S")
-INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
-MESON_FILE = re.compile(r"'([^']+\.(?:cc|cu|c|S))'")
+SOURCE_EXT = (".cc", ".cpp", ".cxx", ".c", ".h", ".hh", ".hpp", ".inl", ".ipp", ".cu", ".cuh", ".S")
+# A directive: leading blanks and block comments allowed, as the preprocessor allows them.
+DIRECTIVE = re.compile(r'^\s*(?:/\*.*?\*/\s*)*#\s*include\b(.*)$')
+TARGET = re.compile(r'^\s*(?:"([^"]+)"|<([^>]+)>)')
+MESON_FILE = re.compile(r"'([^']+)'")
 
 
 def layer_of(rel):
@@ -85,9 +91,37 @@ def sources(root):
                     yield os.path.join(rel_dir, f)
 
 
+def logical_lines(path):
+    """(line number, line) with backslash-continued lines joined, as the preprocessor sees them."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        pending, first = "", 0
+        for lineno, line in enumerate(f, 1):
+            line = line.rstrip("\n")
+            if not pending:
+                first = lineno
+            if line.endswith("\\"):
+                pending += line[:-1]
+                continue
+            yield first, pending + line
+            pending = ""
+        if pending:
+            yield first, pending
+
+
 def check_include(root, rel, lineno, inc, layer, out):
     here = os.path.dirname(rel)
     beside = os.path.normpath(os.path.join(here, inc))
+    if ".." in inc.split("/") and not inc.startswith(".."):
+        # "transport/../engine/x.h": through a layer's root into another
+        norm = os.path.normpath(inc)
+        target = next((t for n, t in NAMESPACES if norm.startswith(n)), None)
+        if target != layer:
+            out.append(f'{rel}:{lineno}: #include "{inc}" crosses from layer {layer} into '
+                       f'{"layer " + target if target else "no layer"} ({norm}) through "..": '
+                       f'{layer} may include: {", ".join(MAY_INCLUDE[layer])}')
+        else:
+            out.append(f'{rel}:{lineno}: #include "{inc}" has a ".."; name it "{norm}"')
+        return
     if ".." in inc.split("/") or ("/" not in inc and os.path.exists(os.path.join(root, beside))):
         target = layer_of(beside)
         if ".." in inc.split("/"):
@@ -112,46 +146,92 @@ def check_include(root, rel, lineno, inc, layer, out):
                 out.append(f'{rel}:{lineno}: #include "{inc}" resolves beside the includer '
                            f"({beside}), in layer {layer_of(beside)}, not in layer {target}")
             return
-    # An unknown namespace that resolves beside the includer reaches into a subfolder: the same
-    # layer, unless that subfolder is another layer's.
-    if os.path.exists(os.path.join(root, beside)) and layer_of(beside) != layer:
-        out.append(f'{rel}:{lineno}: #include "{inc}" reaches layer {layer_of(beside)} ({beside}) '
-                   f"by a path relative to the includer")
+    # Not a layer's root: only a file beside the includer, in its own layer, may be named so.
+    if os.path.exists(os.path.join(root, beside)):
+        if layer_of(beside) != layer:
+            out.append(f'{rel}:{lineno}: #include "{inc}" reaches layer {layer_of(beside)} '
+                       f"({beside}) by a path relative to the includer")
+        return
+    out.append(f'{rel}:{lineno}: #include "{inc}" names no layer\'s root; {layer} may include: '
+               f'{", ".join(MAY_INCLUDE[layer])}')
 
 
-def check_meson(root, rel, layer, out):
-    here = os.path.dirname(rel)
+def fold_strings(code):
+    """Folds the string expressions Meson can build a path with into one literal:
+    'a' + 'b', 'a' / 'b' and join_paths('a', 'b', ...)."""
+    lit = r"'[^']*'"
+    prev = None
+    while prev != code:
+        prev = code
+        code = re.sub(r"join_paths\(\s*(" + lit + r"(?:\s*,\s*" + lit + r")*)\s*\)",
+                      lambda m: "'" + "/".join(x[1:-1] for x in re.findall(lit, m.group(1))) + "'",
+                      code)
+        code = re.sub(r"(" + lit + r")\s*([+/])\s*(" + lit + r")",
+                      lambda m: "'" + m.group(1)[1:-1] + ("/" if m.group(2) == "/" else "") +
+                      m.group(3)[1:-1] + "'", code)
+    return code
+
+
+def meson_code(root, rel):
     text = open(os.path.join(root, rel), encoding="utf-8").read()
-    for lineno, line in enumerate(text.splitlines(), 1):
-        code = line.split("#", 1)[0]
-        for name in MESON_FILE.findall(code):
+    return "\n".join(l.split("#", 1)[0] for l in text.splitlines())  # no comments
+
+
+SOURCE_VAR = re.compile(r"^\s*(\w+)\s*\+?=\s*files\(", re.M)
+
+
+def check_meson(root, rel, layer, out, source_vars):
+    here = os.path.dirname(rel)
+    code = fold_strings(meson_code(root, rel))
+    for lineno, line in enumerate(code.splitlines(), 1):
+        for name in MESON_FILE.findall(line):
+            if ".." not in name.split("/"):
+                continue
             path = os.path.normpath(os.path.join(here, name))
             target = layer_of(path)
-            if target is not None and target != layer:
-                out.append(f"{rel}:{lineno}: '{name}' compiles {path}, a source of layer {target}, "
-                           f"into layer {layer}'s library (link layer {target}'s library instead)")
-        if re.search(r"include_directories\s*:\s*\[?\s*inc\b", code):
+            if target is not None and target != layer and not path.startswith("plugin/layers"):
+                out.append(f"{rel}:{lineno}: '{name}' names {path}, of layer {target}, in a "
+                           f"meson.build of layer {layer} (link layer {target}'s library instead)")
+        if re.search(r"\binc\b", line):
             out.append(f"{rel}:{lineno}: a library of layer {layer} is given the tests' wide include "
                        f"root `inc`; use the roots of the layers it may use (plugin/layers/)")
+        for var, owner in source_vars.items():
+            if owner != layer and re.search(r"\b" + re.escape(var) + r"\b", line):
+                out.append(f"{rel}:{lineno}: {var} (sources of layer {owner}) is used in a "
+                           f"meson.build of layer {layer}")
 
 
 def main():
     root = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else
                            os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
     out, files = [], 0
-    for rel in sources(root):
-        layer = layer_of(rel)
+    all_files = [(rel, layer_of(rel)) for rel in sources(root)]
+    source_vars = {}  # a variable of files() -> the layer whose meson.build defines it
+    for rel, layer in all_files:
+        if layer is not None and rel.endswith("meson.build"):
+            for var in SOURCE_VAR.findall(meson_code(root, rel)):
+                source_vars.setdefault(var, layer)
+    for rel, layer in all_files:
         if layer is None:
             continue
         files += 1
         if rel.endswith("meson.build"):
-            check_meson(root, rel, layer, out)
+            check_meson(root, rel, layer, out, source_vars)
             continue
-        with open(os.path.join(root, rel), encoding="utf-8", errors="replace") as f:
-            for lineno, line in enumerate(f, 1):
-                m = INCLUDE.match(line)
-                if m:
-                    check_include(root, rel, lineno, m.group(1), layer, out)
+        for lineno, line in logical_lines(os.path.join(root, rel)):
+            d = DIRECTIVE.match(line)
+            if not d:
+                continue
+            t = TARGET.match(d.group(1))
+            if not t:
+                out.append(f"{rel}:{lineno}: an #include whose file is a macro cannot be checked; "
+                           f"name the header")
+            elif t.group(1):
+                check_include(root, rel, lineno, t.group(1), layer, out)
+            elif ".." in t.group(2).split("/") or any(t.group(2).startswith(n) for n, _ in NAMESPACES):
+                # <...> of lowrank's own headers: Meson's automatic -I of the source folder makes
+                # <../engine/plan.h> as good as "../engine/plan.h"
+                check_include(root, rel, lineno, t.group(2), layer, out)
     for line in out:
         print(line)
     if out:

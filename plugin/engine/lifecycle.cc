@@ -47,7 +47,7 @@ Status plan(BufferBackend& be, Buffer& b, const Call& c, const EngineConfig& cfg
   b.backend = &be;
   if (!exactOnly) b.state = std::move(state);
   LR_INFO("buffer %p planned: count %zu %s, %s, %zu tensors (%zu compressed elements), P %zu Q %zu "
-          "exact %zu, %zu+%zu chunks, %llu bytes of state%s",
+          "exact %zu, %zu P and %zu Q chunks, %llu bytes of state%s",
           c.recv, c.count, dtypeName(c.dtype), b.plan.perTensor ? "per-tensor" : "batched",
           b.plan.tensors.size(), b.plan.compressedElems, b.plan.pElems, b.plan.qElems,
           b.plan.exactElems, b.plan.pChunks.size(), b.plan.qChunks.size(),
