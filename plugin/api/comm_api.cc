@@ -77,7 +77,12 @@ LOWRANK_API lowrankResult_t lowrankCommDestroy(lowrankComm_t comm) {
 
 LOWRANK_API lowrankResult_t lowrankCommAbort(lowrankComm_t comm) {
   if (!comm) return fail(nullptr, lowrankInvalidArgument, "lowrankCommAbort: comm is NULL");
-  comm->engine->abort();  // any thread: a waiting call returns promptly
+  // Any thread, without the lock: a waiting call returns promptly, then destroy waits for it.
+  if (lowrankResult_t r = guarded(nullptr, [&]() -> lowrankResult_t {
+        comm->engine->abort();
+        return lowrankSuccess;
+      }))
+    return r;
   return destroy(comm, "lowrankCommAbort");
 }
 
