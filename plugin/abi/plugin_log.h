@@ -4,12 +4,30 @@
 #pragma once
 #include <cstdarg>
 #include <cstdio>
+#include <cstdlib>
 
 #include "abi/services.h"
 
 namespace lowrank::plugin {
 
 const lowrankServices_t& pluginServices();
+
+// What a plugin's pluginServices() returns: the table of the liblowrank it runs with, asked once
+// per plugin (the static is the plugin's own: plugins are built with hidden visibility). Without
+// one (a plugin of another build) nothing can work: says so, naming `plugin`, and aborts.
+inline const lowrankServices_t& servicesOrAbort(const char* plugin) {
+  static const lowrankServices_t* services = [plugin] {
+    const lowrankServices_t* s = lowrankGetServices(LOWRANK_SERVICES_VERSION);
+    if (!s) {
+      fprintf(stderr, "%s: the liblowrank of this process serves no services table of version %d "
+                      "(a plugin and a liblowrank of different builds); aborting\n",
+              plugin, LOWRANK_SERVICES_VERSION);
+      abort();
+    }
+    return s;
+  }();
+  return *services;
+}
 
 __attribute__((format(printf, 4, 5))) inline void logf(int level, const char* file, int line,
                                                        const char* fmt, ...) {

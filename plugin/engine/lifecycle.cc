@@ -72,7 +72,7 @@ const Buffer* BufferRegistry::find(const void* buf) const {
 }
 
 void BufferRegistry::reset(const void* buf, Buffer& b, Counters& k) {
-  if (b.state) k.fallbackCalls += b.backend->collect(*b.state, buf, 2);
+  if (b.state) k.fallbackCalls += b.backend->collect(*b.state, buf, lowrankCudaCollectAll);
   std::optional<Layout> layout = std::move(b.layout);
   b = Buffer();  // frees the state
   b.layout = std::move(layout);
@@ -95,7 +95,7 @@ uint64_t BufferRegistry::stateBytes() const {
 void BufferRegistry::collectArrived(const BufferBackend& backend, Counters& k) {
   for (auto& kv : map_)
     if (kv.second.state && kv.second.backend == &backend)
-      k.fallbackCalls += kv.second.backend->collect(*kv.second.state, kv.first, 0);
+      k.fallbackCalls += kv.second.backend->collect(*kv.second.state, kv.first, lowrankCudaCollectArrived);
 }
 
 Status runCall(BufferBackend& be, BufferRegistry& buffers, const Call& c, const EngineConfig& cfg,
@@ -112,7 +112,7 @@ Status runCall(BufferBackend& be, BufferRegistry& buffers, const Call& c, const 
   if (b.plan.compressedElems == 0 || warmup || b.exactOnly) return exactCall(be, c, k);
 
   // This call's checks need room on a device: collect the oldest when every slot is pending.
-  k.fallbackCalls += be.collect(*b.state, c.recv, 1);
+  k.fallbackCalls += be.collect(*b.state, c.recv, lowrankCudaCollectForRoom);
   const float* freshQ = nullptr;
   if (!b.haveQ || !cfg.warmStart) {
     scratchQ.resize(b.plan.qElems);

@@ -11,6 +11,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "abi/cuda_backend.h"  // lowrankCudaCollect*: how long collect() waits
 #include "engine/engine_config.h"
 #include "engine/plan.h"
 #include "lowrank/lowrank.h"
@@ -65,8 +66,8 @@ class BufferBackend {
   // the CUDA backend reported.
   virtual bool broken() const = 0;
   // Calls rejected after they returned (the device's non-finite and op checks, which arrive later;
-  // their output is NaN), counted as they arrive. wait: as abi/cuda_backend.h's
-  // lowrankCudaCollect* (0: only what has arrived; 1: room for one more call; 2: every one).
+  // their output is NaN), counted as they arrive. wait: lowrankCudaCollectArrived (only what has
+  // arrived), lowrankCudaCollectForRoom (room for one more call) or lowrankCudaCollectAll.
   virtual uint64_t collect(BackendState& state, const void* buf, int wait) {
     (void)state, (void)buf, (void)wait;
     return 0;

@@ -25,19 +25,7 @@ namespace lowrank::plugin {
 
 // liblowrank's services (the library that loaded this one): asked once. Without them the backend
 // cannot log; commCreate refuses to start, so this is reached only with them.
-const lowrankServices_t& pluginServices() {
-  static const lowrankServices_t* services = [] {
-    const lowrankServices_t* s = lowrankGetServices(LOWRANK_SERVICES_VERSION);
-    if (!s) {
-      fprintf(stderr, "liblowrank_cuda: the liblowrank of this process serves no services table "
-                      "of version %d (a CUDA backend from another build?)\n",
-              LOWRANK_SERVICES_VERSION);
-      abort();
-    }
-    return s;
-  }();
-  return *services;
-}
+const lowrankServices_t& pluginServices() { return servicesOrAbort("liblowrank_cuda"); }
 
 }  // namespace lowrank::plugin
 
