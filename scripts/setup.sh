@@ -3,7 +3,7 @@
 # the multi-process tests use: iproute2 (network namespaces as hosts) and Open MPI's mpirun, and
 # what the Python tests use under /usr/bin/python3: Debian's torch (1.13, CPU), numpy, pytest.
 set -euo pipefail
-pkgs=(g++ meson ninja-build pkg-config python3 libucx-dev libgtest-dev libeigen3-dev nlohmann-json3-dev)
+pkgs=(g++ meson ninja-build pkg-config python3 libucx-dev zlib1g-dev libgtest-dev libeigen3-dev nlohmann-json3-dev)
 [ "${1:-}" = "--test" ] && pkgs+=(iproute2 openmpi-bin python3-torch python3-numpy python3-pytest)
 missing=()
 for p in "${pkgs[@]}"; do

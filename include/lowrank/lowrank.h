@@ -268,9 +268,10 @@ lowrankResult_t lowrankAllReduce(const void* sendbuff, void* recvbuff, size_t co
  * dimensions, its sizes in shapes[t][0 .. ndims[t]-1]. A tensor of >= 2 dimensions is viewed as
  * (shape[0], prod(shape[1:])) and compressed if it passes the compression-rate test; 1-D tensors
  * and the rest are allreduced exactly (per-tensor mode, as PyTorch's powerSGD_hook). Resets the
- * buffer's state (host or device; for a device buffer this waits for its queued work): the next
- * call plans with this layout. The sum of the tensors' elements must equal the count of the next
- * compressible call (else that call fails with lowrankInvalidUsage). Every comm rank must give the
+ * buffer's state (host or device; for a device buffer this waits for its queued work), keeping a
+ * restore still pending (lowrankBufferRestoreState): the next call plans with this layout. The
+ * sum of the tensors' elements must equal the count of the next compressible call (else that
+ * call fails with lowrankInvalidUsage). Every comm rank must give the
  * same layout. Local, not collective.
  * Errors: lowrankInvalidArgument (null pointers, ntensors <= 0, ndims[t] < 1 or > 8, a size 0, a
  * total number of elements that overflows size_t). */
@@ -310,6 +311,53 @@ lowrankResult_t lowrankBufferReset(lowrankComm_t comm, const void* recvbuff);
  * address may be reused for another tensor). Device buffers: as lowrankBufferReset, the host waits
  * for the buffer's queued work. Errors: lowrankInvalidArgument (null). */
 lowrankResult_t lowrankBufferRelease(lowrankComm_t comm, const void* recvbuff);
+
+/* ---- Checkpoint of a buffer's state ------------------------------------------------------------ */
+
+/* The residual E and the warm-start Q of a buffer are training state: save them with the model and
+ * the optimizer, on every comm rank (each rank's residual is its own), and restore them after a
+ * restart, so that the next call goes on as if the job had never stopped. docs/checkpoint.md.
+ *
+ * The bytes, little-endian: a header (magic "LRSTATE\0", format version 1, header size, count,
+ * dtype, layout (per-tensor shapes, or none: batched), k (lowrankConfig_t.approxRank), seed, comm
+ * size, comm rank, calls made on the buffer, whether E and a warm-start Q are held), the residual
+ * (count float32, when error feedback is on), Q (every compressed tensor's Qt, float32) and a
+ * CRC-32 (zlib's) over all that precedes it. The size is fixed once the buffer is planned.
+ *
+ * Save: *size in: bytes available at `bytes`; out: bytes needed (bytes NULL: only that), or written.
+ * A buffer restored and not yet called saves what was restored. Local, not collective; it changes
+ * nothing. Device buffers: the host waits for the buffer's queued work, then copies its state to
+ * host memory synchronously (no stream of the caller's is used or waited for).
+ * Errors: lowrankInvalidArgument (null comm, buffer or size; *size too small: *size is then the size
+ * needed and nothing is written); lowrankInvalidUsage (the buffer has no state to save: never
+ * called with a compressible call on this communicator, or reset since, by lowrankBufferReset,
+ * a change of count or dtype, or a call that fell back to exact on non-finite input).
+ */
+lowrankResult_t lowrankBufferSaveState(lowrankComm_t comm, const void* recvbuff, void* bytes,
+                                       size_t* size);
+
+/* Restores the state saved by lowrankBufferSaveState into recvbuff's record: call it on every comm
+ * rank at the same point (as lowrankBufferReset), each with the bytes its own comm rank saved. The
+ * buffer's current state is dropped (its layout stays) and the restored one is installed when the
+ * next compressible call plans the buffer, which checks it against that call (count, dtype,
+ * layout: lowrankBufferSetLayout may come before or after the restore, and keeps it pending) and
+ * across comm ranks: every comm rank's restored call count and warm-start Q must agree. A restore
+ * on some ranks only, or from different steps, fails that call with lowrankInvalidUsage on every
+ * comm rank, and the restore stays pending until lowrankBufferReset or lowrankBufferRelease drops
+ * it. (A buffer already planned is planned again at that call: a comm rank that restores it alone
+ * meets its peers' compressed call with its plan check, which fails the communicator.) After it,
+ * calls go on from the saved one: warm-up, warm start and the initial Q's draw as in the run that
+ * saved. Local, not collective. Device buffers: the state is copied to the device when the call
+ * plans it, synchronously, before the call is queued. docs/checkpoint.md.
+ * Errors, each leaving the buffer as it was (never half restored):
+ *   lowrankInvalidArgument: null comm or buffer or bytes, bytes that are truncated, corrupt (CRC),
+ *     not lowrank's, or of another format version;
+ *   lowrankInvalidUsage, naming what differs: bytes saved with another comm size, comm rank,
+ *     approximation rank k, seed or error feedback, or a layout other than the one set here (or
+ *     the plan's, for a buffer already planned); and, at the next call (on every comm rank),
+ *     another count, dtype or layout. */
+lowrankResult_t lowrankBufferRestoreState(lowrankComm_t comm, const void* recvbuff,
+                                          const void* bytes, size_t size);
 
 /* ---- Statistics -------------------------------------------------------------------------------- */
 

@@ -1,7 +1,7 @@
 /* The table between liblowrank and its CUDA backend, liblowrank_cuda.so, which liblowrank loads
  * with dlopen the first time a device buffer appears (plugin/engine/device_backend.cc), so that a
  * CPU-only program loads no CUDA library. Plain C and versioned, as NCCL's plugin tables: the
- * backend exports `lowrankCudaBackendV4`; liblowrank refuses a table whose `version` is not the
+ * backend exports `lowrankCudaBackendV5`; liblowrank refuses a table whose `version` is not the
  * one it was built with (naming the path and both versions).
  *
  * Who does what. liblowrank keeps a device buffer's life (plugin/engine/device_engine.h): exact or
@@ -30,13 +30,15 @@
 extern "C" {
 #endif
 
-#define LOWRANK_CUDA_BACKEND_VERSION 4
+#define LOWRANK_CUDA_BACKEND_VERSION 5
 
 /* The code of a compressed call's op in the payload's op element (lowrankSum 0 -> 1, lowrankAvg 4
  * -> 2): allreduced with the factors, it sums to N times one code only if every comm rank used the
  * same op. The one definition, for liblowrank's host schedule (engine/phases.h) and the device's. */
 static inline float lowrankPayloadOpCode(int op) { return op == 0 ? 1.f : 2.f; }
-#define LOWRANK_CUDA_BACKEND_SYMBOL "lowrankCudaBackendV4"
+/* Words of the plan agreement (liblowrank's PlanCheck, engine/plan.h), max-allreduced as uint64. */
+#define LOWRANK_PLAN_CHECK_WORDS 5
+#define LOWRANK_CUDA_BACKEND_SYMBOL "lowrankCudaBackendV5"
 
 typedef struct lowrankCudaError {
   int ncclResult;     /* the failed NCCL call's ncclResult_t; 0: not an NCCL failure */
@@ -115,9 +117,9 @@ typedef struct lowrankCudaBackend {
   /* Waits for the comm's stream and frees it. Every state made on it is destroyed first. */
   void (*commDestroy)(lowrankCudaComm_t* comm);
 
-  /* The plan agreement: words[0..3) max-allreduced in place over the comm (on its stream; the
-   * host waits for the result). */
-  int (*planCheck)(lowrankCudaComm_t* comm, uint64_t words[3], lowrankCudaError_t* error);
+  /* The plan agreement: words[0..LOWRANK_PLAN_CHECK_WORDS) max-allreduced in place over the comm
+   * (on its stream; the host waits for the result). */
+  int (*planCheck)(lowrankCudaComm_t* comm, uint64_t* words, lowrankCudaError_t* error);
 
   /* ncclAllReduce as is (send/recv device memory, `stream` a cudaStream_t). */
   int (*exactAllReduce)(lowrankCudaComm_t* comm, const void* send, void* recv, size_t count,
@@ -142,6 +144,15 @@ typedef struct lowrankCudaBackend {
                        void* recv, int op, const float* freshQ, void* stream,
                        lowrankCudaError_t* error);
 
+  /* Checkpoint (lowrankBufferSaveState / RestoreState): copies the state's residual (the plan's
+   * count floats; skipped when error feedback is off or `residual` is NULL) and Qt (qElems floats,
+   * whole-tensor layout) to host memory, or from it. Both wait for the state's last call first and
+   * copy synchronously (on no stream of the caller's), so the host memory may go when they return.
+   * A failed load leaves the state to be destroyed (it may be half written). */
+  int (*stateSave)(lowrankCudaState_t* state, float* residual, float* qt, lowrankCudaError_t* error);
+  int (*stateLoad)(lowrankCudaState_t* state, const float* residual, const float* qt,
+                   lowrankCudaError_t* error);
+
   /* Collects the state's pending checks, oldest first, as `wait` says (lowrankCudaCollect*):
    * returns how many of the collected calls were rejected on the device (output NaN), of which
    * *opMismatches because the comm ranks used different ops (the rest: non-finite or huge input).
@@ -151,7 +162,7 @@ typedef struct lowrankCudaBackend {
 
 /* The table of a liblowrank_cuda.so: its one exported symbol (LOWRANK_CUDA_BACKEND_SYMBOL), looked
  * up with dlsym. */
-extern const lowrankCudaBackend_t lowrankCudaBackendV4;
+extern const lowrankCudaBackend_t lowrankCudaBackendV5;
 
 #ifdef __cplusplus
 }

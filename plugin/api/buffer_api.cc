@@ -73,6 +73,30 @@ LOWRANK_API lowrankResult_t lowrankBufferRelease(lowrankComm_t comm, const void*
   });
 }
 
+LOWRANK_API lowrankResult_t lowrankBufferSaveState(lowrankComm_t comm, const void* recvbuff,
+                                                   void* bytes, size_t* size) {
+  if (!comm || !recvbuff || !size)
+    return fail(comm, lowrankInvalidArgument, "lowrankBufferSaveState: %s is NULL",
+                !comm ? "comm" : !recvbuff ? "recvbuff" : "size");
+  return lowrank::api::guarded(comm, [&]() -> lowrankResult_t {
+    std::lock_guard<std::mutex> lock(comm->callMu);
+    const lowrank::Status st = comm->engine->saveState(recvbuff, bytes, size);
+    return st.ok() ? lowrankSuccess : fail(comm, st);
+  });
+}
+
+LOWRANK_API lowrankResult_t lowrankBufferRestoreState(lowrankComm_t comm, const void* recvbuff,
+                                                      const void* bytes, size_t size) {
+  if (!comm || !recvbuff || !bytes)
+    return fail(comm, lowrankInvalidArgument, "lowrankBufferRestoreState: %s is NULL",
+                !comm ? "comm" : !recvbuff ? "recvbuff" : "bytes");
+  return lowrank::api::guarded(comm, [&]() -> lowrankResult_t {
+    std::lock_guard<std::mutex> lock(comm->callMu);
+    const lowrank::Status st = comm->engine->restoreState(recvbuff, bytes, size);
+    return st.ok() ? lowrankSuccess : fail(comm, st);
+  });
+}
+
 LOWRANK_API lowrankResult_t lowrankGetStats(lowrankComm_t comm, lowrankStats_t* stats) {
   if (!comm || !stats)
     return fail(comm, lowrankInvalidArgument, "lowrankGetStats: %s is NULL", comm ? "stats" : "comm");

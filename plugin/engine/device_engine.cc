@@ -139,7 +139,7 @@ Status DeviceBackend::exact(const Call& c) {
       be_->exactAllReduce(comm_, c.send, c.recv, c.count, c.dtype, c.op, c.stream, &err), err);
 }
 
-Status DeviceBackend::agree(uint64_t words[3]) {
+Status DeviceBackend::agree(uint64_t words[PlanCheck::kWords]) {
   lowrankCudaError_t err{};
   return fromBackend(be_->planCheck(comm_, words, &err), err);
 }
@@ -164,6 +164,17 @@ Status DeviceBackend::compressed(BackendState& state, const Plan&, const Call& c
   return fromBackend(be_->runCompressed(comm_, static_cast<DeviceState&>(state).get(), c.send,
                                         c.recv, c.op, freshQ, c.stream, &err),
                      err);
+}
+
+Status DeviceBackend::save(BackendState& state, const Plan&, float* residual, float* qt) {
+  lowrankCudaError_t err{};
+  return fromBackend(be_->stateSave(static_cast<DeviceState&>(state).get(), residual, qt, &err), err);
+}
+
+Status DeviceBackend::load(BackendState& state, const Plan&, const float* residual,
+                           const float* qt) {
+  lowrankCudaError_t err{};
+  return fromBackend(be_->stateLoad(static_cast<DeviceState&>(state).get(), residual, qt, &err), err);
 }
 
 uint64_t DeviceBackend::collect(BackendState& state, const void* buf, int wait) {

@@ -30,10 +30,13 @@ class DeviceBackend final : public BufferBackend {
   int device() const { return device_; }
 
   Status exact(const Call& c) override;
-  Status agree(uint64_t words[3]) override;
+  Status agree(uint64_t words[PlanCheck::kWords]) override;
   std::unique_ptr<BackendState> allocate(const Plan& plan, const void* buf) override;
   Status compressed(BackendState& state, const Plan& plan, const Call& c, const float* freshQ,
                     bool* fellBack) override;
+  Status save(BackendState& state, const Plan& plan, float* residual, float* qt) override;
+  Status load(BackendState& state, const Plan& plan, const float* residual,
+              const float* qt) override;
   uint64_t collect(BackendState& state, const void* buf, int wait) override;
   bool broken() const override { return ncclFailed_; }
 

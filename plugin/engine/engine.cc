@@ -139,8 +139,12 @@ Status Engine::allReduce(const void* send, void* recv, size_t count, lowrankData
 void Engine::setLayout(const void* buf, Layout layout) {
   platform::DeviceGuard guard(device());
   Buffer& b = buffers_.get(buf);
+  // A pending restore stays: restore and layout may come in either order before the first call,
+  // which checks the restored state against this layout.
+  std::unique_ptr<const SavedState> restored = std::move(b.restored);
   buffers_.reset(buf, b, counters_);
   b.layout = std::move(layout);
+  b.restored = std::move(restored);
 }
 
 void Engine::reset(const void* buf) {
@@ -157,6 +161,47 @@ void Engine::view(const void* buf, lowrankBufferView_t* view) const {
   *view = lowrankBufferView_t{};
   const Buffer* b = buffers_.find(buf);
   if (b && b->planned) describePlan(b->plan, b->calls, view);
+}
+
+Status Engine::saveState(const void* buf, void* out, size_t* size) {
+  const Buffer* b = buffers_.find(buf);
+  if (!b || (!b->planned && !b->restored))
+    return Status::Error(lowrankInvalidUsage,
+                         "lowrankBufferSaveState: buffer %p has no state to save (no compressible "
+                         "call on this communicator since it was made, reset or released, or "
+                         "since a call fell back to exact on non-finite input)", buf);
+  platform::DeviceGuard guard(device());
+  SavedState s;
+  LR_RETURN_IF_ERROR(saveBuffer(*b, cfg_, rank_, nranks_, &s));
+  const size_t need = encodedSize(s);
+  if (!out) {  // *size may hold anything: it is only written
+    *size = need;
+    return Status::Ok();
+  }
+  const size_t room = *size;
+  *size = need;
+  if (room < need)
+    return Status::Error(lowrankInvalidArgument,
+                         "lowrankBufferSaveState: buffer %p needs %zu bytes, %zu given (*size is "
+                         "now the size needed)", buf, need, room);
+  encode(s, static_cast<uint8_t*>(out));
+  return Status::Ok();
+}
+
+Status Engine::restoreState(const void* buf, const void* bytes, size_t size) {
+  auto s = std::make_unique<SavedState>();
+  LR_RETURN_IF_ERROR(decode(bytes, size, s.get()));
+  Buffer* b = buffers_.find(buf);
+  LR_RETURN_IF_ERROR(checkRestore(*s, cfg_, rank_, nranks_, b ? b->layout : std::nullopt));
+  if (b && b->planned)  // the checks a plan would make, now: a mismatch then changes nothing
+    LR_RETURN_IF_ERROR(checkPlan(*s, b->plan, b->layout, cfg_.errorFeedback));
+  platform::DeviceGuard guard(device());
+  Buffer& r = buffers_.get(buf);
+  buffers_.reset(buf, r, counters_);
+  r.restored = std::move(s);
+  LR_INFO("buffer %p: state of call %llu staged for restore at the next call", buf,
+          (unsigned long long)r.restored->calls);
+  return Status::Ok();
 }
 
 void Engine::stats(lowrankStats_t* stats) {

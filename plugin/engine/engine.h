@@ -52,6 +52,11 @@ class Engine {
   void reset(const void* buf);
   void release(const void* buf);
   void view(const void* buf, lowrankBufferView_t* view) const;
+  // lowrankBufferSaveState: the bytes of buf's state into out (*size bytes there; null: the size
+  // needed only). lowrankBufferRestoreState: checked and staged for buf's next call. The errors
+  // of lowrank.h; neither changes anything on error.
+  Status saveState(const void* buf, void* out, size_t* size);
+  Status restoreState(const void* buf, const void* bytes, size_t size);
   void stats(lowrankStats_t* stats);
   // The buffer's record, for tests (null: none).
   const Buffer* find(const void* buf) const { return buffers_.find(buf); }

@@ -1,5 +1,6 @@
 #include "engine/host_backend.h"
 
+#include <algorithm>
 #include <cstring>
 #include <new>
 
@@ -13,8 +14,23 @@ Status HostBackend::exact(const Call& c) {
   return tr_.allreduce(c.recv, c.count, c.dtype, c.op);
 }
 
-Status HostBackend::agree(uint64_t words[3]) {
-  return tr_.allreduce(words, 3, lowrankUint64, lowrankMax);
+Status HostBackend::agree(uint64_t words[PlanCheck::kWords]) {
+  return tr_.allreduce(words, PlanCheck::kWords, lowrankUint64, lowrankMax);
+}
+
+Status HostBackend::save(BackendState& state, const Plan& plan, float* residual, float* qt) {
+  const auto& st = static_cast<const HostState&>(state);
+  if (residual && !st.error.empty()) std::copy_n(st.error.data(), plan.count, residual);
+  std::copy_n(st.qt.data(), plan.qElems, qt);
+  return Status::Ok();
+}
+
+Status HostBackend::load(BackendState& state, const Plan& plan, const float* residual,
+                         const float* qt) {
+  auto& st = static_cast<HostState&>(state);
+  if (residual && !st.error.empty()) std::copy_n(residual, plan.count, st.error.data());
+  std::copy_n(qt, plan.qElems, st.qt.data());
+  return Status::Ok();
 }
 
 std::unique_ptr<BackendState> HostBackend::allocate(const Plan& plan, const void* buf) {

@@ -39,10 +39,13 @@ class HostBackend final : public BufferBackend {
  public:
   HostBackend(const EngineConfig& cfg, AsyncTransport& transport) : cfg_(cfg), tr_(transport) {}
   Status exact(const Call& c) override;
-  Status agree(uint64_t words[3]) override;
+  Status agree(uint64_t words[PlanCheck::kWords]) override;
   std::unique_ptr<BackendState> allocate(const Plan& plan, const void* buf) override;
   Status compressed(BackendState& state, const Plan& plan, const Call& c, const float* freshQ,
                     bool* fellBack) override;
+  Status save(BackendState& state, const Plan& plan, float* residual, float* qt) override;
+  Status load(BackendState& state, const Plan& plan, const float* residual,
+              const float* qt) override;
   bool broken() const override { return tr_.broken(); }
 
  private:

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "abi/cuda_backend.h"  // lowrankCudaCollect*: how long collect() waits
+#include "engine/checkpoint.h"
 #include "engine/engine_config.h"
 #include "engine/plan.h"
 #include "lowrank/lowrank.h"
@@ -48,8 +49,8 @@ class BufferBackend {
   virtual ~BufferBackend() = default;
   // The allreduce as is, uncompressed.
   virtual Status exact(const Call& c) = 0;
-  // The plan agreement: words[0..3) max-allreduced in place over the communicator (PlanCheck).
-  virtual Status agree(uint64_t words[3]) = 0;
+  // The plan agreement: words max-allreduced in place over the communicator (PlanCheck).
+  virtual Status agree(uint64_t words[PlanCheck::kWords]) = 0;
   // The state of a plan with compressed tensors, zeroed; null when the memory could not be had
   // (said why at INFO): the plan agreement then makes the buffer exact-only on every comm rank.
   virtual std::unique_ptr<BackendState> allocate(const Plan& plan, const void* buf) = 0;
@@ -60,6 +61,12 @@ class BufferBackend {
   // exact. On error the state may be half updated: the caller drops it.
   virtual Status compressed(BackendState& state, const Plan& plan, const Call& c,
                             const float* freshQ, bool* fellBack) = 0;
+  // Checkpoint: copies the state's residual (plan.count floats; none when `residual` is null or error
+  // feedback is off) and Qt (plan.qElems floats, whole-tensor layout) to host memory (save), or
+  // from it (load), after the buffer's last call. A failed load leaves the state to be dropped.
+  virtual Status save(BackendState& state, const Plan& plan, float* residual, float* qt) = 0;
+  virtual Status load(BackendState& state, const Plan& plan, const float* residual,
+                      const float* qt) = 0;
   // True once a collective of this backend failed midway (any error of the transport or of NCCL
   // during a collective): the comm ranks may be out of step, so the communicator fails. The same
   // notion for both backends: the transport's broken() (transport/transport.h), or an NCCL error
@@ -85,6 +92,9 @@ struct Buffer {
                              // rank allreduces this buffer exactly until it is re-planned
   BufferBackend* backend = nullptr;     // whose state (null: none yet)
   std::unique_ptr<BackendState> state;  // null: nothing to compress, exact-only, or not planned
+  // A state restored (lowrankBufferRestoreState) and not yet installed: the next compressible call
+  // plans the buffer with it. Set only while not planned; a reset drops it.
+  std::unique_ptr<const SavedState> restored;
 };
 
 class BufferRegistry {
@@ -108,6 +118,10 @@ class BufferRegistry {
 // True when a call of this dtype and op is compressed under cfg (sum or avg of a floating dtype
 // PowerSGD handles, approximation rank > 0).
 bool compresses(const EngineConfig& cfg, lowrankDataType_t dtype, lowrankRedOp_t op);
+
+// The saved state of a planned buffer, or the one restored and not yet installed (the caller
+// checks that one of them is there). cfg, rank, nranks: the communicator's.
+Status saveBuffer(const Buffer& b, const EngineConfig& cfg, int rank, int nranks, SavedState* out);
 
 // One allreduce of buffer b on backend be: exact or compressed, planning, warm-up and counting.
 // rank: this comm rank (the test hook that fails its allocations). scratchQ: room for a fresh Q.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <string>
 
 #include "util/dtype.h"
 #include "util/log.h"
@@ -15,11 +16,6 @@ size_t isqrtCeil(size_t x) {
   while (s * s < x) ++s;
   while (s > 0 && (s - 1) * (s - 1) >= x) --s;
   return s;
-}
-
-uint64_t mix(uint64_t h, uint64_t v) {
-  h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
-  return h * 0xff51afd7ed558ccdull;
 }
 
 void addCompressed(Plan& p, TensorPlan t, const EngineConfig& cfg) {
@@ -42,6 +38,11 @@ void addCompressed(Plan& p, TensorPlan t, const EngineConfig& cfg) {
 constexpr size_t kMinColBlock = 512;
 
 }  // namespace
+
+uint64_t mix(uint64_t h, uint64_t v) {
+  h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+  return h * 0xff51afd7ed558ccdull;
+}
 
 // Splits every compressed tensor into row blocks (P) and column blocks (Q) of at most `target`
 // elements of M, and groups consecutive blocks into chunks of about `target` elements.
@@ -96,11 +97,12 @@ void makeChunks(Plan& p, size_t target) {
 }
 
 Status PlanCheck::read(const Plan& p, lowrankRedOp_t op, const void* buf, bool allocated,
-                       bool* exactOnly) const {
+                       uint64_t restored, uint64_t calls, bool* exactOnly) const {
   if (words[0] == kPlanFailed && words[1] == kPlanFailed)
     return Status::Error(lowrankInvalidUsage,
                          "buffer %p: another comm rank could not plan this buffer (its error says "
-                         "why: a layout whose elements are not the call's count?); this rank has "
+                         "why: a layout whose elements are not the call's count, or a restored "
+                         "state that does not fit?); this rank has "
                          "count %zu, dtype %s, op %s",
                          buf, p.count, dtypeName(p.dtype), opName(op));
   if (words[0] != p.hash || words[1] != ~p.hash)
@@ -108,6 +110,13 @@ Status PlanCheck::read(const Plan& p, lowrankRedOp_t op, const void* buf, bool a
                          "buffer %p: comm ranks disagree on (count, dtype, op, layout, k); this "
                          "rank has count %zu, dtype %s, op %s",
                          buf, p.count, dtypeName(p.dtype), opName(op));
+  if (words[3] != restored || words[4] != ~restored)
+    return Status::Error(lowrankInvalidUsage,
+                         "buffer %p: comm ranks disagree on its restored state "
+                         "(lowrankBufferRestoreState on some comm ranks only, or from different "
+                         "steps); this rank %s",
+                         buf, restored ? ("restored the state of call " + std::to_string(calls)).c_str()
+                                       : "restored none");
   *exactOnly = words[2] != 0;
   if (*exactOnly)
     LR_WARN("buffer %p (count %zu): %s could not allocate the compression state; every comm rank "

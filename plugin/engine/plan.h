@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "abi/cuda_backend.h"  // LOWRANK_PLAN_CHECK_WORDS
 #include "engine/engine_config.h"
 #include "kernels/host/powersgd_kernels.h"
 #include "lowrank/lowrank.h"
@@ -104,23 +105,30 @@ bool shouldCompress(size_t n, size_t m, int k, double rate);
 void makeChunks(Plan& p, size_t target);
 
 // The agreement of a buffer's first call, shared by the host and device engines: every comm rank
-// puts three words into one max-allreduce of uint64: its plan's hash, the hash's complement (the
-// maxima equal both only if every rank has the same hash) and 1 if it could not allocate the
-// buffer's state. A rank whose planning failed (a layout that does not add up to count) still
-// takes part, so that its peers do not hang, with all ones in both hash words: every peer then
-// finds the disagreement and fails the call too, so that no rank goes on to a collective the
-// others do not make.
+// puts kWords words into one max-allreduce of uint64: its plan's hash and the hash's complement
+// (the maxima equal both only if every rank has the same hash), 1 if it could not allocate the
+// buffer's state, and likewise the id of the state it restored and its complement (0 and all ones:
+// nothing restored; engine/checkpoint.h agreementId), so that a restore on some comm ranks only,
+// or from different steps, is found on every rank. A rank whose planning failed (a layout that
+// does not add up to count, a restore that does not fit) still takes part, so that its peers do
+// not hang, with all ones in the hash words: every peer then finds the disagreement and fails the
+// call too, so that no rank goes on to a collective the others do not make.
 struct PlanCheck {
   static constexpr uint64_t kPlanFailed = ~uint64_t(0);
-  uint64_t words[3];
-  PlanCheck(const Status& planned, const Plan& p, bool allocated)
+  static constexpr int kWords = LOWRANK_PLAN_CHECK_WORDS;
+  uint64_t words[kWords];
+  PlanCheck(const Status& planned, const Plan& p, bool allocated, uint64_t restored)
       : words{planned.ok() ? p.hash : kPlanFailed, planned.ok() ? ~p.hash : kPlanFailed,
-              planned.ok() && !allocated ? 1u : 0u} {}
-  // After the allreduce: lowrankInvalidUsage naming the buffer if the ranks' plans differ; else
-  // Ok, with *exactOnly set (and a warning logged) when some comm rank could not allocate.
-  Status read(const Plan& p, lowrankRedOp_t op, const void* buf, bool allocated,
-              bool* exactOnly) const;
+              planned.ok() && !allocated ? 1u : 0u, restored, ~restored} {}
+  // After the allreduce: lowrankInvalidUsage naming the buffer if the ranks' plans or restores
+  // differ; else Ok, with *exactOnly set (and a warning logged) when some comm rank could not
+  // allocate. restored: this rank's id, as given to the constructor; calls: its restored calls.
+  Status read(const Plan& p, lowrankRedOp_t op, const void* buf, bool allocated, uint64_t restored,
+              uint64_t calls, bool* exactOnly) const;
 };
+
+// Folds v into the hash h: the hashes the comm ranks compare (the plan's, a restored state's).
+uint64_t mix(uint64_t h, uint64_t v);
 
 // Fills view (lowrankBufferGetView) from a plan and the calls made since it was made.
 void describePlan(const Plan& p, uint64_t calls, lowrankBufferView_t* view);

@@ -109,6 +109,8 @@ _PROTOTYPES = {
     "lowrankBufferGetView": (_R, [_P, _P, ctypes.POINTER(BufferView)]),
     "lowrankBufferReset": (_R, [_P, _P]),
     "lowrankBufferRelease": (_R, [_P, _P]),
+    "lowrankBufferSaveState": (_R, [_P, _P, _P, ctypes.POINTER(_Z)]),
+    "lowrankBufferRestoreState": (_R, [_P, _P, _P, _Z]),
     "lowrankGetStats": (_R, [_P, ctypes.POINTER(Stats)]),
 }
 # Present only where the library was built with NCCL's header (lowrank_nccl.h).

@@ -200,6 +200,52 @@ class Communicator:
         """Free everything held for the buffer, its layout included."""
         self._call("lowrankBufferRelease", self._addr(buffer))
 
+    # ---- checkpoint of a buffer's state (docs/checkpoint.md) ------------------------------------
+    def save_state(self, buffer):
+        """lowrankBufferSaveState: the buffer's PowerSGD state (its residual E, the warm-start Q of
+        every compressed tensor, the call count, checked by a CRC) as bytes, to keep with the
+        model and optimizer; every comm rank saves its own (the residuals are per comm rank).
+        buffer: the tensor/array allreduced into, or its address as an int. Local, changes
+        nothing; a CUDA buffer's queued work is waited for. A buffer restored and not called
+        since saves what was restored.
+        Raises InvalidArgumentError (a null buffer), LowrankError lowrankInvalidUsage (the buffer
+        has no state: never called compressibly on this communicator, or reset since)."""
+        addr = self._addr(buffer)
+        size = ctypes.c_size_t(0)
+        self._call("lowrankBufferSaveState", addr, None, ctypes.byref(size))
+        for _ in range(3):  # another thread may re-plan the buffer between the two calls
+            out = ctypes.create_string_buffer(max(1, size.value))
+            have = size.value
+            try:
+                self._call("lowrankBufferSaveState", addr, out, ctypes.byref(size))
+            except InvalidArgumentError:
+                if size.value > have:  # too small: size now says what is needed
+                    continue
+                raise
+            return out.raw[:size.value]
+        raise LowrankError(5, "the buffer's state kept changing size while it was saved",
+                           "lowrankBufferSaveState")
+
+    def restore_state(self, buffer, data):
+        """lowrankBufferRestoreState: give the buffer the state `data` (bytes from save_state of
+        the same comm rank, same comm size, approximation rank, seed and error feedback). Call it
+        on every comm rank at the same point (as reset), each with its own comm rank's bytes;
+        set_layout may come before or after it and keeps it pending. The buffer's current state
+        is dropped; the restored one is installed, and checked across comm ranks, at the
+        buffer's next compressible call. data: bytes, bytearray or memoryview.
+        Raises InvalidArgumentError (data truncated, corrupt, not lowrank's, another format
+        version), LowrankError lowrankInvalidUsage naming what differs (comm size or rank, k,
+        seed, error feedback, layout); at the next call every comm rank raises
+        lowrankInvalidUsage if the ranks' restored states disagree (some ranks restored, others
+        not, or states from different steps), or if count, dtype or layout differ."""
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise InvalidArgumentError(4, f"data must be bytes (from save_state), not "
+                                          f"{type(data).__name__}", "lowrankBufferRestoreState")
+        raw = bytes(data)
+        if not raw:
+            raise InvalidArgumentError(4, "data is empty", "lowrankBufferRestoreState")
+        self._call("lowrankBufferRestoreState", self._addr(buffer), raw, len(raw))
+
     # ---- queries -------------------------------------------------------------------------------
     def stats(self):
         """lowrankGetStats as a dict: calls, compressedCalls, fallbackCalls, compressedElements,

@@ -179,7 +179,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                  perTensor ? &layout : nullptr, cfg, &again).ok());
   CHECK(again.hash == plan.hash);
   bool exactOnly = true;
-  const PlanCheck check(st, plan, true);
-  CHECK(check.read(plan, op, nullptr, true, &exactOnly).ok() && !exactOnly);
+  const PlanCheck check(st, plan, true, 0);
+  CHECK(check.read(plan, op, nullptr, true, 0, 0, &exactOnly).ok() && !exactOnly);
   return 0;
 }

@@ -4,11 +4,11 @@
 # a crash or broken invariant to build-fuzz/artifacts/ (replay one with the CI build:
 # build/tests/fuzz/fuzz_TARGET FILE). Worth adding to tests/fuzz/corpus/TARGET: the inputs that
 # found a bug, once it is fixed.
-#   tests/fuzz/run_libfuzzer.sh [SECONDS] [TARGET...]      (targets: plan policy config bootstrap)
+#   tests/fuzz/run_libfuzzer.sh [SECONDS] [TARGET...]      (targets: plan policy config bootstrap restore)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 secs=${1:-60}; shift || true
-targets=${*:-plan policy config bootstrap}
+targets=${*:-plan policy config bootstrap restore}
 B=build-fuzz
 command -v clang++ >/dev/null || { echo "clang++ not found (apt-get install clang)"; exit 2; }
 [ -f "$B/build.ninja" ] || CC=clang CXX=clang++ meson setup "$B" . -Dlibfuzzer=true -Dcuda=disabled \

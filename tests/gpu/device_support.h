@@ -82,6 +82,19 @@ inline void expectDeviceEngineRan(lowrankComm_t comm, const void* recv, uint64_t
   EXPECT_EQ(st.elementsSent, 0u) << "the host engine sent factors";
 }
 
+// lowrankBufferSetLayout of buf: the tensors of `shapes`, in order.
+inline void setLayoutOf(lowrankComm_t comm, const void* buf,
+                        const std::vector<std::vector<size_t>>& shapes) {
+  std::vector<int> ndims;
+  std::vector<const size_t*> dims;
+  for (const auto& s : shapes) {
+    ndims.push_back(int(s.size()));
+    dims.push_back(s.data());
+  }
+  ASSERT_EQ(lowrankBufferSetLayout(comm, buf, int(shapes.size()), ndims.data(), dims.data()),
+            lowrankSuccess);
+}
+
 // A one-rank NCCL communicator on device 0 and a lowrank communicator over it.
 struct OneRankNccl {
   ncclComm_t nccl = nullptr;

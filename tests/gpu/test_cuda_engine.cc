@@ -36,16 +36,7 @@ class DeviceVsHost : public ::testing::TestWithParam<Case> {};
 // Three tensors (two compressed, one bias) in one bucket, or one batched matrix.
 const std::vector<std::vector<size_t>> kShapes = {{96, 200}, {300}, {128, 3, 3, 17}};
 
-void setLayout(lowrankComm_t comm, const void* buf) {
-  std::vector<int> ndims;
-  std::vector<const size_t*> shapes;
-  for (const auto& s : kShapes) {
-    ndims.push_back(int(s.size()));
-    shapes.push_back(s.data());
-  }
-  ASSERT_EQ(lowrankBufferSetLayout(comm, buf, int(kShapes.size()), ndims.data(), shapes.data()),
-            lowrankSuccess);
-}
+void setLayout(lowrankComm_t comm, const void* buf) { setLayoutOf(comm, buf, kShapes); }
 
 TEST_P(DeviceVsHost, AgreeCallAfterCall) {
   LR_SKIP_WITHOUT_DEVICE();

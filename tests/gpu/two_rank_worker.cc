@@ -5,7 +5,9 @@
 //     exactness on a rank-k sum; the device engine against the host engine call after call;
 //     non-finite input on one comm rank and comm ranks that disagree on the op rejected on every
 //     rank without poisoning the state; agreement across ranks (OUTFILE, compared by the script);
-//     mismatched counts refused on every rank; exits non-zero on any failure.
+//     mismatched counts refused on every rank; a checkpoint restored into new communicators goes
+//     on bit for bit, and a restore on one rank only is refused on both; exits non-zero on any
+//     failure.
 //   two_rank_worker bench RANK NRANKS IDFILE ELEMENTS K
 //     pipelined time of a compressed allreduce vs compute alone (a one-rank communicator) and
 //     communication alone (the same NCCL allreduces of the factors), and exact ncclAllReduce.
@@ -17,6 +19,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -145,6 +148,8 @@ void rejectedThenExact(int rank, lowrankComm_t comm, cudaStream_t s, void* g, lo
   CHECK(e < 1e-4, "%s, next call: rank-k sum relative error %.3g", what, e);
 }
 
+void checkpoint(int rank, int nranks, const std::string& idFile);
+
 int check(int rank, int nranks, const std::string& idFile, const std::string& outFile) {
   ncclComm_t nccl = joinNccl(rank, nranks, idFile);
   lowrankComm_t comm = nullptr;
@@ -216,8 +221,82 @@ int check(int rank, int nranks, const std::string& idFile, const std::string& ou
   lowrankCommDestroy(piped);
   lowrankCommDestroy(comm);
   ncclCommDestroy(nccl);
+  checkpoint(rank, nranks, idFile);
   printf("rank %d: check %s\n", rank, failures ? "FAILED" : "ok");
   return failures ? 1 : 0;
+}
+
+// Checkpoint across communicators (lowrankBufferSaveState / RestoreState): 20 calls, save, every
+// communicator destroyed, new NCCL and lowrank communicators, restore, 20 calls: outputs the same
+// bits as 40 calls without a stop; then a restore on comm rank 0 only is refused on every rank.
+void checkpoint(int rank, int nranks, const std::string& idFile) {
+  const size_t count = 96 * 128;
+  const lowrankConfig_t cfg = config(3);
+  // One session: a fresh NCCL communicator (its id file per tag), a lowrank one, a device buffer.
+  auto session = [&](const char* tag, auto body) {
+    ncclComm_t nccl = joinNccl(rank, nranks, idFile + tag);
+    lowrankConfig_t c = cfg;
+    lowrankComm_t comm = nullptr;
+    lowrankCommInitFromNcclConfig(&comm, nccl, &c);
+    cudaStream_t s;
+    cudaStreamCreate(&s);
+    void* out = nullptr;
+    cudaMalloc(&out, count * 4);
+    body(comm, out, s);
+    lowrankBufferRelease(comm, out);
+    cudaFree(out);
+    cudaStreamDestroy(s);
+    lowrankCommDestroy(comm);
+    ncclCommDestroy(nccl);
+    if (rank == 0) unlink((idFile + tag).c_str());
+  };
+  auto calls = [&](lowrankComm_t comm, void* out, cudaStream_t s, int from, int to,
+                   std::vector<std::vector<float>>* outs) {
+    for (int t = from; t < to; ++t) {
+      void* g = toDevice(gaussian(count, 1000u * t + rank), lowrankFloat32);
+      const lowrankResult_t r = lowrankAllReduce(g, out, count, lowrankFloat32, lowrankAvg, comm, s);
+      CHECK(r == lowrankSuccess, "checkpoint call %d: %s", t, lowrankGetLastError(comm));
+      cudaStreamSynchronize(s);
+      if (outs) outs->push_back(fromDevice(out, count, lowrankFloat32));
+      cudaFree(g);
+    }
+  };
+  auto save = [&](lowrankComm_t comm, void* out) {
+    size_t size = 0;
+    lowrankBufferSaveState(comm, out, nullptr, &size);
+    std::vector<char> b(size);
+    CHECK(lowrankBufferSaveState(comm, out, b.data(), &size) == lowrankSuccess, "save: %s",
+          lowrankGetLastError(comm));
+    return b;
+  };
+  std::vector<std::vector<float>> straight, resumed;
+  std::vector<char> saved;
+  session(".ckpt0", [&](lowrankComm_t comm, void* out, cudaStream_t s) {
+    calls(comm, out, s, 0, 40, &straight);
+  });
+  session(".ckpt1", [&](lowrankComm_t comm, void* out, cudaStream_t s) {
+    calls(comm, out, s, 0, 20, nullptr);
+    saved = save(comm, out);
+  });
+  session(".ckpt2", [&](lowrankComm_t comm, void* out, cudaStream_t s) {
+    CHECK(lowrankBufferRestoreState(comm, out, saved.data(), saved.size()) == lowrankSuccess,
+          "restore: %s", lowrankGetLastError(comm));
+    calls(comm, out, s, 20, 40, &resumed);
+  });
+  bool same = resumed.size() == 20 && straight.size() == 40;
+  for (size_t t = 0; same && t < 20; ++t) same = resumed[t] == straight[20 + t];
+  CHECK(same, "outputs after the restore differ from the run without a stop");
+  session(".ckpt3", [&](lowrankComm_t comm, void* out, cudaStream_t s) {
+    if (rank == 0) lowrankBufferRestoreState(comm, out, saved.data(), saved.size());
+    void* g = toDevice(gaussian(count, 7u + rank), lowrankFloat32);
+    const lowrankResult_t r = lowrankAllReduce(g, out, count, lowrankFloat32, lowrankAvg, comm, s);
+    CHECK(r == lowrankInvalidUsage && strstr(lowrankGetLastError(comm), "restored state"),
+          "restore on rank 0 only gave %d: %s", int(r), lowrankGetLastError(comm));
+    cudaStreamSynchronize(s);
+    cudaFree(g);
+  });
+  printf("rank %d: checkpoint across communicators: %zu calls after the restore %s\n", rank,
+         resumed.size(), same ? "bit-identical" : "DIFFER");
 }
 
 // Mean milliseconds of `reps` runs of f on stream s, after `warm` untimed runs.

@@ -16,6 +16,14 @@ CASE:
              fewer times -> the others time out with an error
   netns      two "hosts": two network namespaces joined by a veth pair (root only; skipped else)
   mpirun     under Open MPI's mpirun (skipped when Debian's openmpi-bin is not installed)
+  checkpoint lowrankBufferSaveState / RestoreState across process lifetimes (issue 16): 3 processes
+             make 20 calls of a per-tensor and a batched buffer, save and exit; 3 new processes
+             (and, once, 3 threads of one process) restore and make 20 more, bit-identical to an
+             uninterrupted run of 40 on every rank, with and without LOWRANK_WARM_START, and across
+             the end of a warm-up (LOWRANK_START_ITER); then the
+             refusals: another comm size, comm rank or k (lowrankInvalidUsage naming it), and a
+             restore on comm rank 0 only (its first call fails on every rank, no hang; a
+             lowrankBufferReset on rank 0 brings the buffers back)
 
 Exit status: 0 pass, 1 fail, 77 skipped (meson's convention).
 """
@@ -479,8 +487,187 @@ def case_mpirun(args, tmp):
     return 0
 
 
+# ---- checkpoint ----------------------------------------------------------------------------------
+
+CKPT_CALLS = 20
+# Bytes of one call's outputs in `mp_worker ckpt`: a float32 per-tensor buffer (48x40, 40, 32x24)
+# and a bfloat16 batched one of 3000.
+CKPT_CALL_BYTES = 4 * (48 * 40 + 40 + 32 * 24) + 2 * 3000
+
+
+def ckpt_run(worker, n, args, label, timeout=60, **env):
+    """`mp_worker ckpt ARGS` as n processes (torchrun variables); returns [(rc, out, err)], or
+    None after a failed check when some process did not exit 0."""
+    port = free_port_pair()
+    t0 = time.monotonic()
+    env = dict(dict(LOWRANK_TIMEOUT=10), **env)
+    procs = [start([worker, "ckpt"] + [str(a) for a in args],
+                   base_env(RANK=r, WORLD_SIZE=n, MASTER_ADDR="127.0.0.1", MASTER_PORT=port, **env))
+             for r in range(n)]
+    res = finish(procs, timeout)
+    ok = check(all(rc == 0 for rc, _, _ in res),
+               f"{label}: {n} processes exit 0 ({time.monotonic() - t0:.1f} s)")
+    if not ok:
+        show(res, "proc")
+        return None
+    return res
+
+
+def ckpt_threads(worker, n, args, label, timeout=60, **env):
+    t0 = time.monotonic()
+    env = dict(dict(LOWRANK_TIMEOUT=10), **env)
+    res = finish([start([worker, "ckpt"] + [str(a) for a in args] + [f"threads={n}"],
+                        base_env(**env))], timeout)
+    if not check(res[0][0] == 0, f"{label}: {n} threads exit 0 ({time.monotonic() - t0:.1f} s)"):
+        show(res, "threads")
+        return None
+    return res
+
+
+def read_outputs(prefix, n):
+    return [open(f"{prefix}.{r}", "rb").read() if os.path.exists(f"{prefix}.{r}") else None
+            for r in range(n)]
+
+
+def tagged(out, tag):
+    """The lines '[rank] TAG ...' of a worker's stdout: {rank: [rest of line]}."""
+    got = {}
+    for line in out.splitlines():
+        if line.startswith("[") and "] " in line:
+            r, _, rest = line[1:].partition("] ")
+            if rest.startswith(tag + " "):
+                got.setdefault(int(r), []).append(rest[len(tag) + 1:])
+    return got
+
+
+def case_checkpoint(args, tmp):
+    w = args.worker
+    n = 3
+    c = CKPT_CALLS
+    d = os.path.join(tmp, "ckpt")
+    os.makedirs(d)
+
+    # -- resume: bit-identical to the uninterrupted run. Warm start on; off (each call's fresh Q is
+    # drawn from the call count, restored); and a warm-up (LOWRANK_START_ITER=25) that the restore
+    # falls in (the saving run made exact calls only; compression starts at call 26 in both runs).
+    configs = [("ws1", "warm start", dict(LOWRANK_WARM_START=1)),
+               ("ws0", "LOWRANK_WARM_START=0", dict(LOWRANK_WARM_START=0)),
+               ("warmup", "LOWRANK_START_ITER=25", dict(LOWRANK_START_ITER=25))]
+    for tag, name, env in configs:
+        full = os.path.join(d, f"full_{tag}")
+        state = os.path.join(d, f"state_{tag}" + ".{r}.{b}")
+        if not ckpt_run(w, n, [0, 2 * c, f"out={full}"], f"{name}: {2 * c} calls uninterrupted",
+                        **env):
+            continue
+        save = [0, c, f"out={os.path.join(d, 'first_' + tag)}", f"save={state}"]
+        if not ckpt_run(w, n, save + (["exact-only"] if tag == "warmup" else []),
+                        f"{name}: {c} calls, save, exit", **env):
+            continue
+        ref = read_outputs(full, n)
+        first = read_outputs(os.path.join(d, f"first_{tag}"), n)
+        for r in range(n):
+            check(first[r] == ref[r][:c * CKPT_CALL_BYTES],
+                  f"{name}: comm rank {r}: the saving run's {c} calls == the first {c} of the "
+                  "uninterrupted run")
+        variants = [("processes, restore after the layout", ckpt_run, [])]
+        if tag == "ws1":
+            variants += [("processes, restore before the layout", ckpt_run, ["before-layout"]),
+                         ("threads of one process, restore into buffers planned by 3 other calls",
+                          ckpt_threads, ["pre=3"])]
+        for i, (what, runner, extra) in enumerate(variants):
+            resumed = os.path.join(d, f"resumed_{tag}_{i}")
+            label = f"{name}, new {what}"
+            res = runner(w, n, [c, c, f"out={resumed}", f"restore={state}"] + extra, label, **env)
+            if not res:
+                continue
+            got = read_outputs(resumed, n)
+            for r in range(n):
+                want = ref[r][c * CKPT_CALL_BYTES:]
+                check(got[r] is not None and len(want) == c * CKPT_CALL_BYTES and got[r] == want,
+                      f"{label}: comm rank {r}: calls {c + 1}..{2 * c} bit-identical to the "
+                      "uninterrupted run")
+            # Without the restore the calls differ: the comparison above can tell them apart.
+            if i == 0:
+                fresh = os.path.join(d, f"fresh_{tag}")
+                # (in the warm-up run: exact calls only, where the resumed run compresses from 26)
+                ctl = [c, c, f"out={fresh}"] + (["exact-only"] if tag == "warmup" else [])
+                if ckpt_run(w, n, ctl, f"{name}, control: the same calls, no restore", **env):
+                    check(read_outputs(fresh, n)[0] != ref[0][c * CKPT_CALL_BYTES:],
+                          f"{name}, control: without the restore the outputs differ from the "
+                          "resumed run's")
+
+    # -- refusals: another comm size, comm rank or k; each refused restore changes nothing.
+    state = os.path.join(d, "state_ws1.{r}.{b}")
+    w2 = os.path.join(d, "w2_state.{r}.{b}")
+    if ckpt_run(w, 2, [0, 2, f"save={w2}"], "world 2: 2 calls, save"):
+        w2_any = os.path.join(d, "w2_state.0.{b}")  # comm rank 2 of 3 has no world-2 file
+        after = os.path.join(d, "after_refusals")
+        res = ckpt_run(w, n, [0, 2, f"out={after}", f"try={w2_any}", f"try={w2}".replace("{r}", "1"),
+                              f"try={state}".replace("{r}", "{r1}")],
+                       "world 3, restores of world-2 bytes and of the next comm rank's bytes")
+        if res:
+            for r, (_, out, _) in enumerate(res):
+                tries = tagged(out, "TRY").get(r, [])
+                want = [("comm size", "saved with comm size 2, this buffer has 3")] * 4 + \
+                       [("comm rank", f"saved with comm rank {(r + 1) % n}, this buffer has {r}")] * 2
+                ok = len(tries) == len(want)
+                for i, (t, (name, needle)) in enumerate(zip(tries, want)):
+                    ok &= t.startswith(f"b{i % 2} 5: ") and needle in t
+                if not check(ok, f"comm rank {r}: world-2 bytes refused naming the comm size, "
+                                 "another comm rank's bytes naming the comm rank "
+                                 "(lowrankInvalidUsage, each buffer)"):
+                    log(f"    {tries}")
+            got = read_outputs(after, n)
+            ref = read_outputs(os.path.join(d, "full_ws1"), n)
+            for r in range(n):
+                check(got[r] is not None and ref[r] is not None and
+                      got[r] == ref[r][:2 * CKPT_CALL_BYTES],
+                      f"comm rank {r}: after the refused restores, the buffers are fresh (outputs == "
+                      "the uninterrupted run's first calls)")
+    res = ckpt_run(w, n, [0, 2, f"try={state}"], "LOWRANK_APPROX_RANK=2, restore of bytes saved at k 4",
+                   LOWRANK_APPROX_RANK=2)
+    if res:
+        for r, (_, out, _) in enumerate(res):
+            tries = tagged(out, "TRY").get(r, [])
+            ok = len(tries) == 2 and all(t.startswith(f"b{b} 5: ") and "approximation rank" in t
+                                         and "saved with approximation rank k 4" in t
+                                         for b, t in enumerate(tries))
+            if not check(ok, f"comm rank {r}: k differs: lowrankInvalidUsage naming the "
+                             "approximation rank"):
+                log(f"    {tries}")
+
+    # -- a restore on comm rank 0 only: the next call of each buffer fails on every comm rank
+    # (lowrankInvalidUsage naming the restored state), found by the plan check, not by a timeout
+    # (LOWRANK_TIMEOUT=30: a wait for a peer would show); after lowrankBufferReset on comm rank 0
+    # the calls succeed, as a fresh run's.
+    only0 = os.path.join(d, "only0")
+    t0 = time.monotonic()
+    res = ckpt_run(w, n, [0, 3, f"out={only0}", f"restore={state}", "ranks=0", "retry"],
+                   "restore on comm rank 0 only", timeout=60, LOWRANK_TIMEOUT=30)
+    dt = time.monotonic() - t0
+    if res:
+        check(dt < 15, f"restore on comm rank 0 only: done in {dt:.1f} s (no timeout, no hang)")
+        for r, (_, out, _) in enumerate(res):
+            errs = tagged(out, "CALLERR").get(r, [])
+            ok = len(errs) == 2 and all(e.startswith(f"c0 b{b} 5: ") and "restored state" in e
+                                        for b, e in enumerate(errs))
+            ok &= (r == 0) == bool(tagged(out, "RESTORED").get(r))
+            if not check(ok, f"comm rank {r}: the first call of each buffer failed with "
+                             "lowrankInvalidUsage naming the restored state"):
+                log(f"    {errs}")
+            if errs:
+                log(f"    comm rank {r}: {errs[0][:260]}")
+        got = read_outputs(only0, n)
+        ref = read_outputs(os.path.join(d, "full_ws1"), n)
+        for r in range(n):
+            check(got[r] is not None and ref[r] is not None and got[r] == ref[r][:3 * CKPT_CALL_BYTES],
+                  f"comm rank {r}: after lowrankBufferReset on comm rank 0, the calls succeed as "
+                  "a fresh run's")
+    return 0
+
+
 CASES = dict(env=case_env, envparse=case_envparse, failure=case_failure, mismatch=case_mismatch,
-             netns=case_netns, mpirun=case_mpirun)
+             netns=case_netns, mpirun=case_mpirun, checkpoint=case_checkpoint)
 
 
 def main():

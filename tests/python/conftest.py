@@ -16,15 +16,34 @@ sys.path.insert(0, HERE)
 
 
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port P free now with P + 1 free too (torch's store binds P, lowrank's root P + 1)."""
+    while True:
+        with socket.socket() as s, socket.socket() as t:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+            try:
+                t.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+            return port
 
 
-def run_ranks(world, *args, timeout=120, env=None, rank_env=None):
-    """Runs ddp_worker.py ARGS as `world` processes; returns [(returncode, result dict or None,
-    output, seconds)], returncode "HUNG" for a process killed at the deadline. rank_env(r): more
-    variables for rank r."""
+BIND_RACE = "Address already in use"
+
+
+def run_ranks(world, *args, timeout=120, env=None, rank_env=None, worker="ddp_worker.py"):
+    """Runs `worker` (a script of tests/python, ddp_worker.py unless told) ARGS as `world`
+    processes; returns [(returncode, result dict or None, output, seconds)], returncode "HUNG"
+    for a process killed at the deadline. rank_env(r): more variables for rank r. A free port
+    can be taken by another program between free_port() and the workers' bind: a run whose
+    failure says so runs once more on another port (the machine's race, not lowrank's)."""
+    out = _run_ranks_once(world, args, timeout, env, rank_env, worker)
+    if any(res is None and BIND_RACE in text for _, res, text, _ in out):
+        out = _run_ranks_once(world, args, timeout, env, rank_env, worker)
+    return out
+
+
+def _run_ranks_once(world, args, timeout, env, rank_env, worker):
     port = free_port()
     procs = []
     for r in range(world):
@@ -33,7 +52,7 @@ def run_ranks(world, *args, timeout=120, env=None, rank_env=None):
         e.update(env or {})
         e.update(rank_env(r) if rank_env else {})
         procs.append((time.monotonic(), subprocess.Popen(
-            [sys.executable, os.path.join(HERE, "ddp_worker.py")] + [str(a) for a in args],
+            [sys.executable, os.path.join(HERE, worker)] + [str(a) for a in args],
             env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)))
     deadline = time.monotonic() + timeout
     out = []

@@ -117,6 +117,50 @@ def test_bad_arguments_raise_and_comm_goes_on():
     assert st["calls"] == 1 and st["buffers"] == 1
 
 
+def test_save_and_restore_state():
+    """save_state -> bytes, restore_state into another buffer (a tensor, or an address as an int):
+    the next calls equal those of the buffer that saved, bit for bit on every comm rank. Errors:
+    no state to save (code 5), data that is not bytes or is corrupt (InvalidArgumentError, the
+    buffer unchanged)."""
+    g = torch.Generator().manual_seed(5)
+    ins = [[torch.randn(48 * 40 + 8, generator=g) for _ in range(5)] for _ in range(2)]
+    shapes = [(48, 40), (8,)]
+
+    def body(c):
+        a, b = torch.empty(48 * 40 + 8), torch.empty(48 * 40 + 8)
+        c.set_layout(a, shapes)
+        seen = {}
+        with pytest.raises(lowrank.LowrankError) as e:
+            c.save_state(a)  # layout set, no call yet
+        seen["nothing"] = (e.value.code, e.value.function)
+        outs = []
+        for i, x in enumerate(ins[c.rank]):
+            a.copy_(x)
+            c.allreduce(a)
+            if i == 2:
+                data = c.save_state(a)
+            if i > 2:
+                outs.append(a.clone())
+        c.set_layout(b, shapes)
+        corrupt = data[:-1] + bytes([data[-1] ^ 1])
+        for name, bad in {"not_bytes": "text", "empty": b"", "corrupt": corrupt,
+                          "truncated": data[:100]}.items():
+            with pytest.raises(lowrank.InvalidArgumentError) as e:
+                c.restore_state(b, bad)
+            seen[name] = str(e.value)
+        c.restore_state(b.data_ptr(), bytearray(data))
+        again = c.save_state(b)  # restored, not yet called: what was restored
+        for x, want in zip(ins[c.rank][3:], outs):
+            b.copy_(x)
+            c.allreduce(b)
+            seen.setdefault("equal", []).append(torch.equal(b, want))
+        return seen, again == data, c.view(b)["calls"]
+    for seen, same, calls in on_ranks(2, body, approx_rank=2, seed=11):
+        assert seen["nothing"] == (5, "lowrankBufferSaveState")
+        assert "bytes" in seen["not_bytes"] and "empty" in seen["empty"]
+        assert seen["equal"] == [True, True] and same and calls == 5
+
+
 def test_init_errors_carry_code_and_nothing_leaks():
     """A refused init raises with lowrank's code and message; repeated failures and
     create/destroy cycles leave no descriptor and no thread behind."""

@@ -49,7 +49,8 @@ int commCreate(const lowrankRealNccl_t* nccl, void* ncclComm, int nranks, lowran
   const Err s = [&]() -> Err {
     LR_CUDA(cudaGetDevice(&dc.device));
     LR_CUDA(cudaStreamCreateWithFlags(&dc.stream, cudaStreamNonBlocking));
-    LR_CUDA(cudaMalloc(reinterpret_cast<void**>(&dc.planCheck), 3 * sizeof(uint64_t)));
+    LR_CUDA(cudaMalloc(reinterpret_cast<void**>(&dc.planCheck),
+                       LOWRANK_PLAN_CHECK_WORDS * sizeof(uint64_t)));
     return Err::Ok();
   }();
   if (!s.ok()) {
@@ -75,16 +76,17 @@ void commDestroy(lowrankCudaComm_t* c) {
   delete c;
 }
 
-int planCheck(lowrankCudaComm_t* c, uint64_t words[3], lowrankCudaError_t* error) {
+int planCheck(lowrankCudaComm_t* c, uint64_t* words, lowrankCudaError_t* error) {
+  constexpr size_t kWords = LOWRANK_PLAN_CHECK_WORDS;
   const DeviceComm& dc = c->dc;
   const Err s = [&]() -> Err {
     (void)cudaGetLastError();  // an error the application left in the runtime is not ours
-    LR_CUDA(cudaMemcpy(dc.planCheck, words, 3 * sizeof(uint64_t), cudaMemcpyHostToDevice));
-    LR_TRY(fromNccl(dc.api->allReduce(dc.planCheck, dc.planCheck, 3, lowrankUint64, lowrankMax,
+    LR_CUDA(cudaMemcpy(dc.planCheck, words, kWords * sizeof(uint64_t), cudaMemcpyHostToDevice));
+    LR_TRY(fromNccl(dc.api->allReduce(dc.planCheck, dc.planCheck, kWords, lowrankUint64, lowrankMax,
                                       dc.comm, dc.stream),
                     "ncclAllReduce (plan check)"));
     LR_CUDA(cudaStreamSynchronize(dc.stream));
-    LR_CUDA(cudaMemcpy(words, dc.planCheck, 3 * sizeof(uint64_t), cudaMemcpyDeviceToHost));
+    LR_CUDA(cudaMemcpy(words, dc.planCheck, kWords * sizeof(uint64_t), cudaMemcpyDeviceToHost));
     return Err::Ok();
   }();
   return s.report(error);
@@ -132,6 +134,37 @@ int runCompressed(lowrankCudaComm_t* c, lowrankCudaState_t* st, const void* send
   return r.report(error);
 }
 
+// Checkpoint copies: after the state's last call (its `done` event), synchronous, so that the
+// host memory may go when they return.
+int stateSave(lowrankCudaState_t* st, float* residual, float* qt, lowrankCudaError_t* error) {
+  const DeviceBuffer& b = st->b;
+  const Err s = [&]() -> Err {
+    (void)cudaGetLastError();
+    LR_CUDA(cudaEventSynchronize(b.done));
+    if (residual && b.e)
+      LR_CUDA(cudaMemcpy(residual, b.e, b.plan.count * sizeof(float), cudaMemcpyDeviceToHost));
+    if (b.plan.qElems)
+      LR_CUDA(cudaMemcpy(qt, b.qt, b.plan.qElems * sizeof(float), cudaMemcpyDeviceToHost));
+    return Err::Ok();
+  }();
+  return s.report(error);
+}
+
+int stateLoad(lowrankCudaState_t* st, const float* residual, const float* qt,
+              lowrankCudaError_t* error) {
+  DeviceBuffer& b = st->b;
+  const Err s = [&]() -> Err {
+    (void)cudaGetLastError();
+    LR_CUDA(cudaEventSynchronize(b.done));
+    if (residual && b.e)
+      LR_CUDA(cudaMemcpy(b.e, residual, b.plan.count * sizeof(float), cudaMemcpyHostToDevice));
+    if (b.plan.qElems)
+      LR_CUDA(cudaMemcpy(b.qt, qt, b.plan.qElems * sizeof(float), cudaMemcpyHostToDevice));
+    return Err::Ok();
+  }();
+  return s.report(error);
+}
+
 uint32_t collectChecks(lowrankCudaState_t* st, int wait, uint32_t* opMismatches) {
   DeviceBuffer& b = st->b;
   const size_t n = wait == lowrankCudaCollectAll ? SIZE_MAX
@@ -148,7 +181,7 @@ uint32_t collectChecks(lowrankCudaState_t* st, int wait, uint32_t* opMismatches)
 }  // namespace lowrank::cuda
 
 extern "C" __attribute__((visibility("default")))
-const lowrankCudaBackend_t lowrankCudaBackendV4 = {
+const lowrankCudaBackend_t lowrankCudaBackendV5 = {
     LOWRANK_CUDA_BACKEND_VERSION,
     sizeof(lowrankCudaBackend_t),
     &lowrank::cuda::commCreate,
@@ -158,5 +191,7 @@ const lowrankCudaBackend_t lowrankCudaBackendV4 = {
     &lowrank::cuda::stateCreate,
     &lowrank::cuda::stateDestroy,
     &lowrank::cuda::runCompressed,
+    &lowrank::cuda::stateSave,
+    &lowrank::cuda::stateLoad,
     &lowrank::cuda::collectChecks,
 };

@@ -1,0 +1,280 @@
+#include "engine/checkpoint.h"
+
+#include <zlib.h>
+
+#include <cinttypes>
+#include <cstring>
+#include <string>
+
+#include "util/dtype.h"
+
+namespace lowrank {
+namespace {
+
+// Header: magic[8] version u32, headerBytes u32, count u64, dtype u32, k i32, seed i64, nranks i32,
+// rank i32, calls u64, flags u32, ntensors u32, residual elems u64, qt elems u64; then per tensor
+// ndims u32 and its sizes u64; then the residual and Qt (float32); then the CRC-32 (u32).
+constexpr char kMagic[8] = {'L', 'R', 'S', 'T', 'A', 'T', 'E', '\0'};
+constexpr size_t kFixed = 80, kCrc = 4;
+constexpr uint32_t kErrorFeedback = 1, kHaveQ = 2, kPerTensor = 4, kKnownFlags = 7;
+constexpr uint32_t kMaxDims = 8;
+constexpr uint64_t kMaxCalls = uint64_t(1) << 62;  // far beyond any run; no counter wraps after it
+
+class Writer {
+ public:
+  explicit Writer(uint8_t* p) : p_(p) {}
+  void u32(uint32_t v) {
+    for (int i = 0; i < 4; ++i) *p_++ = uint8_t(v >> (8 * i));
+  }
+  void u64(uint64_t v) {
+    for (int i = 0; i < 8; ++i) *p_++ = uint8_t(v >> (8 * i));
+  }
+  void floats(const std::vector<float>& v) {
+    for (float f : v) {
+      uint32_t bits = 0;
+      std::memcpy(&bits, &f, 4);
+      u32(bits);
+    }
+  }
+  void raw(const void* d, size_t n) {
+    std::memcpy(p_, d, n);
+    p_ += n;
+  }
+  uint8_t* at() const { return p_; }
+
+ private:
+  uint8_t* p_;
+};
+
+// Reads within [p, end): every read checks the room left, so no input reads past the bytes.
+class Reader {
+ public:
+  Reader(const uint8_t* p, const uint8_t* end) : p_(p), end_(end) {}
+  bool u32(uint32_t* v) {
+    if (left() < 4) return false;
+    *v = 0;
+    for (int i = 0; i < 4; ++i) *v |= uint32_t(*p_++) << (8 * i);
+    return true;
+  }
+  bool u64(uint64_t* v) {
+    if (left() < 8) return false;
+    *v = 0;
+    for (int i = 0; i < 8; ++i) *v |= uint64_t(*p_++) << (8 * i);
+    return true;
+  }
+  bool floats(size_t n, std::vector<float>* v) {
+    if (left() / 4 < n) return false;
+    v->resize(n);
+    for (size_t i = 0; i < n; ++i) {
+      uint32_t bits = 0;
+      u32(&bits);
+      std::memcpy(&(*v)[i], &bits, 4);
+    }
+    return true;
+  }
+  size_t left() const { return size_t(end_ - p_); }
+  const uint8_t* at() const { return p_; }
+
+ private:
+  const uint8_t* p_;
+  const uint8_t* end_;
+};
+
+uint32_t crc(const uint8_t* p, size_t n) {
+  uLong c = crc32(0L, Z_NULL, 0);
+  while (n) {  // zlib takes uInt lengths
+    const uInt chunk = uInt(std::min<size_t>(n, 1u << 30));
+    c = crc32(c, p, chunk);
+    p += chunk;
+    n -= chunk;
+  }
+  return uint32_t(c);
+}
+
+size_t layoutBytes(const std::optional<Layout>& l) {
+  size_t n = 0;
+  if (l)
+    for (const Shape& s : *l) n += 4 + 8 * s.size();
+  return n;
+}
+
+Status bad(const char* what) {
+  return Status::Error(lowrankInvalidArgument, "lowrankBufferRestoreState: the bytes are %s", what);
+}
+
+std::string shapes(const std::optional<Layout>& l) {
+  if (!l) return "batched (no layout)";
+  std::string out = std::to_string(l->size()) + " tensors [";
+  for (size_t t = 0; t < l->size(); ++t) {
+    out += t ? ", (" : "(";
+    for (size_t d = 0; d < (*l)[t].size(); ++d) {
+      if (d) out += ',';
+      out += std::to_string((*l)[t][d]);
+    }
+    out += ")";
+    if (out.size() > 200) return out + ", ...]";
+  }
+  return out + "]";
+}
+
+Status differs(const char* what, const std::string& saved, const std::string& now) {
+  return Status::Error(lowrankInvalidUsage,
+                       "lowrankBufferRestoreState: the state was saved with %s %s, this buffer has "
+                       "%s",
+                       what, saved.c_str(), now.c_str());
+}
+
+}  // namespace
+
+size_t encodedSize(const SavedState& s) {
+  return kFixed + layoutBytes(s.layout) + 4 * (s.residual.size() + s.qt.size()) + kCrc;
+}
+
+void encode(const SavedState& s, uint8_t* out) {
+  Writer w(out);
+  w.raw(kMagic, sizeof kMagic);
+  w.u32(SavedState::kFormatVersion);
+  w.u32(uint32_t(kFixed + layoutBytes(s.layout)));
+  w.u64(s.count);
+  w.u32(uint32_t(s.dtype));
+  w.u32(uint32_t(s.approxRank));
+  w.u64(uint64_t(s.seed));
+  w.u32(uint32_t(s.nranks));
+  w.u32(uint32_t(s.rank));
+  w.u64(s.calls);
+  w.u32((s.errorFeedback ? kErrorFeedback : 0) | (s.haveQ ? kHaveQ : 0) |
+        (s.layout ? kPerTensor : 0));
+  w.u32(s.layout ? uint32_t(s.layout->size()) : 0);
+  w.u64(s.residual.size());
+  w.u64(s.qt.size());
+  if (s.layout)
+    for (const Shape& sh : *s.layout) {
+      w.u32(uint32_t(sh.size()));
+      for (size_t d : sh) w.u64(d);
+    }
+  w.floats(s.residual);
+  w.floats(s.qt);
+  w.u32(crc(out, size_t(w.at() - out)));
+}
+
+Status decode(const void* bytes, size_t size, SavedState* out) {
+  const auto* p = static_cast<const uint8_t*>(bytes);
+  if (size < sizeof kMagic || std::memcmp(p, kMagic, sizeof kMagic) != 0)
+    return bad(size < sizeof kMagic ? "too short to be lowrank's saved state (truncated?)"
+                                    : "not lowrank's saved state (no \"LRSTATE\" magic)");
+  if (size < kFixed + kCrc) return bad("truncated (shorter than the header)");
+  Reader r(p + sizeof kMagic, p + size - kCrc);
+  uint32_t version = 0, headerBytes = 0;
+  r.u32(&version);
+  r.u32(&headerBytes);
+  if (version != SavedState::kFormatVersion)
+    return Status::Error(lowrankInvalidArgument,
+                         "lowrankBufferRestoreState: the bytes are of format version %u; this "
+                         "library reads version %u",
+                         version, SavedState::kFormatVersion);
+  uint32_t stored = 0;
+  Reader(p + size - kCrc, p + size).u32(&stored);
+  if (crc(p, size - kCrc) != stored)
+    return bad("corrupt or truncated (their CRC-32 does not match)");
+
+  SavedState s;
+  uint32_t dtype = 0, k = 0, nranks = 0, rank = 0, flags = 0, ntensors = 0;
+  uint64_t seed = 0, nres = 0, nq = 0;
+  r.u64(&s.count);
+  r.u32(&dtype);
+  r.u32(&k);
+  r.u64(&seed);
+  r.u32(&nranks);
+  r.u32(&rank);
+  r.u64(&s.calls);
+  r.u32(&flags);
+  r.u32(&ntensors);
+  r.u64(&nres);
+  r.u64(&nq);
+  // A CRC that matches vouches for the bytes, not for their sense: a writer of another build, or
+  // an attacker, can make consistent-looking nonsense. Check every field before trusting it.
+  if (!dtypeCompressible(lowrankDataType_t(dtype)) || (flags & ~kKnownFlags) || int32_t(k) <= 0 ||
+      int32_t(nranks) <= 0 || int32_t(rank) < 0 || int32_t(rank) >= int32_t(nranks) ||
+      int64_t(seed) < 0 || s.count == 0 || ((flags & kPerTensor) != 0) != (ntensors != 0) ||
+      s.calls > kMaxCalls)
+    return bad("inconsistent (a header field out of its range)");
+  s.dtype = lowrankDataType_t(dtype);
+  s.approxRank = int32_t(k);
+  s.seed = int64_t(seed);
+  s.nranks = int32_t(nranks);
+  s.rank = int32_t(rank);
+  s.errorFeedback = flags & kErrorFeedback;
+  s.haveQ = flags & kHaveQ;
+  if (ntensors) {
+    if (ntensors > s.count) return bad("inconsistent (more tensors than elements)");
+    Layout layout;
+    uint64_t total = 0;
+    for (uint32_t t = 0; t < ntensors; ++t) {
+      uint32_t nd = 0;
+      if (!r.u32(&nd)) return bad("truncated (in the layout)");
+      if (nd < 1 || nd > kMaxDims) return bad("inconsistent (a tensor of 0 or more than 8 dimensions)");
+      Shape sh(nd);
+      uint64_t numel = 1;
+      for (uint32_t d = 0; d < nd; ++d) {
+        uint64_t v = 0;
+        if (!r.u64(&v)) return bad("truncated (in the layout)");
+        if (v == 0 || numel > s.count / v) return bad("inconsistent (a layout larger than count)");
+        numel *= v;
+        sh[d] = size_t(v);
+      }
+      total += numel;
+      if (total > s.count) return bad("inconsistent (a layout larger than count)");
+      layout.push_back(std::move(sh));
+    }
+    if (total != s.count) return bad("inconsistent (the layout does not hold count elements)");
+    s.layout = std::move(layout);
+  }
+  if (size_t(r.at() - p) != headerBytes) return bad("inconsistent (the header's size)");
+  if (nres != (s.errorFeedback ? s.count : 0))
+    return bad("inconsistent (the residual is not count elements, or present without error feedback)");
+  if (nq > r.left() / 4 || nres > (r.left() / 4) - nq) return bad("truncated (in the residual or Q)");
+  r.floats(size_t(nres), &s.residual);
+  r.floats(size_t(nq), &s.qt);
+  if (r.left()) return bad("inconsistent (bytes after Q)");
+  *out = std::move(s);
+  return Status::Ok();
+}
+
+Status checkRestore(const SavedState& s, const EngineConfig& cfg, int rank, int nranks,
+                    const std::optional<Layout>& layout) {
+  using std::to_string;
+  if (s.nranks != nranks) return differs("comm size", to_string(s.nranks), to_string(nranks));
+  if (s.rank != rank) return differs("comm rank", to_string(s.rank), to_string(rank));
+  if (s.approxRank != cfg.approxRank)
+    return differs("approximation rank k", to_string(s.approxRank), to_string(cfg.approxRank));
+  if (uint64_t(s.seed) != cfg.seed) return differs("seed", to_string(s.seed), to_string(cfg.seed));
+  if (s.errorFeedback != bool(cfg.errorFeedback))
+    return differs("error feedback", s.errorFeedback ? "on" : "off",
+                   cfg.errorFeedback ? "on" : "off");
+  if (layout && s.layout != layout) return differs("layout", shapes(s.layout), shapes(layout));
+  return Status::Ok();
+}
+
+Status checkPlan(const SavedState& s, const Plan& plan, const std::optional<Layout>& layout,
+                 bool errorFeedback) {
+  using std::to_string;
+  if (s.count != plan.count) return differs("count", to_string(s.count), to_string(plan.count));
+  if (s.dtype != plan.dtype) return differs("dtype", dtypeName(s.dtype), dtypeName(plan.dtype));
+  if (s.layout != layout) return differs("layout", shapes(s.layout), shapes(layout));
+  if (s.errorFeedback != errorFeedback)
+    return differs("error feedback", s.errorFeedback ? "on" : "off", errorFeedback ? "on" : "off");
+  if (s.qt.size() != plan.qElems)
+    // Same count, layout and k, but other tensors compressed: another min compression rate.
+    return differs("Q of", to_string(s.qt.size()) + " elements",
+                   to_string(plan.qElems) + " (another min compression rate?)");
+  return Status::Ok();
+}
+
+uint64_t agreementId(const SavedState& s) {
+  uint64_t h = mix(mix(0x726573746f7265ull, s.calls), s.haveQ);
+  uint32_t c = crc(reinterpret_cast<const uint8_t*>(s.qt.data()), 4 * s.qt.size());
+  h = mix(h, c);
+  return h ? h : 1;
+}
+
+}  // namespace lowrank

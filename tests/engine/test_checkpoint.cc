@@ -1,0 +1,327 @@
+// Checkpoint of a buffer's state (lowrankBufferSaveState / lowrankBufferRestoreState), comm ranks as
+// threads: a run saved, torn down and restored into a new communicator goes on bit for bit as the
+// run that never stopped; restores that do not fit are refused, on every comm rank where the
+// mismatch is across ranks; bad bytes change nothing. Processes: tests/multiprocess; device
+// buffers: tests/gpu (emulated).
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "engine/data.h"
+#include "support/ranks.h"
+
+using namespace lowrank::testing;
+
+namespace {
+
+using Bytes = std::vector<unsigned char>;
+
+struct Case {
+  const char* name;
+  bool perTensor;
+  int warmStart;
+  int startIter;
+};
+
+// Two matrices and a bias (per-tensor), or the same count as one matrix (batched).
+constexpr size_t kN0 = 24, kM0 = 40, kN1 = 16, kM1 = 30, kBias = 16;
+constexpr size_t kCount = kN0 * kM0 + kN1 * kM1 + kBias;
+
+void setLayout(lowrankComm_t comm, const void* buf) {
+  const size_t s0[] = {kN0, kM0}, s1[] = {kN1, kM1}, s2[] = {kBias};
+  const size_t* shapes[] = {s0, s1, s2};
+  const int ndims[] = {2, 2, 1};
+  ASSERT_EQ(lowrankBufferSetLayout(comm, buf, 3, ndims, shapes), lowrankSuccess);
+}
+
+std::vector<float> input(int rank, int call) { return gaussian(kCount, 1000u * call + rank); }
+
+lowrankResult_t restore(lowrankComm_t comm, const std::vector<float>& buf, const Bytes& b) {
+  return lowrankBufferRestoreState(comm, buf.data(), b.data(), b.size());
+}
+
+// One call on buf, of rank's input for call number `call`.
+lowrankResult_t callOnce(lowrankComm_t comm, int rank, std::vector<float>& buf, int call) {
+  const std::vector<float> g = input(rank, call);
+  return lowrankAllReduce(g.data(), buf.data(), kCount, lowrankFloat32, lowrankAvg, comm, nullptr);
+}
+
+// Calls [from, to) on buf, each output appended to outs.
+void calls(lowrankComm_t comm, int rank, std::vector<float>& buf, int from, int to,
+           std::vector<std::vector<float>>* outs) {
+  for (int t = from; t < to; ++t) {
+    ASSERT_EQ(callOnce(comm, rank, buf, t), lowrankSuccess) << lowrankGetLastError(comm);
+    if (outs) outs->push_back(buf);
+  }
+}
+
+Bytes save(lowrankComm_t comm, const void* buf) {
+  size_t size = 0;
+  EXPECT_EQ(lowrankBufferSaveState(comm, buf, nullptr, &size), lowrankSuccess)
+      << lowrankGetLastError(comm);
+  Bytes b(size);
+  EXPECT_EQ(lowrankBufferSaveState(comm, buf, b.data(), &size), lowrankSuccess);
+  EXPECT_EQ(size, b.size());
+  return b;
+}
+
+lowrankConfig_t cfgOf(const Case& c, int k = 3) {
+  lowrankConfig_t cfg = config(k);
+  cfg.warmStart = c.warmStart;
+  cfg.startIter = c.startIter;
+  cfg.seed = 11;
+  return cfg;
+}
+
+class Resume : public ::testing::TestWithParam<Case> {};
+
+// 20 calls, save on every rank, destroy, new communicator, restore, 20 more: outputs equal the
+// uninterrupted run's bit for bit, on every comm rank.
+TEST_P(Resume, NextCallsBitIdenticalOnEveryRank) {
+  const Case c = GetParam();
+  const int N = 3, first = 20, total = 40;
+  const lowrankConfig_t cfg = cfgOf(c);
+  std::vector<std::vector<std::vector<float>>> straight(N), resumed(N);
+  std::vector<Bytes> saved(N);
+  withComms(N, [&](int r, lowrankComm_t comm) {
+    std::vector<float> buf(kCount);
+    if (c.perTensor) setLayout(comm, buf.data());
+    calls(comm, r, buf, 0, total, &straight[r]);
+  }, cfg);
+  withComms(N, [&](int r, lowrankComm_t comm) {
+    std::vector<float> buf(kCount);
+    if (c.perTensor) setLayout(comm, buf.data());
+    calls(comm, r, buf, 0, first, nullptr);
+    saved[r] = save(comm, buf.data());
+  }, cfg);
+  withComms(N, [&](int r, lowrankComm_t comm) {
+    std::vector<float> buf(kCount);  // another address, another communicator: nothing carried over
+    // Restore first, then the layout (either order works; the layout keeps the restore pending).
+    ASSERT_EQ(restore(comm, buf, saved[r]), lowrankSuccess) << lowrankGetLastError(comm);
+    if (c.perTensor) setLayout(comm, buf.data());
+    // A restore not yet called saves what was restored.
+    EXPECT_EQ(save(comm, buf.data()), saved[r]);
+    calls(comm, r, buf, first, total, &resumed[r]);
+    lowrankBufferView_t v;
+    ASSERT_EQ(lowrankBufferGetView(comm, buf.data(), &v), lowrankSuccess);
+    EXPECT_EQ(v.calls, size_t(total));
+  }, cfg);
+  for (int r = 0; r < N; ++r) {
+    ASSERT_EQ(resumed[r].size(), size_t(total - first));
+    for (int t = first; t < total; ++t)
+      ASSERT_EQ(0, std::memcmp(resumed[r][t - first].data(), straight[r][t].data(),
+                               kCount * sizeof(float)))
+          << "rank " << r << " call " << t;
+  }
+  // The restored run is not trivially the fresh one: a fresh buffer's 21st output differs.
+  withComms(N, [&](int r, lowrankComm_t comm) {
+    std::vector<float> buf(kCount);
+    std::vector<std::vector<float>> fresh;
+    if (c.perTensor) setLayout(comm, buf.data());
+    calls(comm, r, buf, first, first + 1, &fresh);
+    if (c.startIter < first) {
+      EXPECT_NE(fresh[0], straight[r][first]);
+    }
+  }, cfg);
+}
+
+INSTANTIATE_TEST_SUITE_P(Checkpoint, Resume,
+                         ::testing::Values(Case{"per_tensor", true, 1, 0},
+                                           Case{"batched", false, 1, 0},
+                                           Case{"no_warm_start", true, 0, 0},
+                                           Case{"in_warm_up", true, 1, 25}),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+// The bytes of a 2-rank run with k = 3, per tensor, 5 calls: rank r's in out[r].
+std::vector<Bytes> savedRun(int N, int k) {
+  std::vector<Bytes> out(N);
+  withComms(N, [&](int r, lowrankComm_t comm) {
+    std::vector<float> buf(kCount);
+    setLayout(comm, buf.data());
+    calls(comm, r, buf, 0, 5, nullptr);
+    out[r] = save(comm, buf.data());
+  }, cfgOf(Case{"", true, 1, 0}, k));
+  return out;
+}
+
+TEST(Checkpoint, AnotherWorldSizeOrKIsRefusedNamingIt) {
+  const std::vector<Bytes> two = savedRun(2, 3);
+  withComms(3, [&](int r, lowrankComm_t comm) {
+    std::vector<float> buf(kCount);
+    const Bytes& b = two[r % 2];
+    EXPECT_EQ(restore(comm, buf, b), lowrankInvalidUsage);
+    EXPECT_NE(std::string(lowrankGetLastError(comm)).find("comm size 2"), std::string::npos)
+        << lowrankGetLastError(comm);
+  }, cfgOf(Case{"", true, 1, 0}));
+  withComms(2, [&](int r, lowrankComm_t comm) {
+    std::vector<float> buf(kCount);
+    EXPECT_EQ(restore(comm, buf, two[r]), lowrankInvalidUsage);
+    EXPECT_NE(std::string(lowrankGetLastError(comm)).find("approximation rank k 3"),
+              std::string::npos) << lowrankGetLastError(comm);
+    // Another comm rank's bytes: refused too (each rank's residual is its own).
+    EXPECT_EQ(restore(comm, buf, two[1 - r]), lowrankInvalidUsage);
+    // Nothing was staged: the buffer has no state to save.
+    size_t size = 0;
+    EXPECT_EQ(lowrankBufferSaveState(comm, buf.data(), nullptr, &size), lowrankInvalidUsage);
+  }, cfgOf(Case{"", true, 1, 0}, 2));
+}
+
+TEST(Checkpoint, RestoreOnOneRankOnlyIsRefusedOnEveryRank) {
+  const std::vector<Bytes> saved = savedRun(2, 3);
+  withComms(2, [&](int r, lowrankComm_t comm) {
+    std::vector<float> buf(kCount);
+    setLayout(comm, buf.data());
+    if (r == 0) {
+      ASSERT_EQ(restore(comm, buf, saved[r]), lowrankSuccess);
+    }
+    EXPECT_EQ(callOnce(comm, r, buf, 5), lowrankInvalidUsage);
+    const std::string msg = lowrankGetLastError(comm);
+    EXPECT_NE(msg.find("restored state"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(r == 0 ? "restored the state of call 5" : "restored none"),
+              std::string::npos) << msg;
+    // Found at plan time on every rank: the communicator stays usable. Dropping the restore
+    // (or making it on every rank) lets the buffer go on.
+    if (r == 0) {
+      ASSERT_EQ(lowrankBufferReset(comm, buf.data()), lowrankSuccess);
+    }
+    EXPECT_EQ(callOnce(comm, r, buf, 5), lowrankSuccess) << lowrankGetLastError(comm);
+  }, cfgOf(Case{"", true, 1, 0}));
+}
+
+// Into a buffer the peers have planned, a restore on one comm rank makes that rank plan again
+// while its peers make the call: the collectives differ, every rank fails (no hang), and the
+// restoring rank's error says why.
+TEST(Checkpoint, RestoreOnOneRankIntoAPlannedBufferFailsEveryRankNamingTheRestore) {
+  const std::vector<Bytes> saved = savedRun(2, 3);
+  lowrankConfig_t cfg = cfgOf(Case{"", true, 1, 0});
+  cfg.timeoutSec = 10;
+  withComms(2, [&](int r, lowrankComm_t comm) {
+    std::vector<float> buf(kCount);
+    setLayout(comm, buf.data());
+    calls(comm, r, buf, 0, 2, nullptr);
+    if (r == 0) {
+      ASSERT_EQ(restore(comm, buf, saved[r]), lowrankSuccess);
+    }
+    EXPECT_NE(callOnce(comm, r, buf, 2), lowrankSuccess);
+    if (r == 0) {
+      EXPECT_NE(std::string(lowrankGetLastError(comm)).find("restore on every comm rank"),
+                std::string::npos) << lowrankGetLastError(comm);
+    }
+  }, cfg);
+}
+
+TEST(Checkpoint, RestoresFromDifferentStepsAreRefusedOnEveryRank) {
+  std::vector<Bytes> at5(2), at6(2);
+  withComms(2, [&](int r, lowrankComm_t comm) {
+    std::vector<float> buf(kCount);
+    setLayout(comm, buf.data());
+    calls(comm, r, buf, 0, 5, nullptr);
+    at5[r] = save(comm, buf.data());
+    calls(comm, r, buf, 5, 6, nullptr);
+    at6[r] = save(comm, buf.data());
+  }, cfgOf(Case{"", true, 1, 0}));
+  withComms(2, [&](int r, lowrankComm_t comm) {
+    std::vector<float> buf(kCount);
+    setLayout(comm, buf.data());
+    const Bytes& b = r == 0 ? at5[r] : at6[r];
+    ASSERT_EQ(restore(comm, buf, b), lowrankSuccess);
+    EXPECT_EQ(callOnce(comm, r, buf, 6), lowrankInvalidUsage);
+    EXPECT_NE(std::string(lowrankGetLastError(comm)).find("disagree on its restored state"),
+              std::string::npos);
+  }, cfgOf(Case{"", true, 1, 0}));
+}
+
+TEST(Checkpoint, CallThatDoesNotFitIsRefusedOnEveryRankNamingIt) {
+  const std::vector<Bytes> saved = savedRun(2, 3);
+  withComms(2, [&](int r, lowrankComm_t comm) {
+    std::vector<float> buf(kCount);
+    ASSERT_EQ(restore(comm, buf, saved[r]), lowrankSuccess);
+    // No layout set here (batched), the state was saved per tensor: refused when planned.
+    EXPECT_EQ(callOnce(comm, r, buf, 5), lowrankInvalidUsage);
+    EXPECT_NE(std::string(lowrankGetLastError(comm)).find("layout"), std::string::npos)
+        << lowrankGetLastError(comm);
+    // On a planned buffer the same mismatch is refused by the restore itself, which then changes
+    // nothing: the buffer's state can still be saved, as it was.
+    ASSERT_EQ(lowrankBufferReset(comm, buf.data()), lowrankSuccess);
+    calls(comm, r, buf, 5, 6, nullptr);
+    const Bytes before = save(comm, buf.data());
+    EXPECT_EQ(restore(comm, buf, saved[r]), lowrankInvalidUsage);
+    EXPECT_NE(std::string(lowrankGetLastError(comm)).find("layout 3 tensors [(24,40), (16,30), "
+                                                          "(16)], this buffer has batched"),
+              std::string::npos) << lowrankGetLastError(comm);
+    EXPECT_EQ(save(comm, buf.data()), before);
+  }, cfgOf(Case{"", true, 1, 0}));
+}
+
+// Truncated, corrupt and foreign bytes: lowrankInvalidArgument, and the buffer goes on as if the
+// restore had never been tried (never half restored).
+TEST(Checkpoint, BadBytesAreRefusedAndChangeNothing) {
+  const int N = 2;
+  const lowrankConfig_t cfg = cfgOf(Case{"", true, 1, 0});
+  std::vector<std::vector<std::vector<float>>> straight(N), tried(N);
+  withComms(N, [&](int r, lowrankComm_t comm) {
+    std::vector<float> buf(kCount);
+    setLayout(comm, buf.data());
+    calls(comm, r, buf, 0, 10, &straight[r]);
+  }, cfg);
+  withComms(N, [&](int r, lowrankComm_t comm) {
+    std::vector<float> buf(kCount);
+    setLayout(comm, buf.data());
+    calls(comm, r, buf, 0, 5, nullptr);
+    const Bytes good = save(comm, buf.data());
+    auto refused = [&](const Bytes& b, const char* why) {
+      EXPECT_EQ(restore(comm, buf, b), lowrankInvalidArgument) << why;
+      EXPECT_NE(std::string(lowrankGetLastError(comm)).find(why), std::string::npos)
+          << lowrankGetLastError(comm);
+    };
+    refused(Bytes(good.begin(), good.end() - 1), "CRC");
+    refused(Bytes(good.begin(), good.begin() + 40), "truncated");
+    Bytes flipped = good;
+    flipped[good.size() / 2] ^= 4;
+    refused(flipped, "CRC");
+    Bytes foreign(good.size(), 'x');
+    refused(foreign, "not lowrank's");
+    Bytes version = good;
+    version[8] = 9;
+    refused(version, "format version 9");
+    EXPECT_EQ(lowrankBufferRestoreState(comm, buf.data(), nullptr, 10), lowrankInvalidArgument);
+    // A good restore that does not fit the planned buffer (another count: another layout)
+    // changes nothing either.
+    calls(comm, r, buf, 5, 10, &tried[r]);
+  }, cfg);
+  for (int r = 0; r < N; ++r)
+    for (int t = 5; t < 10; ++t)
+      ASSERT_EQ(tried[r][t - 5], straight[r][t]) << "rank " << r << " call " << t;
+}
+
+TEST(Checkpoint, SaveSizesAndErrors) {
+  withComms(2, [&](int r, lowrankComm_t comm) {
+    (void)r;
+    std::vector<float> buf(kCount), never(kCount);
+    setLayout(comm, buf.data());
+    size_t size = 0;
+    EXPECT_EQ(lowrankBufferSaveState(comm, never.data(), nullptr, &size), lowrankInvalidUsage);
+    EXPECT_NE(std::string(lowrankGetLastError(comm)).find("no state to save"), std::string::npos);
+    calls(comm, r, buf, 0, 2, nullptr);
+    ASSERT_EQ(lowrankBufferSaveState(comm, buf.data(), nullptr, &size), lowrankSuccess);
+    lowrankBufferView_t v;
+    ASSERT_EQ(lowrankBufferGetView(comm, buf.data(), &v), lowrankSuccess);
+    // Header (80) + layout (3 tensors: 2 x (4 + 16) + (4 + 8)) + residual + Q + CRC.
+    EXPECT_EQ(size, 80 + 52 + 4 * (kCount + v.qElements) + 4);
+    Bytes small(size - 1, 0xab);
+    size_t have = small.size();
+    EXPECT_EQ(lowrankBufferSaveState(comm, buf.data(), small.data(), &have), lowrankInvalidArgument);
+    EXPECT_EQ(have, size);
+    EXPECT_EQ(small, Bytes(size - 1, 0xab));  // nothing written
+    EXPECT_EQ(lowrankBufferSaveState(comm, buf.data(), small.data(), nullptr), lowrankInvalidArgument);
+    // Saving changes nothing: two saves in a row are equal.
+    EXPECT_EQ(save(comm, buf.data()), save(comm, buf.data()));
+    // A reset drops the state: nothing to save.
+    ASSERT_EQ(lowrankBufferReset(comm, buf.data()), lowrankSuccess);
+    EXPECT_EQ(lowrankBufferSaveState(comm, buf.data(), nullptr, &size), lowrankInvalidUsage);
+  });
+}
+
+}  // namespace

@@ -1,0 +1,113 @@
+"""Checkpoint and restore of lowrank.torch's PowerSGDState (state_dict / load_state_dict, and
+pickling), under DDP over gloo, ranks as processes (tests/python/ckpt_worker.py).
+
+Run A trains 10 steps uninterrupted; run B trains 5, saves model, optimizer and hook state per
+rank, and exits; new processes load them and train 5 more on the same data. B's parameters must
+equal A's bit for bit on every rank. The model (ckpt_worker.Net) has three buckets after DDP's
+rebuild, and one bucket of every parameter at DDP's first step of each process (where B resumes).
+"""
+import pytest
+import torch
+
+from conftest import results, run_ranks
+
+WORLD, STEPS, CUT = 2, 10, 5
+
+
+def ckpt(*args, timeout=180, env=None):
+    return run_ranks(WORLD, *args, timeout=timeout, env=env, worker="ckpt_worker.py")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Run A, then run B's first part (the checkpoint files), once for the module."""
+    d = str(tmp_path_factory.mktemp("ckpt"))
+    full = results(ckpt("full", d, STEPS))
+    first = results(ckpt("first", d, CUT))
+    return d, full, first
+
+
+def _params(d, name, rank):
+    return torch.load(f"{d}/{name}_rank{rank}.pt")
+
+
+def _same(a, b):
+    return sorted(a) == sorted(b) and all(torch.equal(a[n], b[n]) for n in a)
+
+
+def test_checkpoint_holds_every_bucket(runs):
+    d, full, first = runs
+    for r, res in enumerate(first):
+        # step 0 (DDP's exact warm-up): one bucket of all 10 parameters; then DDP's rebuild: three
+        assert res["buckets"]["0"] == [10], res["buckets"]
+        assert all(res["buckets"][str(s)] == [2, 6, 2] for s in range(1, CUT)), res["buckets"]
+        assert res["iter"] == CUT and res["rank"] == r
+        # the key: the parameters' numbers in the model's order (DDP's first bucket)
+        assert res["saved"] == [[9, 8], [6, 7, 5, 4, 3, 2], [1, 0]], res["saved"]
+        assert all(n > 0 for n in res["bytes"])
+    assert full[0]["compressed"] == (STEPS - 1) * 3
+
+
+@pytest.mark.parametrize("how", ["state_dict", "pickle"])
+def test_resume_equals_uninterrupted(runs, how):
+    """Parameters after 5 + 5 steps with a restart equal those of 10 steps, every rank."""
+    d, _, _ = runs
+    res = results(ckpt("resume", d, CUT, STEPS, how))
+    for r in range(WORLD):
+        assert _same(_params(d, f"resume_{how}", r), _params(d, "full", r)), f"rank {r} differs"
+        log = res[r]["log"]
+        assert not [m for m in log if "not used" in m], log
+        # DDP's first step after the restart: one bucket, reduced as the checkpoint's three
+        assert res[r]["buckets"][str(CUT)] == [10]
+        assert any("takes the state of 3 saved buckets" in m for m in log), log
+        assert res[r]["iter"] == STEPS
+    if how == "state_dict":
+        for r in res:
+            assert "matrix_approximation_rank: saved 2, this state 3" in r["other_k"], r
+            assert "every rank loads the state it saved" in r["other_rank"], r
+            assert r["roundtrip"] is True
+    else:
+        assert all(r["process_group"] == "None" for r in res)
+        assert all(any("Process group will be set to a default group" in m for m in r["log"])
+                   for r in res)
+
+
+def test_resume_without_hook_state_differs(runs):
+    """The control: model and optimizer restored, the hook's buckets not: other parameters
+    (the test above would see a lost residual or warm start)."""
+    d, _, _ = runs
+    results(ckpt("resume", d, CUT, STEPS, "none"))
+    for r in range(WORLD):
+        assert not _same(_params(d, "resume_none", r), _params(d, "full", r))
+
+
+@pytest.mark.parametrize("when", ["restart", "live"])
+def test_restore_on_one_rank_fails_on_every_rank(runs, when):
+    """Rank 0 restores the buckets, rank 1 only the counters: every rank's backward raises
+    lowrankInvalidUsage within seconds (no hang, no silent divergence). restart: at the first step
+    after loading, where rank 0 reduces its one bucket as the checkpoint's three and rank 1 whole
+    (the ranks' plans disagree); live: two steps later, DDP's rebuilt buckets re-planned on every
+    rank (lowrank's check that every rank restored the same state)."""
+    d, _, _ = runs
+    for r in results(ckpt("one_rank", d, CUT, when)):
+        assert r["raised"], r
+        assert "lowrankInvalidUsage" in r["message"], r
+        assert ("disagree on (count" if when == "restart" else "disagree on its restored state") \
+            in r["message"], r
+        assert r["after"] < 20, r
+
+
+def test_resume_saved_when_compression_starts(tmp_path):
+    """A checkpoint at step == start_powerSGD_iter (3) holds no lowrank state, only the buckets of
+    the last warm-up step (after DDP's rebuild): the restarted run's first compressed step reduces
+    DDP's first-step bucket as those buckets, fresh, as the run without a restart did, and the
+    parameters after 3 + 3 steps equal those of 6 steps bit for bit."""
+    d, env = str(tmp_path), {"CKPT_START": "3"}
+    results(ckpt("full", d, 6, env=env))
+    for r in results(ckpt("first", d, 3, env=env)):
+        assert r["iter"] == 3 and len(r["saved"]) == 3 and r["bytes"] == [0, 0, 0], r
+    res = results(ckpt("resume", d, 3, 6, "state_dict", env=env))
+    for r in range(WORLD):
+        assert _same(_params(d, "resume_state_dict", r), _params(d, "full", r)), f"rank {r} differs"
+        assert res[r]["buckets"]["3"] == [10]  # DDP's first step in the new processes
+        assert not [m for m in res[r]["log"] if "not used" in m], res[r]["log"]
