@@ -345,7 +345,8 @@ lowrankResult_t lowrankBufferSaveState(lowrankComm_t comm, const void* recvbuff,
  * on some ranks only, or from different steps, fails that call with lowrankInvalidUsage on every
  * comm rank, and the restore stays pending until lowrankBufferReset or lowrankBufferRelease drops
  * it. (A buffer already planned is planned again at that call: a comm rank that restores it alone
- * meets its peers' compressed call with its plan check, which fails the communicator.) After it,
+ * meets its peers' compressed call with its plan check, a size no payload has, which fails the
+ * communicator over UCX; over NCCL, collectives that differ across ranks are undefined.) After it,
  * calls go on from the saved one: warm-up, warm start and the initial Q's draw as in the run that
  * saved. Local, not collective. Device buffers: the state is copied to the device when the call
  * plans it, synchronously, before the call is queued. docs/checkpoint.md.

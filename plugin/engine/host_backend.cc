@@ -14,8 +14,17 @@ Status HostBackend::exact(const Call& c) {
   return tr_.allreduce(c.recv, c.count, c.dtype, c.op);
 }
 
+// The words travel as bytes, one more than they fill: an odd size that no float32 payload has, so
+// that a rank planning while its peers make a compressed call (a restore or reset on some comm
+// ranks only) meets a size mismatch at the transport, never a collective that happens to have the
+// same size. A byte-wise max keeps the check exact: a word and its complement both come back
+// unchanged only if every rank's bytes equal this rank's.
 Status HostBackend::agree(uint64_t words[PlanCheck::kWords]) {
-  return tr_.allreduce(words, PlanCheck::kWords, lowrankUint64, lowrankMax);
+  uint8_t bytes[sizeof(uint64_t) * PlanCheck::kWords + 1] = {};
+  std::memcpy(bytes, words, sizeof(uint64_t) * PlanCheck::kWords);
+  Status s = tr_.allreduce(bytes, sizeof bytes, lowrankUint8, lowrankMax);
+  std::memcpy(words, bytes, sizeof(uint64_t) * PlanCheck::kWords);
+  return s;
 }
 
 Status HostBackend::save(BackendState& state, const Plan& plan, float* residual, float* qt) {
