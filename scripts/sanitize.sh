@@ -5,11 +5,15 @@
 # are copied there from the test log), which scripts/count_tests.py counts as failed tests, so a
 # report from a child process whose exit status a driver ignores still fails the run. Ends with
 # count_tests.py's lines. .ci/run runs both.
-#   scripts/sanitize.sh address|thread [meson test options...]
+#   scripts/sanitize.sh address|thread [--build-only | meson test options...]
+# --build-only: configure and build what the tests need, run nothing (.ci/run builds both at nice 19
+# while the main tests run, on the CPU time they leave idle).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-kind=${1:?usage: sanitize.sh address|thread}
+kind=${1:?usage: sanitize.sh address|thread [--build-only | meson test options...]}
 shift
+build_only=
+if [ "${1:-}" = "--build-only" ]; then build_only=1; shift; fi
 supp=$root/tests/sanitizers
 case $kind in
   # address: ASan + UBSan; the engine, transport, API, shim and NCCL suites, the multi-process
@@ -51,6 +55,7 @@ sel=$(python3 "$root/scripts/sanitize_select.py" "$build" "${select[@]}" --exclu
 read -ra tests <<<"$(sed -n 's/^tests //p' <<<"$sel")"
 read -ra targets <<<"$(sed -n 's/^targets //p' <<<"$sel")"
 nice -n 19 ninja -C "$build" "${targets[@]}" || { echo "0 passed, 1 failed (build)"; exit 1; }
+[ -n "$build_only" ] && exit 0
 
 # The same environment hygiene as scripts/test.sh: stray LOWRANK_* variables change what tests check.
 for v in $(env | grep -oE '^LOWRANK_[A-Z0-9_]+=' | tr -d = | grep -vxE 'LOWRANK_BUILD_DIR'); do

@@ -3,7 +3,7 @@
 approximation ranks k and comm-rank counts -t, and checks that every row of every run has
 #wrong == 0 (out-of-place and in-place) and that the run exits 0.
 
-usage: check_exact.py PERF [--ks 1,2,4,8] [--threads 1,3,4,8] [--min 1K] [--max 64M]
+usage: check_exact.py PERF [--ks 1,2,4,8] [--threads 1,3,4,8] [--min 1K] [--max 64M] [--prefix exact]
 """
 import argparse
 import json
@@ -21,6 +21,7 @@ def main():
     ap.add_argument("--min", default="1K")
     ap.add_argument("--max", default="64M")
     ap.add_argument("--factor", default="4")
+    ap.add_argument("--prefix", default="exact", help="the JSON files: PREFIX_tT_kK.json")
     ap.add_argument("--rounds", default="1", help="cumrelerr is not checked here: 1 keeps it fast")
     a = ap.parse_args()
 
@@ -28,7 +29,7 @@ def main():
     nrows = 0
     for t in a.threads.split(","):
         for k in a.ks.split(","):
-            out = f"exact_t{t}_k{k}.json"
+            out = f"{a.prefix}_t{t}_k{k}.json"
             if os.path.exists(out):
                 os.remove(out)
             cmd = [a.perf, "-t", t, "-k", k, "-c", "1", "-n", "1", "-w", "0", "-b", a.min,
