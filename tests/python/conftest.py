@@ -1,10 +1,12 @@
 """Shared by the Python tests: the package in-tree, and ranks started as processes with
-torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) under one deadline."""
+torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) under one deadline, forked
+from a server that has imported torch (launch.py) or exec'd."""
 import json
 import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -13,6 +15,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "python"))
 sys.path.insert(0, HERE)
+
+import launch  # noqa: E402  (tests/python, on the path just above)
 
 
 def free_port():
@@ -31,29 +35,45 @@ def free_port():
 BIND_RACE = "Address already in use"
 
 
-def run_ranks(world, *args, timeout=120, env=None, rank_env=None, worker="ddp_worker.py"):
+def run_ranks(world, *args, timeout=120, env=None, rank_env=None, worker="ddp_worker.py",
+              launch="fork"):
     """Runs `worker` (a script of tests/python, ddp_worker.py unless told) ARGS as `world`
     processes; returns [(returncode, result dict or None, output, seconds)], returncode "HUNG"
-    for a process killed at the deadline. rank_env(r): more variables for rank r. A free port
-    can be taken by another program between free_port() and the workers' bind: a run whose
-    failure says so runs once more on another port (the machine's race, not lowrank's)."""
-    out = _run_ranks_once(world, args, timeout, env, rank_env, worker)
+    for a process killed at the deadline, -N for one killed by signal N. rank_env(r): more
+    variables for rank r. launch: "fork" (from a server that has imported torch: launch.py) or
+    "exec" (a new interpreter, as torchrun starts it). A free port can be taken by another
+    program between free_port() and the workers' bind: a run whose failure says so runs once
+    more on another port (the machine's race, not lowrank's)."""
+    once = _run_forked if launch == "fork" else _run_execed
+    out = once(world, args, timeout, env, rank_env, worker)
     if any(res is None and BIND_RACE in text for _, res, text, _ in out):
-        out = _run_ranks_once(world, args, timeout, env, rank_env, worker)
+        out = once(world, args, timeout, env, rank_env, worker)
     return out
 
 
-def _run_ranks_once(world, args, timeout, env, rank_env, worker):
+def _rank_envs(world, env, rank_env):
     port = free_port()
-    procs = []
     for r in range(world):
         e = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r),
                  MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONUNBUFFERED="1")
         e.update(env or {})
         e.update(rank_env(r) if rank_env else {})
-        procs.append((time.monotonic(), subprocess.Popen(
-            [sys.executable, os.path.join(HERE, worker)] + [str(a) for a in args],
-            env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)))
+        yield e
+
+
+def _result_of(text):
+    res = None
+    for line in text.splitlines():
+        if line.startswith("RESULT "):
+            res = json.loads(line[len("RESULT "):])
+    return res
+
+
+def _run_execed(world, args, timeout, env, rank_env, worker):
+    procs = [(time.monotonic(), subprocess.Popen(
+        [sys.executable, os.path.join(HERE, worker)] + [str(a) for a in args],
+        env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        for e in _rank_envs(world, env, rank_env)]
     deadline = time.monotonic() + timeout
     out = []
     for t0, p in procs:
@@ -64,11 +84,32 @@ def _run_ranks_once(world, args, timeout, env, rank_env, worker):
             p.kill()
             text, _ = p.communicate()
             rc = "HUNG"
-        res = None
-        for line in text.splitlines():
-            if line.startswith("RESULT "):
-                res = json.loads(line[len("RESULT "):])
-        out.append((rc, res, text, time.monotonic() - t0))
+        out.append((rc, _result_of(text), text, time.monotonic() - t0))
+    return out
+
+
+def _run_forked(world, args, timeout, env, rank_env, worker):
+    ctx = launch.context()
+    with tempfile.TemporaryDirectory(prefix="lowrank-ranks-") as tmp:
+        procs = []
+        for r, e in enumerate(_rank_envs(world, env, rank_env)):
+            path = os.path.join(tmp, f"rank{r}.out")
+            p = ctx.Process(target=launch.run_script,
+                            args=(os.path.join(HERE, worker), [str(a) for a in args], e, path))
+            p.start()
+            procs.append((time.monotonic(), p, path))
+        deadline = time.monotonic() + timeout
+        out = []
+        for t0, p, path in procs:
+            p.join(max(0.1, deadline - time.monotonic()))
+            rc = p.exitcode
+            if rc is None:
+                p.kill()
+                p.join()
+                rc = "HUNG"
+            with open(path, errors="replace") as f:
+                text = f.read()
+            out.append((rc, _result_of(text), text, time.monotonic() - t0))
     return out
 
 

@@ -86,5 +86,5 @@ def test_bad_use_is_a_clear_exception():
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_communicator_from_env_and_from_process_group_agree(world):
-    for r, res in enumerate(results(run_ranks(world, "from_env", timeout=90))):
+    for r, res in enumerate(results(run_ranks(world, "from_env", timeout=90, launch="exec"))):
         assert res == {"same": True, "size": world, "rank": r, "compressed": 1}
