@@ -167,15 +167,16 @@ Status decode(const void* bytes, size_t size, SavedState* out) {
   uint32_t version = 0, headerBytes = 0;
   r.u32(&version);
   r.u32(&headerBytes);
-  if (version != SavedState::kFormatVersion)
+  uint32_t stored = 0;
+  Reader(p + size - kCrc, p + size).u32(&stored);
+  const bool crcOk = crc(p, size - kCrc) == stored;
+  // Another version only where the bytes are whole: a flipped bit in the version field is corrupt.
+  if (version != SavedState::kFormatVersion && crcOk)
     return Status::Error(lowrankInvalidArgument,
                          "lowrankBufferRestoreState: the bytes are of format version %u; this "
                          "library reads version %u",
                          version, SavedState::kFormatVersion);
-  uint32_t stored = 0;
-  Reader(p + size - kCrc, p + size).u32(&stored);
-  if (crc(p, size - kCrc) != stored)
-    return bad("corrupt or truncated (their CRC-32 does not match)");
+  if (!crcOk) return bad("corrupt or truncated (their CRC-32 does not match)");
 
   SavedState s;
   uint32_t dtype = 0, k = 0, nranks = 0, rank = 0, flags = 0, ntensors = 0;

@@ -4,6 +4,7 @@
 // mismatch is across ranks; bad bytes change nothing. Processes: tests/multiprocess; device
 // buffers: tests/gpu (emulated).
 #include <gtest/gtest.h>
+#include <zlib.h>
 
 #include <cstring>
 #include <string>
@@ -324,7 +325,10 @@ TEST(Checkpoint, BadBytesAreRefusedAndChangeNothing) {
     refused(foreign, "not lowrank's");
     Bytes version = good;
     version[8] = 9;
-    refused(version, "format version 9");
+    refused(version, "CRC");  // a changed version field alone: corrupt bytes
+    const uint32_t c = uint32_t(crc32(0L, version.data(), uInt(version.size() - 4)));
+    for (int i = 0; i < 4; ++i) version[version.size() - 4 + i] = uint8_t(c >> (8 * i));
+    refused(version, "format version 9");  // whole bytes of another format
     EXPECT_EQ(lowrankBufferRestoreState(comm, buf.data(), nullptr, 10), lowrankInvalidArgument);
     // A good restore that does not fit the planned buffer (another count: another layout)
     // changes nothing either.

@@ -111,3 +111,30 @@ def test_resume_saved_when_compression_starts(tmp_path):
         assert _same(_params(d, "resume_state_dict", r), _params(d, "full", r)), f"rank {r} differs"
         assert res[r]["buckets"]["3"] == [10]  # DDP's first step in the new processes
         assert not [m for m in res[r]["log"] if "not used" in m], res[r]["log"]
+
+
+def test_malformed_state_dict_raises_value_error_and_changes_nothing():
+    """In one process: a state_dict whose counters or bucket list are malformed is a ValueError
+    naming the field, and the state keeps what an earlier load_state_dict gave it."""
+    import torch.distributed as dist
+    from conftest import free_port
+    from lowrank.torch import PowerSGDState
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,
+                            world_size=1)
+    try:
+        _malformed_loads(PowerSGDState)
+    finally:
+        dist.destroy_process_group()
+
+
+def _malformed_loads(PowerSGDState):
+    state = PowerSGDState(process_group=None, matrix_approximation_rank=2, start_powerSGD_iter=2)
+    good = state.state_dict()
+    good.update(iter=7, buckets=[{"params": [0, 1], "shapes": [[4, 3], [3]], "state": None}])
+    state.load_state_dict(good)
+    for field, value in (("iter", None), ("iter", "x"), ("next_stats_report", -1),
+                         ("buckets", None)):
+        with pytest.raises(ValueError, match=f"malformed {field}"):
+            state.load_state_dict(dict(good, **{field: value}))
+        assert state.iter == 7 and len(state._pending) == 1, (field, value)
+    state.close()

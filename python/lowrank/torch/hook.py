@@ -547,6 +547,12 @@ def _check_state_dict(sd):
     missing += [f"options.{k}" for k in _OPTIONS if k not in sd.get("options", {})]
     if missing:
         raise ValueError(f"PowerSGDState.load_state_dict: missing {', '.join(missing)}")
+    bad = [k for k in ("iter", "next_stats_report")
+           if not isinstance(sd[k], int) or isinstance(sd[k], bool) or sd[k] < 0]
+    bad += [] if isinstance(sd["buckets"], (list, tuple)) else ["buckets"]
+    if bad:  # checked here, before load_state_dict changes anything
+        raise ValueError("PowerSGDState.load_state_dict: malformed "
+                         + ", ".join(f"{k} ({sd[k]!r})" for k in bad))
     entries = []
     for n, b in enumerate(sd["buckets"]):
         try:
