@@ -22,7 +22,11 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "perf", "train"))  # digits.py: data and model
-sys.path.insert(0, os.path.join(HERE, "..", "python"))         # lowrank, when not installed
+try:
+    import lowrank  # installed (pip install .)
+except ImportError:  # not installed: the checkout's package (after scripts/build.sh)
+    sys.path.insert(0, os.path.join(HERE, "..", "python"))
+    import lowrank
 import digits  # noqa: E402
 from lowrank.torch import PowerSGDState, powerSGD_hook  # noqa: E402
 
@@ -73,6 +77,8 @@ def main():
     model.register_comm_hook(state, powerSGD_hook)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
 
+    if rank == 0:
+        print(f"lowrank {lowrank.__version__} from {os.path.dirname(lowrank.__file__)}", flush=True)
     for epoch in range(1, args.epochs + 1):
         model.train()
         order = torch.randperm(len(xs), generator=torch.Generator().manual_seed(epoch))

@@ -2,7 +2,8 @@
 """Counts the results of the last `meson test` run in each BUILD given: each GoogleTest case from
 the XML report its binary (or, for pytest, the test of that name) wrote under tests/reports/, every
 other meson test as one, and each sanitizer report file under sanitizer-reports/ (scripts/
-sanitize.sh) as one failure; a BUILD where no test ran counts one failure. Prints "K skipped
+sanitize.sh) as one failure; a BUILD where no test ran counts one failure. An argument ending in
+.xml is a JUnit report counted case by case (the wheel's tests). Prints "K skipped
 (...)" if any, then "N passed, M failed" as the last line; exits 1 if anything failed or nothing
 passed."""
 import glob, json, os, sys
@@ -54,12 +55,29 @@ def count(build):
     return passed, failed + len(sanitizer), skipped
 
 
-totals = [count(b) for b in sys.argv[1:]]
+def count_report(path):
+    """A JUnit report given by path (the wheel's tests, tests/wheel/run.sh): its cases; a missing
+    report counts one failure (its run did not get that far)."""
+    if not os.path.exists(path):
+        print(f"no report {path}")
+        return 0, 1, 0
+    cases = list(ET.parse(path).getroot().iter("testcase"))
+    failed = sum(1 for c in cases if c.find("failure") is not None or c.find("error") is not None)
+    skipped = sum(1 for c in cases if c.find("skipped") is not None)
+    for c in cases:
+        el = c.find("skipped")
+        if el is not None:
+            reasons[os.path.basename(path)[:-4]] = (el.get("message") or "?").strip()[:80]
+    return len(cases) - failed - skipped, failed, skipped
+
+
+totals = [count_report(a) if a.endswith(".xml") else count(a) for a in sys.argv[1:]]
 passed, failed, skipped = (sum(t[i] for t in totals) for i in range(3))
 if skipped:  # said on a line of its own: how many, where, and why (a skip message of each)
     by = {}
     for build in sys.argv[1:]:
-        for path in glob.glob(os.path.join(build, "tests", "reports", "*.xml")):
+        for path in [build] if build.endswith(".xml") else \
+                glob.glob(os.path.join(build, "tests", "reports", "*.xml")):
             key = os.path.basename(path)[:-4]
             if key in reasons:
                 by.setdefault(reasons[key], []).append(key)

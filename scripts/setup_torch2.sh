@@ -7,7 +7,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 dir=${1:-$root/.venv-torch2}
-torch_version=${LOWRANK_TORCH2_VERSION:-2.11.0}
+torch_version=${LOWRANK_TORCH2_VERSION:-2.15.0}
 if [ -x "$dir/bin/python" ] && "$dir/bin/python" -c 'import torch, numpy, pytest' 2>/dev/null; then
   echo "setup_torch2: $dir has torch $("$dir/bin/python" -c 'import torch; print(torch.__version__)')" >&2
 else

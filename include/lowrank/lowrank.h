@@ -146,6 +146,17 @@ const char* lowrankGetErrorString(lowrankResult_t result);
  * until the thread's next lowrankGetLastError. Never null. */
 const char* lowrankGetLastError(lowrankComm_t comm);
 
+/* Diagnostics: the NCCL library lowrank uses for device buffers and NCCL communicators, loaded
+ * now if it is not yet (a GPU is not needed). The first found wins: the library LOWRANK_NCCL_LIBRARY
+ * names; an NCCL the process has loaded (torch's, for instance); nvidia/nccl/lib/libnccl.so.2 of a
+ * PyPI NCCL wheel under a folder of LOWRANK_NCCL_WHEEL_PATH (the Python package sets it to
+ * sys.path when unset); libnccl.so.2 from the dynamic loader. *path: the library's path; *source:
+ * "LOWRANK_NCCL_LIBRARY", "loaded by the process", "PyPI wheel" or "dynamic loader"; *version:
+ * ncclGetVersion's code (e.g. 22703). The strings are static. Any argument may be NULL.
+ * Errors: lowrankSystemError when none loads or it lacks NCCL's entry points (lowrankGetLastError(
+ * NULL) names what was tried). Thread safety: any thread; the library is resolved once per process. */
+lowrankResult_t lowrankGetNcclLibrary(const char** path, const char** source, int* version);
+
 /* ---- Communicators -------------------------------------------------------------------------- */
 
 /* Makes a new unique id on the process that will be comm rank 0 (the root): opens the bootstrap

@@ -39,6 +39,10 @@ static inline float lowrankPayloadOpCode(int op) { return op == 0 ? 1.f : 2.f; }
 /* Words of the plan agreement (liblowrank's PlanCheck, engine/plan.h), max-allreduced as uint64. */
 #define LOWRANK_PLAN_CHECK_WORDS 5
 #define LOWRANK_CUDA_BACKEND_SYMBOL "lowrankCudaBackendV5"
+/* A NUL-terminated line, what the backend was built for, read by `python -m lowrank` without
+ * initializing CUDA: "cuda=13000 arch=sm_80,sm_90,compute_90 cudart=static" (cuda: CUDART_VERSION, 1000 * major +
+ * 10 * minor; 0 for the CPU emulation). */
+#define LOWRANK_CUDA_BUILD_INFO_SYMBOL "lowrankCudaBuildInfo"
 
 typedef struct lowrankCudaError {
   int ncclResult;     /* the failed NCCL call's ncclResult_t; 0: not an NCCL failure */

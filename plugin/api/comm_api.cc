@@ -19,6 +19,20 @@ LOWRANK_API lowrankResult_t lowrankGetUniqueId(lowrankUniqueId* uniqueId) {
   });
 }
 
+LOWRANK_API lowrankResult_t lowrankGetNcclLibrary(const char** path, const char** source,
+                                                  int* version) {
+  return guarded(nullptr, [&]() -> lowrankResult_t {
+    const char *p = "", *s = "";
+    int v = 0;
+    Status st = lowrank::ncclLibrary(&p, &s, &v);
+    if (!st.ok()) return fail(nullptr, st);
+    if (path) *path = p;
+    if (source) *source = s;
+    if (version) *version = v;
+    return lowrankSuccess;
+  });
+}
+
 LOWRANK_API lowrankResult_t lowrankCommInitRankConfig(lowrankComm_t* comm, int nranks,
                                                       lowrankUniqueId uniqueId, int rank,
                                                       lowrankConfig_t* config) {

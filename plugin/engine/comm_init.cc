@@ -30,6 +30,14 @@ Status ncclUniqueId(void* id) {
   return nccl::fromNccl(*api, api->getUniqueId(static_cast<nccl::UniqueId*>(id)), "ncclGetUniqueId");
 }
 
+Status ncclLibrary(const char** path, const char** source, int* version) {
+  const nccl::Api* api = nullptr;
+  LR_RETURN_IF_ERROR(nccl::realNcclSource(&api, source));
+  *path = api->path;
+  *version = 0;
+  return nccl::fromNccl(*api, api->getVersion(version), "ncclGetVersion");
+}
+
 Status ncclCommInit(void** ncclComm, int nranks, const void* id, int rank) {
   const nccl::Api* api = nullptr;
   LR_RETURN_IF_ERROR(nccl::realNccl(&api));

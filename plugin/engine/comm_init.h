@@ -21,6 +21,10 @@ Status launcherUniqueId(double timeoutSec, lowrankUniqueId* id, int* rank, int* 
 Status ncclUniqueId(void* id);
 Status ncclCommInit(void** ncclComm, int nranks, const void* id, int rank);
 
+// The real NCCL lowrank uses (platform/nccl.h's order; loads it if not yet loaded): its path,
+// where it was found, and ncclGetVersion's code. The strings live as long as the process.
+Status ncclLibrary(const char** path, const char** source, int* version);
+
 // True if p is device memory (platform/cuda_probe.h: asks a CUDA driver the process has loaded).
 bool isDeviceBuffer(const void* p);
 

@@ -3,6 +3,8 @@
 #include <dlfcn.h>
 #include <link.h>
 
+#include <unistd.h>
+
 #include <cstdlib>
 #include <mutex>
 
@@ -58,8 +60,34 @@ void* findLoadedNccl(std::string* path) {
   return found.handle;
 }
 
+// Step 4: nvidia/nccl/lib/libnccl.so.2 under the folders of LOWRANK_NCCL_WHEEL_PATH, the first
+// that loads. A file there that does not load is noted in *tried and passed over.
+void* openFromWheel(std::string* path, std::string* tried) {
+  const char* env = getenv("LOWRANK_NCCL_WHEEL_PATH");
+  if (!env || !*env) return nullptr;
+  std::string dirs = env;
+  for (size_t start = 0; start <= dirs.size();) {
+    size_t end = dirs.find(':', start);
+    if (end == std::string::npos) end = dirs.size();
+    const std::string dir = dirs.substr(start, end - start);
+    start = end + 1;
+    if (dir.empty()) continue;
+    const std::string candidate = dir + "/nvidia/nccl/lib/libnccl.so.2";
+    if (access(candidate.c_str(), F_OK) != 0) continue;
+    if (void* h = dlopen(candidate.c_str(), RTLD_NOW | RTLD_LOCAL)) {
+      *path = candidate;
+      return h;
+    }
+    *tried += "; " + candidate + ": " + dlerror();
+  }
+  return nullptr;
+}
+
+const char* g_source = "";  // where open() found the library (set once, under realNccl's once)
+
 Status open(void** handle, std::string* path) {
   if (const char* env = libraryEnv()) {
+    g_source = "LOWRANK_NCCL_LIBRARY";
     *path = env;
     *handle = dlopen(env, RTLD_NOW | RTLD_LOCAL);
     if (!*handle)
@@ -67,13 +95,22 @@ Status open(void** handle, std::string* path) {
     return Status::Ok();
   }
   *path = "libnccl.so.2";
+  g_source = "loaded by the process";
   if ((*handle = dlopen("libnccl.so.2", RTLD_NOW | RTLD_NOLOAD)) && !isShim(*handle)) return Status::Ok();
   if (*handle) dlclose(*handle);
   if ((*handle = findLoadedNccl(path))) return Status::Ok();
+  std::string tried;
+  g_source = "PyPI wheel";
+  if ((*handle = openFromWheel(path, &tried))) return Status::Ok();
+  g_source = "dynamic loader";
   *path = "libnccl.so.2";
   *handle = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
   if (!*handle)
-    return Status::Error(lowrankSystemError, "cannot load the NCCL library libnccl.so.2: %s", dlerror());
+    return Status::Error(lowrankSystemError,
+                         "cannot load the NCCL library libnccl.so.2: %s%s (no NCCL loaded by the "
+                         "process, none under LOWRANK_NCCL_WHEEL_PATH's nvidia/nccl/lib; "
+                         "LOWRANK_NCCL_LIBRARY names one)",
+                         dlerror(), tried.c_str());
   return Status::Ok();
 }
 
@@ -113,13 +150,24 @@ Status load(Api* a, std::string* path) {
   resolve(h, "ncclGetUniqueId", &a->getUniqueId);
   resolve(h, "ncclCommInitRank", &a->commInitRank);
   resolve(h, "ncclGetLastError", &a->getLastError);
+  // The file itself, not the soname the loader was asked for: what `python -m lowrank` reports.
+  Dl_info where{};
+  if (dladdr(reinterpret_cast<void*>(a->getVersion), &where) && where.dli_fname && *where.dli_fname)
+    *path = where.dli_fname;
+  a->path = path->c_str();
   int v = 0;
   a->getVersion(&v);
-  LR_INFO("real NCCL: %s, version %d", path->c_str(), v);
+  LR_INFO("real NCCL: %s (%s), version %d", path->c_str(), g_source, v);
   return Status::Ok();
 }
 
 }  // namespace
+
+Status realNcclSource(const Api** api, const char** source) {
+  LR_RETURN_IF_ERROR(realNccl(api));
+  *source = g_source;
+  return Status::Ok();
+}
 
 Status realNccl(const Api** api) {
   static Api table{};

@@ -9,7 +9,11 @@
 //   2. a libnccl.so.2 the process has loaded already;
 //   3. any other library the process has loaded that defines NCCL's entry points itself (an NCCL
 //      linked into a framework's library);
-//   4. libnccl.so.2, loaded now.
+//   4. a PyPI NCCL wheel (nvidia-nccl-cu12, -cu13: where torch's wheels get theirs):
+//      nvidia/nccl/lib/libnccl.so.2 under each folder of LOWRANK_NCCL_WHEEL_PATH (':'-separated;
+//      the Python package sets it to sys.path when unset), looked at only when 1 to 3 found none,
+//      so a process that has loaded torch's NCCL uses that one;
+//   5. libnccl.so.2, loaded now by the dynamic loader's search.
 // A library that is lowrank's own shim (the LD_PRELOAD one, or the drop-in libnccl.so.2) is never
 // taken: its calls would come back to lowrank. Each entry point is its p-prefixed profiling name
 // (pncclAllReduce, ...) where the library exports one, else the plain name in that library.
@@ -39,6 +43,10 @@ constexpr const char* kShimMarker = "lowrankNcclShimMarker";
 // The real library's entry points, resolved once per process. Errors: lowrankSystemError naming
 // the library and the symbol that could not be found (and LOWRANK_NCCL_LIBRARY when it was set).
 Status realNccl(const Api** api);
+
+// Where realNccl's library was found: "LOWRANK_NCCL_LIBRARY", "loaded by the process", "PyPI
+// wheel" or "dynamic loader" (steps 1 to 5 above); with the Status of realNccl (loads it if needed).
+Status realNcclSource(const Api** api, const char** source);
 
 // An optional entry point that a caller needs (`resolved`: its pointer in Api is not null): Ok, or
 // the same lowrankSystemError as a missing required one, naming the library and `name`.

@@ -11,7 +11,19 @@ from ._capi import BufferView, Config, Stats, load as load_library
 from .comm import Communicator, get_unique_id, make_config, nccl_unique_id
 from .errors import InvalidArgumentError, LibraryNotFoundError, LowrankError
 
-__version__ = "0.1.0"
+try:
+    from ._version import __version__  # written by the build from meson.build's version
+except ImportError:  # the package used in-tree (PYTHONPATH=python): the checkout's meson.build
+    def _checkout_version():
+        import os
+        import re
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        try:
+            with open(os.path.join(root, "meson.build")) as f:
+                return re.search(r"project\('lowrank'.*?version: '([^']+)'", f.read(), re.S).group(1)
+        except (OSError, AttributeError):  # a copy of the package outside any checkout or install
+            return "0+unknown"
+    __version__ = _checkout_version()
 
 
 def library_path():

@@ -8,15 +8,16 @@ call, so a blocking allreduce never stalls the interpreter's other threads.
 The library is looked up, first found wins:
   1. LOWRANK_LIBRARY: a path to liblowrank.so or to the folder holding it (when set, nothing else
      is tried: an explicit choice is never silently replaced);
-  2. next to the package: lowrank/liblowrank.so*, the library folder recorded at `meson install`
-     (lowrank/_install.py), and, for a package used from a source checkout, build*/ of that checkout;
+  2. the package's own copy (lowrank/lib/liblowrank.so, from a wheel or `pip install .`), the
+     library folder recorded at `meson install` (lowrank/_install.py), and, for a package used from
+     a source checkout, build*/ of that checkout (lowrank/_paths.py);
   3. the system's paths (the dynamic loader's: ld.so.cache, LD_LIBRARY_PATH).
 """
 import ctypes
-import glob
 import os
 import threading
 
+from . import _paths
 from .errors import LibraryNotFoundError
 
 # ---- Enums (values of lowrank.h, equal to NCCL's) ----------------------------------------------
@@ -112,6 +113,8 @@ _PROTOTYPES = {
     "lowrankBufferSaveState": (_R, [_P, _P, _P, ctypes.POINTER(_Z)]),
     "lowrankBufferRestoreState": (_R, [_P, _P, _P, _Z]),
     "lowrankGetStats": (_R, [_P, ctypes.POINTER(Stats)]),
+    "lowrankGetNcclLibrary": (_R, [ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(ctypes.c_char_p),
+                                   ctypes.POINTER(_I)]),
 }
 # Present only where the library was built with NCCL's header (lowrank_nccl.h).
 _OPTIONAL = {
@@ -121,13 +124,7 @@ _OPTIONAL = {
 
 _lock = threading.Lock()
 _lib = None
-
-
-def _mtime(path):
-    try:
-        return os.path.getmtime(path)
-    except OSError:  # removed since it was listed
-        return -1.0
+nccl_wheel_path_set = False  # True once load() has set LOWRANK_NCCL_WHEEL_PATH (the user had not)
 
 
 def _candidates():
@@ -137,21 +134,18 @@ def _candidates():
         if os.path.isdir(env):
             return [os.path.join(env, "liblowrank.so")], True
         return [env], True
-    here = os.path.dirname(os.path.abspath(__file__))
-    paths = sorted(glob.glob(os.path.join(here, "liblowrank.so*")))
-    try:
-        from . import _install  # written by `meson install`
-        paths.append(os.path.join(_install.LIBDIR, "liblowrank.so"))
-    except ImportError:
-        pass
-    checkout = os.path.dirname(os.path.dirname(here))  # python/lowrank -> the repository
-    if os.path.exists(os.path.join(checkout, "meson.build")):
-        # The newest build first. A build being made can list a link whose target is not there yet.
-        builds = [p for p in glob.glob(os.path.join(checkout, "build*", "liblowrank.so"))
-                  if os.path.exists(p)]
-        paths += sorted(builds, key=_mtime, reverse=True)
-    paths += ["liblowrank.so.0", "liblowrank.so"]  # the dynamic loader's search
-    return paths, False
+    return _paths.library_candidates(), False
+
+
+def _missing_dependency(error):
+    """A clear message when liblowrank is there but a library it needs is not (UCX), else None."""
+    text = str(error)
+    for lib in ("libucp", "libuct", "libucs"):
+        if lib in text:
+            return (f"liblowrank needs UCX, which was not found or did not load ({text}): install "
+                    f"Debian's {_paths.UCX_PACKAGE} (apt-get install {_paths.UCX_PACKAGE}) or your "
+                    f"system's UCX 1.x, or put its folder on LD_LIBRARY_PATH")
+    return None
 
 
 def load():
@@ -171,6 +165,9 @@ def load():
             try:
                 lib = ctypes.CDLL(path)
             except OSError as e:
+                missing = _missing_dependency(e) if os.sep in path else None
+                if missing:  # the library is ours; what it needs is not there: no use going on
+                    raise LibraryNotFoundError(missing) from None
                 tried.append(f"{path} ({e})")
                 continue
             if not hasattr(lib, "lowrankAllReduce"):
@@ -184,6 +181,11 @@ def load():
                     fn = getattr(lib, name)
                     fn.restype, fn.argtypes = res, args
             lib.lowrank_path = path
+            # Where the C side looks for a PyPI NCCL wheel (platform/nccl.h, step 4): sys.path.
+            global nccl_wheel_path_set
+            if "LOWRANK_NCCL_WHEEL_PATH" not in os.environ:
+                os.environ["LOWRANK_NCCL_WHEEL_PATH"] = _paths.nccl_wheel_path()
+                nccl_wheel_path_set = True
             _lib = lib
             return lib
         how = "LOWRANK_LIBRARY is set" if from_env else \

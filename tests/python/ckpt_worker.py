@@ -25,7 +25,9 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import pkgpath  # noqa: E402
+pkgpath.use()  # the checkout's package, or the installed one (LOWRANK_TEST_INSTALLED=1)
 from lowrank.torch import PowerSGDState, powerSGD_hook  # noqa: E402
 
 RANK, WORLD = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])

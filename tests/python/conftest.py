@@ -13,8 +13,9 @@ import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, os.path.join(ROOT, "python"))
 sys.path.insert(0, HERE)
+import pkgpath  # noqa: E402
+pkgpath.use()  # the checkout's package, or the installed one (LOWRANK_TEST_INSTALLED=1)
 
 import launch  # noqa: E402  (tests/python, on the path just above)
 

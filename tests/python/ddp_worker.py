@@ -19,7 +19,9 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import pkgpath  # noqa: E402
+pkgpath.use()  # the checkout's package, or the installed one (LOWRANK_TEST_INSTALLED=1)
 import lowrank  # noqa: E402
 from lowrank.torch import PowerSGDState, communicator_from_process_group, powerSGD_hook  # noqa: E402
 

@@ -14,7 +14,9 @@ import threading
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import pkgpath  # noqa: E402
+pkgpath.use()  # the checkout's package, or the installed one (LOWRANK_TEST_INSTALLED=1)
 import lowrank  # noqa: E402
 
 N, ROWS, COLS, CALLS = 2, 256, 128, 3

@@ -119,8 +119,14 @@ def test_malformed_state_dict_raises_value_error_and_changes_nothing():
     import torch.distributed as dist
     from conftest import free_port
     from lowrank.torch import PowerSGDState
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,
-                            world_size=1)
+    for attempt in range(3):  # a free port can be taken by another program before the bind
+        try:
+            dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,
+                                    world_size=1)
+            break
+        except RuntimeError as e:
+            if "Address already in use" not in str(e) or attempt == 2:
+                raise
     try:
         _malformed_loads(PowerSGDState)
     finally:

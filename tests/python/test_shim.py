@@ -21,7 +21,7 @@ pytestmark = pytest.mark.skipif(not (os.path.exists(SHIM) and os.path.isdir(DOUB
 
 def run(preload):
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith("LOWRANK_") or k == "LOWRANK_LIBRARY"}
+           if not k.startswith("LOWRANK_") or k in ("LOWRANK_LIBRARY", "LOWRANK_TEST_INSTALLED")}
     env.update(LD_LIBRARY_PATH=DOUBLE, LOWRANK_DEBUG="INFO", LOWRANK_START_ITER="0",
                LOWRANK_MIN_BYTES="65536", LOWRANK_APPROX_RANK="4", LOWRANK_TIMEOUT="30")
     if preload:

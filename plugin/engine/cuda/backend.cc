@@ -180,6 +180,18 @@ uint32_t collectChecks(lowrankCudaState_t* st, int wait, uint32_t* opMismatches)
 }  // namespace
 }  // namespace lowrank::cuda
 
+#ifndef CUDART_VERSION  // the CPU emulation of CUDA
+#define CUDART_VERSION 0
+#endif
+#ifndef LOWRANK_CUDA_ARCHS
+#define LOWRANK_CUDA_ARCHS "unknown"
+#endif
+#define LOWRANK_STR2(x) #x
+#define LOWRANK_STR(x) LOWRANK_STR2(x)
+extern "C" __attribute__((visibility("default")))
+const char lowrankCudaBuildInfo[] = "cuda=" LOWRANK_STR(CUDART_VERSION) " arch=" LOWRANK_CUDA_ARCHS
+                                    " cudart=static";
+
 extern "C" __attribute__((visibility("default")))
 const lowrankCudaBackend_t lowrankCudaBackendV5 = {
     LOWRANK_CUDA_BACKEND_VERSION,

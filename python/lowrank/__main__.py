@@ -1,0 +1,27 @@
+"""python -m lowrank [--shim-path]: the environment report (lowrank/_report.py), or the path of the
+LD_PRELOAD shim: LD_PRELOAD=$(python -m lowrank --shim-path) torchrun ..."""
+import argparse
+import sys
+
+from . import _report
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m lowrank", description=__doc__.splitlines()[0])
+    ap.add_argument("--shim-path", action="store_true",
+                    help="print the path of liblowrank_nccl.so (exit 1 if this install has none)")
+    args = ap.parse_args(argv)
+    if args.shim_path:
+        path = _report.shim_path()
+        if not path:
+            print("lowrank: this install has no liblowrank_nccl.so (built where nccl.h was not "
+                  "found, or with -Dnccl_shim=disabled)", file=sys.stderr)
+            return 1
+        print(path)
+        return 0
+    print("\n".join(_report.report()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,86 @@
+"""Where lowrank's files are: the package's own copies first (a wheel or `pip install .` puts the
+libraries in lowrank/lib and the perf binary in lowrank/bin), then a `meson install` (the library
+folder recorded in lowrank/_install.py), then a source checkout's build*/ folders (the package used
+in-tree with PYTHONPATH=python). Only paths: nothing is loaded here."""
+import glob
+import importlib.resources
+import os
+import sys
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+# The checkout this package is in (python/lowrank -> the repository), or None when installed.
+_CHECKOUT = os.path.dirname(os.path.dirname(_HERE))
+if not os.path.exists(os.path.join(_CHECKOUT, "meson.build")):
+    _CHECKOUT = None
+
+# Debian's package names, for the messages of a missing dependency.
+UCX_PACKAGE = "libucx0"
+
+
+def package_file(*parts):
+    """The path of lowrank/<parts> inside the installed package, or None where it is absent.
+    Through importlib.resources, so that a package imported from a zip or an editable install's
+    loader is asked, not guessed."""
+    try:
+        res = importlib.resources.files("lowrank").joinpath(*parts)
+    except (ModuleNotFoundError, TypeError):
+        return None
+    if not res.is_file():
+        return None
+    path = os.fspath(res) if isinstance(res, os.PathLike) else str(res)
+    return path if os.path.exists(path) else None
+
+
+def _mtime(path):
+    try:
+        return os.path.getmtime(path)
+    except OSError:  # removed since it was listed
+        return -1.0
+
+
+def checkout_builds(relative):
+    """build*/<relative> of the checkout this package is in, newest first (a build being made can
+    list a link whose target is not there yet: only existing files)."""
+    if _CHECKOUT is None:
+        return []
+    found = [p for p in glob.glob(os.path.join(_CHECKOUT, "build*", relative)) if os.path.exists(p)]
+    return sorted(found, key=_mtime, reverse=True)
+
+
+def library_candidates():
+    """The liblowrank paths to try, in order (the last ones are names for the dynamic loader)."""
+    paths = []
+    own = package_file("lib", "liblowrank.so")
+    if own:
+        paths.append(own)
+    try:
+        from . import _install  # written by `meson install`
+        paths.append(os.path.join(_install.LIBDIR, "liblowrank.so"))
+    except ImportError:
+        pass
+    paths += checkout_builds("liblowrank.so")
+    return paths + ["liblowrank.so.0", "liblowrank.so"]
+
+
+def beside(library, name):
+    """The file `name` in the folder of the loaded `library` (the CUDA backend and the shim sit
+    beside liblowrank in every layout), or None where it is not there."""
+    if os.sep not in library:
+        return None
+    path = os.path.join(os.path.dirname(os.path.realpath(library)), name)
+    return path if os.path.exists(path) else None
+
+
+def perf_binary():
+    """lowrank_allreduce_perf: the package's own, else a checkout build's; None where neither."""
+    own = package_file("bin", "lowrank_allreduce_perf")
+    if own:
+        return own
+    built = checkout_builds(os.path.join("perf", "lowrank_allreduce_perf"))
+    return built[0] if built else None
+
+
+def nccl_wheel_path():
+    """The value LOWRANK_NCCL_WHEEL_PATH takes when the user has not set it: sys.path's folders,
+    where pip puts NVIDIA's NCCL wheel (nvidia/nccl/lib/libnccl.so.2) as torch's wheels do."""
+    return os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))

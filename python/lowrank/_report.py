@@ -1,0 +1,158 @@
+"""`python -m lowrank`: what a user pastes into a bug report (as `python -m torch.utils.collect_env`
+does): lowrank's version and the libraries it loaded, UCX and its transports, the CUDA backend and
+driver, the NCCL lowrank would use, torch, and the LOWRANK_* variables. Each part that fails says
+why in its own lines; the report never needs a GPU, NCCL or torch, and the command exits 0."""
+import ctypes
+import os
+import platform
+import sys
+
+
+def _loaded(pred):
+    """Paths of the shared objects mapped in this process that pred(path) accepts, in load order."""
+    seen = []
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                parts = line.split(None, 5)
+                path = parts[5].strip() if len(parts) == 6 else ""
+                if path.startswith("/") and pred(path) and path not in seen:
+                    seen.append(path)
+    except OSError:
+        pass
+    return seen
+
+
+def _lowrank(out):
+    import lowrank
+    from . import _capi
+    out.append(f"lowrank {lowrank.__version__} (package {os.path.dirname(lowrank.__file__)})")
+    lib = _capi.load()
+    out.append(f"  library: {lib.lowrank_path} (version code {lowrank.library_version()})")
+    return lib
+
+
+def _ucx(out):
+    """UCX's version, and its transports: a one-rank communicator initializes UCX, which then loads
+    its transport modules (libuct_*.so under ucx/ beside libucs)."""
+    ucp = _loaded(lambda p: os.path.basename(p).startswith("libucp.so"))
+    if not ucp:
+        out.append("UCX: not loaded (liblowrank did not load)")
+        return
+    lib = ctypes.CDLL(ucp[0])
+    lib.ucp_get_version_string.restype = ctypes.c_char_p
+    out.append(f"UCX {lib.ucp_get_version_string().decode()} ({ucp[0]})")
+    moddir = os.path.join(os.path.dirname(os.path.realpath(ucp[0])), "ucx")
+    avail = sorted(f for f in os.listdir(moddir) if f.endswith(".so")) if os.path.isdir(moddir) else []
+    out.append(f"  modules in {moddir}: {', '.join(avail) if avail else 'none (folder missing or empty)'}")
+    try:
+        import lowrank
+        comm = lowrank.Communicator.init_rank(1, lowrank.get_unique_id(), 0)
+        comm.destroy()
+    except Exception as e:  # noqa: BLE001 (the report goes on)
+        out.append(f"  a one-rank communicator failed: {e}")
+    mods = [os.path.basename(p) for p in _loaded(lambda p: os.sep + "ucx" + os.sep in p)]
+    out.append(f"  transports loaded: {', '.join(mods) if mods else 'none'}"
+               f" (UCX_TLS={os.environ.get('UCX_TLS', 'unset')})")
+
+
+def _cuda(out, lib):
+    from . import _paths
+    path = os.environ.get("LOWRANK_CUDA_BACKEND") or _paths.beside(lib.lowrank_path, "liblowrank_cuda.so")
+    if not path or not os.path.exists(path):
+        built = _paths.checkout_builds(os.path.join("plugin", "engine", "cuda", "liblowrank_cuda.so"))
+        hint = (f"; a build of this checkout has {built[0]}: LOWRANK_CUDA_BACKEND={built[0]} uses it"
+                if built else "")
+        out.append("CUDA backend: absent beside liblowrank (built where nvcc was not found, or with "
+                   f"-Dcuda=disabled); device buffers are refused{hint}")
+    else:
+        backend = ctypes.CDLL(path)  # the runtime is static: this loads no CUDA library
+        try:
+            # a char array (not a pointer): its address is the string's
+            info = ctypes.string_at(ctypes.addressof(ctypes.c_char.in_dll(backend, "lowrankCudaBuildInfo"))).decode()
+        except ValueError:
+            info = "no build info (a backend older than this package)"
+        fields = dict(f.split("=", 1) for f in info.split() if "=" in f)
+        code = int(fields.get("cuda", "0") or 0)
+        built = f"CUDA {code // 1000}.{code % 1000 // 10}" if code else "unknown CUDA"
+        out.append(f"CUDA backend: {path}")
+        out.append(f"  built for {built}, GPU architectures {fields.get('arch', '?')}, "
+                   f"runtime {fields.get('cudart', '?')} (needs only the driver)")
+    try:
+        drv = ctypes.CDLL("libcuda.so.1")
+    except OSError as e:
+        out.append(f"  CUDA driver: absent (libcuda.so.1: {e})")
+        return
+    v = ctypes.c_int()
+    drv.cuDriverGetVersion(ctypes.byref(v))
+    rc = drv.cuInit(0)
+    n = ctypes.c_int()
+    if rc == 0:
+        drv.cuDeviceGetCount(ctypes.byref(n))
+    why = "" if rc == 0 else f", cuInit failed with CUresult {rc} (100: no device)"
+    out.append(f"  CUDA driver: {v.value // 1000}.{v.value % 1000 // 10} ({_loaded(lambda p: 'libcuda.so' in p)[:1]}),"
+               f" {n.value} device(s){why}")
+
+
+def _torch(out):
+    try:
+        import torch
+    except ImportError as e:
+        out.append(f"torch: absent ({e})")
+        return
+    import torch.distributed as dist
+    backends = [name for name, check in (("gloo", "is_gloo_available"), ("nccl", "is_nccl_available"),
+                                         ("mpi", "is_mpi_available"), ("ucc", "is_ucc_available"))
+                if dist.is_available() and getattr(dist, check, lambda: False)()]
+    out.append(f"torch {torch.__version__} ({os.path.dirname(torch.__file__)}), CUDA "
+               f"{torch.version.cuda or 'none'}, distributed backends: {', '.join(backends) or 'none'}")
+
+
+def _nccl(out, lib):
+    path, source, version = ctypes.c_char_p(), ctypes.c_char_p(), ctypes.c_int()
+    rc = lib.lowrankGetNcclLibrary(ctypes.byref(path), ctypes.byref(source), ctypes.byref(version))
+    if rc != 0:
+        out.append(f"NCCL: absent ({lib.lowrankGetLastError(None).decode()})")
+        return
+    v = version.value
+    ver = f"{v // 10000}.{v % 10000 // 100}.{v % 100}" if v >= 10000 else str(v)
+    out.append(f"NCCL {ver}: {path.value.decode()} (found: {source.value.decode()})")
+
+
+def _section(out, name, fn, *args):
+    try:
+        return fn(out, *args)
+    except Exception as e:  # noqa: BLE001 (a report: every part says what failed and goes on)
+        out.append(f"{name}: failed: {type(e).__name__}: {e}")
+        return None
+
+
+def report():
+    """The report's lines."""
+    out = [f"Python {platform.python_version()} ({sys.executable}), {platform.platform()}"]
+    lib = _section(out, "lowrank", _lowrank)
+    if lib is not None:
+        _section(out, "UCX", _ucx)
+        _section(out, "CUDA", _cuda, lib)
+    _section(out, "torch", _torch)  # before NCCL: torch's own NCCL, where it has one, is found first
+    if lib is not None:
+        _section(out, "NCCL", _nccl, lib)
+    own = _loaded(lambda p: os.path.basename(p).startswith(("liblowrank", "libnccl")))
+    out.append("lowrank's and NCCL's libraries in this process:" + "".join(f"\n  {p}" for p in own))
+    from . import _capi
+    env = sorted((k, v) for k, v in os.environ.items() if k.startswith("LOWRANK_")
+                 and not (k == "LOWRANK_NCCL_WHEEL_PATH" and _capi.nccl_wheel_path_set))
+    out.append("LOWRANK_* set: " + (", ".join(f"{k}={v}" for k, v in env) if env else "none"))
+    if _capi.nccl_wheel_path_set:
+        out.append("  (LOWRANK_NCCL_WHEEL_PATH: set by the package to sys.path)")
+    return out
+
+
+def shim_path():
+    """liblowrank_nccl.so, the LD_PRELOAD shim: the package's own, else a checkout build's."""
+    from . import _paths
+    own = _paths.package_file("lib", "liblowrank_nccl.so")
+    if own:
+        return own
+    built = _paths.checkout_builds(os.path.join("plugin", "nccl_shim", "liblowrank_nccl.so"))
+    return built[0] if built else None
