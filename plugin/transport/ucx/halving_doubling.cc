@@ -9,8 +9,7 @@ Status halvingDoublingAllreduce(Exchange& ex, const AllreduceArgs& a, std::vecto
   if (scratch->size() < a.count * es) scratch->resize(a.count * es);
   auto* buf = static_cast<std::byte*>(a.buf);
   const Blocks b(a.count, f.p);
-  int log2p = 0;
-  while ((1 << log2p) < f.p) ++log2p;
+  const int log2p = __builtin_ctz(unsigned(f.p));
   uint32_t step = 0;
   LR_RETURN_IF_ERROR(foldIn(ex, f, a, scratch->data(), step++));
   if (f.extra()) return foldOut(ex, f, a, step + uint32_t(2 * log2p));
