@@ -250,7 +250,11 @@ def ring_factor(world):
 
 def model_bits_per_step(reducer, shapes, k, world, compressed_step):
     """Bits one worker sends in one step, by the message-size model (documented in
-    docs/training.md): 32 or 16 bits per element times the ring's 2 (N - 1) / N."""
+    docs/training.md): 32 or 16 bits per element times the ring's 2 (N - 1) / N. The same for every
+    reducer, for comparisons between them. lowrank's bits are not modelled here: its host transport
+    chooses an algorithm per call by its cost model, and the driver reads what that algorithm sent
+    from lowrank's bytesSent counter (equal to the model's bytes for the chosen algorithm, to the
+    byte: tests/transport/algorithms_test.cc)."""
     r = ring_factor(world)
     grad = sum(int(np.prod(s)) for s in shapes)
     if reducer == "local":

@@ -37,6 +37,17 @@ Status resolveConfig(const lowrankConfig_t* user, EngineConfig* out) {
   int chunk = int(c.pipelineChunk);
   LR_RETURN_IF_ERROR(env::integer("LOWRANK_PIPELINE_CHUNK", 1, 1 << 30, &chunk));
   c.pipelineChunk = uint64_t(chunk);
+  // The host transport's cost model (microseconds per step, nanoseconds per byte) and a forced
+  // algorithm: the choice must be the same on every comm rank, so must these.
+  double alphaUs = c.ucxCost.alphaSec * 1e6, betaNs = c.ucxCost.betaSecPerByte * 1e9;
+  LR_RETURN_IF_ERROR(env::number("LOWRANK_UCX_ALPHA_US", 0, true, &alphaUs));
+  LR_RETURN_IF_ERROR(env::number("LOWRANK_UCX_BETA_NS", 0, true, &betaNs));
+  c.ucxCost = {alphaUs * 1e-6, betaNs * 1e-9};
+  const char* algos[1 + ucx::kNumAlgorithms] = {"auto"};
+  for (int i = 0; i < ucx::kNumAlgorithms; ++i) algos[1 + i] = ucx::kAlgorithmNames[i];
+  int algo = 0;
+  LR_RETURN_IF_ERROR(env::choice("LOWRANK_UCX_ALGO", algos, 1 + ucx::kNumAlgorithms, &algo));
+  if (algo > 0) c.ucxAlgorithm = ucx::Algorithm(algo - 1);
   LR_RETURN_IF_ERROR(env::integer("LOWRANK_TEST_FAIL_ALLOC", -1, 1 << 30, &c.testFailAllocRank));
   if (user) {
     if (user->size != sizeof(lowrankConfig_t) || user->magic != LOWRANK_CONFIG_MAGIC)
@@ -92,10 +103,12 @@ void logConfig(const EngineConfig& c, int rank, int nranks) {
   logVersionOnce(v);
   LR_INFO("comm rank %d/%d: approxRank %d, minCompressionRate %g, startIter %d, errorFeedback %d, "
           "warmStart %d, orthoEpsilon %g, seed %llu, timeout %g s, pipeline %d (chunk %llu "
-          "elements)",
+          "elements), host allreduce %s (alpha %g us, beta %g ns/byte)",
           rank, nranks, c.approxRank, c.minCompressionRate, c.startIter, int(c.errorFeedback),
           int(c.warmStart), c.orthoEpsilon, (unsigned long long)c.seed, c.timeoutSec,
-          int(c.pipeline), (unsigned long long)c.pipelineChunk);
+          int(c.pipeline), (unsigned long long)c.pipelineChunk,
+          c.ucxAlgorithm ? ucx::algorithmName(*c.ucxAlgorithm) : "by cost", c.ucxCost.alphaSec * 1e6,
+          c.ucxCost.betaSecPerByte * 1e9);
 }
 
 }  // namespace lowrank::api

@@ -25,7 +25,10 @@ Status releaseNccl(void* comm, bool abort) {
 Status Engine::overUcx(const EngineConfig& cfg, const lowrankUniqueId& id, int rank, int nranks,
                        std::unique_ptr<Engine>* out) {
   std::unique_ptr<Transport> ucx;
-  LR_RETURN_IF_ERROR(createUcxTransport(id, rank, nranks, cfg.timeoutSec, &ucx));
+  UcxTransportOptions opt;
+  opt.cost = cfg.ucxCost;
+  opt.algorithm = cfg.ucxAlgorithm;
+  LR_RETURN_IF_ERROR(createUcxTransport(id, rank, nranks, cfg.timeoutSec, opt, &ucx));
   out->reset(new Engine(cfg, std::make_unique<AsyncTransport>(std::move(ucx)), rank, nranks));
   return Status::Ok();
 }

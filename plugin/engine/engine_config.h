@@ -2,6 +2,9 @@
 // lowrankConfig_t and the LOWRANK_* environment (plugin/api/config.cc).
 #pragma once
 #include <cstdint>
+#include <optional>
+
+#include "transport/ucx/cost_model.h"
 
 namespace lowrank {
 
@@ -16,6 +19,9 @@ struct EngineConfig {
   double timeoutSec = 300;         // bound on every wait for a peer
   bool pipeline = true;            // overlap factor allreduces with compute, chunk by chunk
   uint64_t pipelineChunk = 1u << 23;  // elements of M per chunk (LOWRANK_PIPELINE_CHUNK)
+  ucx::CostParams ucxCost;          // the host transport's alpha and beta (LOWRANK_UCX_ALPHA_US,
+                                   // LOWRANK_UCX_BETA_NS)
+  std::optional<ucx::Algorithm> ucxAlgorithm;  // set: the host transport always runs it (LOWRANK_UCX_ALGO)
   int testFailAllocRank = -1;      // test only: this comm rank fails its plan allocations
                                    // (LOWRANK_TEST_FAIL_ALLOC), to test the collective fallback
 };

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <strings.h>
 
 namespace lowrank::env {
@@ -57,6 +58,19 @@ Status boolean(const char* name, bool* out) {
   else
     return bad(name, v, "a boolean (0/1, true/false, yes/no, on/off)");
   return Status::Ok();
+}
+
+Status choice(const char* name, const char* const* names, int count, int* out) {
+  const char* v = getenv(name);
+  if (!v || !*v) return Status::Ok();
+  for (int i = 0; i < count; ++i)
+    if (!strcasecmp(v, names[i])) {
+      *out = i;
+      return Status::Ok();
+    }
+  std::string want = "one of";
+  for (int i = 0; i < count; ++i) (want += i ? ", " : " ") += names[i];
+  return bad(name, v, want.c_str());
 }
 
 Status unsignedInteger(const char* name, uint64_t* out, unsigned long long max) {

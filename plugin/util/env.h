@@ -14,6 +14,8 @@ Status integer(const char* name, long lo, long hi, int* out);  // decimal, in [l
 // A finite number >= lo (> lo when loOpen).
 Status number(const char* name, double lo, bool loOpen, double* out);
 Status boolean(const char* name, bool* out);  // 0/1, true/false, yes/no, on/off
+// One of names[0..count) (any case); *out = its index.
+Status choice(const char* name, const char* const* names, int count, int* out);
 // Decimal digits only, in [0, max] (no sign, no octal, no hexadecimal).
 Status unsignedInteger(const char* name, uint64_t* out, unsigned long long max = ULLONG_MAX);
 // LOWRANK_DEBUG is one of NONE, VERSION, WARN, INFO, TRACE (any case) when set.

@@ -34,7 +34,9 @@ TEST(Config, MalformedVariablesAreErrorsNamingThem) {
                             {"LOWRANK_ORTHO_EPSILON", "-1"},     {"LOWRANK_SEED", "-3"},
                             {"LOWRANK_SEED", "9223372036854775808"},  // 2^63: no long long
                             {"LOWRANK_TIMEOUT", "0"},            {"LOWRANK_TIMEOUT", "10s"},
-                            {"LOWRANK_DEBUG", "LOUD"}};
+                            {"LOWRANK_DEBUG", "LOUD"},
+                            {"LOWRANK_UCX_ALPHA_US", "0"},       {"LOWRANK_UCX_BETA_NS", "-1"},
+                            {"LOWRANK_UCX_BETA_NS", "fast"},     {"LOWRANK_UCX_ALGO", "tree"}};
   for (auto& c : cases) {
     EnvGuard g(c[0], c[1]);
     EXPECT_EQ(initWith(nullptr), lowrankInvalidUsage) << c[0] << "=" << c[1];

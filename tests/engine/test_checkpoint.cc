@@ -245,9 +245,10 @@ TEST(Checkpoint, RestoreOnOneRankIsFoundWhenThePayloadHasThePlanChecksWordSize) 
     if (r == 0) {
       EXPECT_NE(err.find("restore on every comm rank"), std::string::npos) << err;
     } else {
-      // The size mismatch, named: 41 bytes met 40 (UCX's truncation of the receive).
-      EXPECT_NE(err.find("receive from comm rank 0 (message 0) failed: Message truncated"),
-                std::string::npos) << err;
+      // The size mismatch, named: 41 bytes met 40 (UCX's truncation of the receive; the message's
+      // index depends on the algorithm the cost model chose).
+      EXPECT_NE(err.find("receive from comm rank 0 (message "), std::string::npos) << err;
+      EXPECT_NE(err.find(") failed: Message truncated"), std::string::npos) << err;
     }
   }, cfg);
 }

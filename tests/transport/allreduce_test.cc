@@ -16,14 +16,14 @@ namespace {
 
 UcxTransportOptions ringOnly(size_t chunkBytes = 1 << 20, int inflight = 4) {
   UcxTransportOptions o;
-  o.directMaxBytes = 0;
+  o.algorithm = ucx::Algorithm::Ring;
   o.chunkBytes = chunkBytes;
   o.inflight = inflight;
   return o;
 }
 UcxTransportOptions directOnly() {
   UcxTransportOptions o;
-  o.directMaxBytes = size_t(1) << 40;
+  o.algorithm = ucx::Algorithm::Direct;
   return o;
 }
 
@@ -76,8 +76,8 @@ TEST(Allreduce, EveryDtypeAndOpDirect) {
   for (auto& t : g) EXPECT_EQ(t->counters().messages.load(), uint64_t(50) * 3);
 }
 
-// 1..8 ranks, odd counts, default thresholds: direct while it sends at most 32 KiB per rank
-// ((N-1) x the buffer), ring above.
+// 1..8 ranks, odd counts, the algorithm the cost model chooses: each rank sends what the model
+// says that algorithm sends.
 TEST(Allreduce, RanksAndCountsWithDefaultAlgorithms) {
   for (int n = 1; n <= 8; ++n) {
     auto g = makeGroup(n, 30);
@@ -86,25 +86,16 @@ TEST(Allreduce, RanksAndCountsWithDefaultAlgorithms) {
     if (n == 3 || n == 8) counts.push_back((size_t(1) << 20) + 3);
     for (size_t count : counts) {
       for (auto dt : {lowrankFloat32, lowrankBfloat16}) {
-        uint64_t before = elementsSent(g);
         std::vector<uint64_t> beforeRank;
-        for (auto& t : g) beforeRank.push_back(t->counters().elementsSent.load());
+        for (auto& t : g) beforeRank.push_back(t->counters().bytesSent.load());
         checkExact(g, count, dt, n % 2 ? lowrankSum : lowrankAvg, uint32_t(count + n));
         if (HasFatalFailure()) return;
-        bool direct = count * dtypeSize(dt) * size_t(n - 1) <= 32 * 1024;
-        if (direct) {
-          for (int r = 0; r < n; ++r)
-            EXPECT_EQ(g[size_t(r)]->counters().elementsSent.load() - beforeRank[size_t(r)],
-                      uint64_t(n - 1) * count) << "n " << n << " count " << count;
-        } else {
-          EXPECT_EQ(elementsSent(g) - before, uint64_t(2 * (n - 1)) * count) << "n " << n << " count " << count;
-          // Balanced: each rank sends 2(N-1) segments of floor or ceil(count / N) elements.
-          for (int r = 0; r < n; ++r) {
-            uint64_t sent = g[size_t(r)]->counters().elementsSent.load() - beforeRank[size_t(r)];
-            EXPECT_LE(sent, uint64_t(2 * (n - 1)) * ((count + n - 1) / n));
-            EXPECT_GE(sent, uint64_t(2 * (n - 1)) * (count / n));
-          }
-        }
+        if (n == 1) continue;
+        const auto algo = ucx::choose(n, double(count * dtypeSize(dt)), ucx::CostParams{}, 64);
+        for (int r = 0; r < n; ++r)
+          EXPECT_EQ(g[size_t(r)]->counters().bytesSent.load() - beforeRank[size_t(r)],
+                    ucx::bytesSent(algo, n, r, count, dtypeSize(dt)))
+              << ucx::algorithmName(algo) << " n " << n << " count " << count;
       }
     }
   }

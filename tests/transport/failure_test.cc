@@ -20,7 +20,7 @@ double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::
 UcxTransportOptions withTls(const char* tls, bool ring) {
   UcxTransportOptions o;
   o.tls = tls;
-  if (ring) o.directMaxBytes = 0;
+  if (ring) o.algorithm = ucx::Algorithm::Ring;
   return o;
 }
 

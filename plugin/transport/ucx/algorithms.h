@@ -1,5 +1,5 @@
-// The two allreduce algorithms of the UCX transport, over one Exchange (one collective's messages).
-// Both leave the same bits on every comm rank.
+// The allreduce algorithms of the UCX transport, over one Exchange (one collective's messages).
+// Each leaves the same bits on every comm rank. Their steps and bytes: cost_model.h, which chooses.
 #pragma once
 #include <cstddef>
 #include <vector>
@@ -31,5 +31,15 @@ Status directAllreduce(Exchange& ex, const AllreduceArgs& a, std::vector<std::by
 // ranks exactly 2(N-1) * count elements. scratch grows to inflight * chunkBytes.
 Status ringAllreduce(Exchange& ex, const AllreduceArgs& a, size_t chunkBytes, int inflight,
                      std::vector<std::byte>* scratch);
+
+// Recursive doubling (latency-bound buffers): log2(p) steps, each swapping the whole buffer with
+// the partner at distance 1, 2, 4, .. and combining the two in the lower comm rank's order; worlds
+// that are not a power of two fold first (blocks.h). scratch grows to count * elemSize bytes.
+Status recursiveDoublingAllreduce(Exchange& ex, const AllreduceArgs& a, std::vector<std::byte>* scratch);
+
+// Rabenseifner's halving + doubling (medium buffers): a reduce-scatter by recursive halving over p
+// balanced blocks, then an allgather by recursive doubling; 2 log2(p) steps, about 2 (p-1)/p of the
+// buffer sent per rank; the same fold. scratch grows to count * elemSize bytes.
+Status halvingDoublingAllreduce(Exchange& ex, const AllreduceArgs& a, std::vector<std::byte>* scratch);
 
 }  // namespace lowrank::ucx

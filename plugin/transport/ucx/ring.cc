@@ -2,17 +2,10 @@
 
 #include "transport/reduce.h"
 #include "transport/ucx/algorithms.h"
+#include "transport/ucx/blocks.h"
 
 namespace lowrank::ucx {
 namespace {
-
-// Segment j of the buffer: [start(j), start(j) + len(j)), the first count % n segments one longer.
-struct Segments {
-  size_t base, rem;
-  Segments(size_t count, int n) : base(count / size_t(n)), rem(count % size_t(n)) {}
-  size_t start(int j) const { return size_t(j) * base + std::min(size_t(j), rem); }
-  size_t len(int j) const { return base + (size_t(j) < rem ? 1 : 0); }
-};
 
 // One chunk on its way through the 2(N-1) steps.
 struct Slot {
@@ -30,7 +23,7 @@ Status ringAllreduce(Exchange& ex, const AllreduceArgs& a, size_t chunkBytes, in
   const int n = ex.size(), me = ex.rank();
   const int left = (me + n - 1) % n, right = (me + 1) % n, steps = 2 * (n - 1);
   const size_t es = a.elemSize;
-  const Segments seg(a.count, n);
+  const Blocks seg(a.count, n);  // segment j: block j
   const size_t chunkElems = std::max<size_t>(1, chunkBytes / es);
   const size_t nchunks = (seg.len(0) + chunkElems - 1) / chunkElems;  // seg 0 is the longest
   const size_t nslots = std::min<size_t>(size_t(std::max(1, inflight)), nchunks);

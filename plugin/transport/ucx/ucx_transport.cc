@@ -1,5 +1,6 @@
 // UcxTransport: the sequence number and the choice of algorithm (argument checks and the failure
-// record are Transport's); the messages are in ucx_comm.cc, the algorithms in direct.cc and ring.cc.
+// record are Transport's); the messages are in ucx_comm.cc, the algorithms in direct.cc, ring.cc,
+// recursive_doubling.cc and halving_doubling.cc, their costs in cost_model.cc.
 #include "transport/ucx/ucx_transport.h"
 
 #include <cstdint>
@@ -31,14 +32,24 @@ class UcxTransport final : public Transport {
     if (count == 0 || n == 1) return Status::Ok();  // avg over one rank is the identity
     const size_t es = dtypeSize(dtype);
     const ucx::AllreduceArgs a{buf, count, dtype, op, es};
-    // Direct sends (N-1) x the buffer in one step, the ring 2(N-1)/N x in 2(N-1) steps: direct
-    // only while what it sends stays small, so slow links are not charged for its latency gain.
-    const bool direct = count * es * size_t(n - 1) <= opt_.directMaxBytes && n <= opt_.directMaxRanks;
-    LR_TRACE("ucx: comm rank %d: allreduce #%u of %zu %s (%s), %s", comm_->rank(), seq, count,
-             dtypeName(dtype), opName(op), direct ? "direct" : "ring");
+    // Every comm rank computes the same choice from the same arguments and options.
+    const double bytes = double(count * es);
+    const ucx::Algorithm algo =
+        opt_.algorithm ? *opt_.algorithm : ucx::choose(n, bytes, opt_.cost, opt_.directMaxRanks);
+    LR_TRACE("ucx: comm rank %d: allreduce #%u of %zu %s (%s), %s%s, modelled %.1f us", comm_->rank(),
+             seq, count, dtypeName(dtype), opName(op), ucx::algorithmName(algo),
+             opt_.algorithm ? " (LOWRANK_UCX_ALGO)" : "",
+             1e6 * ucx::modelledSeconds(algo, n, bytes, opt_.cost));
     ucx::Exchange ex(*comm_, seq, &counters_);
-    Status st = direct ? ucx::directAllreduce(ex, a, &scratch_)
-                       : ucx::ringAllreduce(ex, a, opt_.chunkBytes, opt_.inflight, &scratch_);
+    Status st;
+    switch (algo) {
+      case ucx::Algorithm::Direct: st = ucx::directAllreduce(ex, a, &scratch_); break;
+      case ucx::Algorithm::RecursiveDoubling: st = ucx::recursiveDoublingAllreduce(ex, a, &scratch_); break;
+      case ucx::Algorithm::HalvingDoubling: st = ucx::halvingDoublingAllreduce(ex, a, &scratch_); break;
+      case ucx::Algorithm::Ring:
+        st = ucx::ringAllreduce(ex, a, opt_.chunkBytes, opt_.inflight, &scratch_);
+        break;
+    }
     if (!st.ok()) comm_->markFailed();  // teardown then skips the flush (ucx_comm.h)
     return st;
   }
@@ -56,6 +67,8 @@ Status createUcxTransport(const lowrankUniqueId& id, int rank, int nranks, doubl
   if (!out) return Status::Error(lowrankInvalidArgument, "createUcxTransport: null output");
   if (options.chunkBytes == 0 || options.inflight < 1)
     return Status::Error(lowrankInvalidArgument, "createUcxTransport: chunkBytes and inflight must be > 0");
+  if (!(options.cost.alphaSec > 0) || !(options.cost.betaSecPerByte > 0))
+    return Status::Error(lowrankInvalidArgument, "createUcxTransport: alpha and beta must be > 0");
   std::unique_ptr<ucx::UcxComm> comm;
   LR_RETURN_IF_ERROR(ucx::UcxComm::create(id, rank, nranks, timeoutSec, options.tls, &comm));
   *out = std::make_unique<UcxTransport>(std::move(comm), options);

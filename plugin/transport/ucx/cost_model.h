@@ -1,0 +1,57 @@
+// The cost model of the host transport's allreduce algorithms, the one place their steps and bytes
+// are stated: modelled time = steps * alpha + bytes sent by the busiest comm rank * beta (Hockney's
+// model, as MPICH and Open MPI's tuned collectives use). Pure functions, no UCX: the transport
+// chooses with them, the tests hold lowrankStats_t.bytesSent to them, and perf/ prints the tables.
+//
+// Worlds that are not a power of two (N = p + r, p the largest power of two <= N) fold first: the
+// r even comm ranks below 2r send their buffer to the next odd rank, the p remaining ranks run
+// the algorithm, and each odd partner sends the result back at the end (2 more steps, one more
+// buffer for the partners).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+namespace lowrank::ucx {
+
+// In the order of preference among equally cheap algorithms (the ring first: it is chunked and
+// pipelined, which the model does not credit).
+enum class Algorithm { Ring, HalvingDoubling, RecursiveDoubling, Direct };
+inline constexpr int kNumAlgorithms = 4;
+
+// Their names (LOWRANK_UCX_ALGO, logs, tables), in enum order.
+inline constexpr const char* kAlgorithmNames[kNumAlgorithms] = {"ring", "halving_doubling",
+                                                                "recursive_doubling", "direct"};
+inline const char* algorithmName(Algorithm a) { return kAlgorithmNames[int(a)]; }
+
+struct CostParams {
+  // Provisional defaults, not measured on shaped links (docs/benchmarks.md, "Choosing the
+  // algorithm"): 5 us per step (a hop of a small message over UCX/TCP between hosts) and
+  // 100 Gbit/s (0.08 ns per byte). LOWRANK_UCX_ALPHA_US and LOWRANK_UCX_BETA_NS override them.
+  double alphaSec = 5e-6;
+  double betaSecPerByte = 0.08e-9;
+};
+
+// p, the largest power of two <= n (n >= 1), and log2(p).
+int foldedWorld(int n);
+int log2Floor(int n);
+
+// Sequential message rounds of one allreduce over n comm ranks (n >= 2).
+int steps(Algorithm a, int n);
+
+// Bytes comm rank `rank` of n sends in one allreduce of count elements of elemSize bytes, exactly
+// as the algorithm splits the buffer (the ring and the halving: balanced blocks of the count,
+// sizes differing by at most one element). lowrankStats_t.bytesSent grows by this much.
+uint64_t bytesSent(Algorithm a, int n, int rank, size_t count, size_t elemSize);
+
+// Bytes of the busiest comm rank, nominal (ignoring the one-element rounding of blocks): what the
+// time model charges. Direct (n-1)B; ring 2(n-1)/n B; recursive doubling log2(p) B (+B if n != p);
+// halving + doubling 2(p-1)/p B (+B if n != p).
+double busiestBytes(Algorithm a, int n, double bytes);
+
+double modelledSeconds(Algorithm a, int n, double bytes, const CostParams& c);
+
+// The cheapest algorithm for an allreduce of `bytes` over n comm ranks; direct only while n <=
+// directMaxRanks (its scratch holds n buffers). Ties go to the earlier algorithm of the enum.
+Algorithm choose(int n, double bytes, const CostParams& c, int directMaxRanks);
+
+}  // namespace lowrank::ucx

@@ -1,0 +1,84 @@
+// The cost model as pure functions (cost_model.h): steps, bytes per comm rank against independent
+// counts, and the choice at a few points where the answer is known.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "transport/ucx/cost_model.h"
+
+namespace lowrank::ucx {
+namespace {
+
+TEST(CostModel, Steps) {
+  EXPECT_EQ(steps(Algorithm::Ring, 16), 30);
+  EXPECT_EQ(steps(Algorithm::Direct, 16), 1);
+  EXPECT_EQ(steps(Algorithm::RecursiveDoubling, 16), 4);
+  EXPECT_EQ(steps(Algorithm::HalvingDoubling, 16), 8);
+  // 5 = 4 + 1: the fold adds a step in and a step out.
+  EXPECT_EQ(steps(Algorithm::RecursiveDoubling, 5), 4);
+  EXPECT_EQ(steps(Algorithm::HalvingDoubling, 5), 6);
+  EXPECT_EQ(steps(Algorithm::RecursiveDoubling, 2), 1);
+  EXPECT_EQ(steps(Algorithm::RecursiveDoubling, 4096), 12);
+  EXPECT_EQ(foldedWorld(4095), 2048);
+  EXPECT_EQ(log2Floor(4096), 12);
+}
+
+TEST(CostModel, BytesPerCommRank) {
+  for (int n : {2, 3, 4, 5, 6, 7, 8, 12, 16, 33}) {
+    const int p = foldedWorld(n), lg = log2Floor(n), r = n - p;
+    for (size_t count : {size_t(1), size_t(n) - 1, size_t(n), size_t(1000003)}) {
+      if (!count) continue;
+      uint64_t ring = 0, hd = 0, hdMax = 0, rdMax = 0;
+      for (int rank = 0; rank < n; ++rank) {
+        EXPECT_EQ(bytesSent(Algorithm::Direct, n, rank, count, 4), uint64_t(n - 1) * count * 4);
+        const bool extra = rank < 2 * r && rank % 2 == 0, partner = rank < 2 * r && rank % 2 == 1;
+        const uint64_t rd = bytesSent(Algorithm::RecursiveDoubling, n, rank, count, 2);
+        EXPECT_EQ(rd, extra ? count * 2 : (uint64_t(lg) + partner) * count * 2) << n << " " << rank;
+        ring += bytesSent(Algorithm::Ring, n, rank, count, 4);
+        const uint64_t h = bytesSent(Algorithm::HalvingDoubling, n, rank, count, 4);
+        if (!extra) hd += h - (partner ? count * 4 : 0);
+        hdMax = std::max(hdMax, h);
+        rdMax = std::max(rdMax, rd);
+      }
+      // The ring moves 2(n-1) buffers over all ranks; the halving's core ranks 2(p-1) buffers.
+      EXPECT_EQ(ring, uint64_t(2 * (n - 1)) * count * 4) << n << " " << count;
+      EXPECT_EQ(hd, uint64_t(2 * (p - 1)) * count * 4) << n << " " << count;
+      // The nominal busiest rank is within one element per step of the exact one.
+      EXPECT_NEAR(double(rdMax), busiestBytes(Algorithm::RecursiveDoubling, n, count * 2.0), 0.5);
+      EXPECT_NEAR(double(hdMax), busiestBytes(Algorithm::HalvingDoubling, n, count * 4.0),
+                  4.0 * steps(Algorithm::HalvingDoubling, n));
+    }
+  }
+  EXPECT_EQ(bytesSent(Algorithm::Ring, 4, 0, 0, 4), 0u);
+  EXPECT_EQ(bytesSent(Algorithm::HalvingDoubling, 1, 0, 10, 4), 0u);
+}
+
+TEST(CostModel, Choice) {
+  const CostParams c;  // 5 us, 0.08 ns per byte
+  // Tiny buffers, few ranks: one step wins.
+  EXPECT_EQ(choose(16, 8, c, 64), Algorithm::Direct);
+  EXPECT_EQ(choose(16, 8, c, 8), Algorithm::RecursiveDoubling);  // direct not allowed at 16
+  // Many ranks: log-depth, whatever the payload PowerSGD sends.
+  EXPECT_EQ(choose(1024, 2128, c, 64), Algorithm::RecursiveDoubling);
+  EXPECT_EQ(choose(1024, 4 << 20, c, 64), Algorithm::HalvingDoubling);
+  // Large buffers: the ring's bytes, and halving's fewer steps where the world is a power of two.
+  EXPECT_EQ(choose(16, 1 << 26, c, 64), Algorithm::HalvingDoubling);
+  EXPECT_EQ(choose(12, 1 << 26, c, 64), Algorithm::Ring);  // the fold costs a whole buffer more
+  // Ties go to the earlier algorithm: at 2 ranks direct and recursive doubling are the same exchange.
+  EXPECT_EQ(choose(2, 100, c, 64), Algorithm::RecursiveDoubling);
+  EXPECT_EQ(choose(2, 1 << 30, c, 64), Algorithm::RecursiveDoubling);
+  // A slow link: the 16-rank bucket of the issue (2,128 B) no longer goes direct at 1 Gbit/s.
+  const CostParams slow{5e-6, 8e-9};
+  EXPECT_EQ(choose(16, 2128, c, 64), Algorithm::Direct);
+  EXPECT_EQ(choose(16, 2128, slow, 64), Algorithm::HalvingDoubling);
+  // The choice is the minimum of the modelled times.
+  for (int n : {2, 3, 7, 16, 100, 4096})
+    for (double b : {4.0, 1e3, 1e5, 1e7}) {
+      const Algorithm a = choose(n, b, c, 1 << 30);
+      for (int i = 0; i < kNumAlgorithms; ++i)
+        EXPECT_LE(modelledSeconds(a, n, b, c), modelledSeconds(Algorithm(i), n, b, c));
+    }
+}
+
+}  // namespace
+}  // namespace lowrank::ucx
