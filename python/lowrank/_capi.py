@@ -113,11 +113,12 @@ _PROTOTYPES = {
     "lowrankBufferSaveState": (_R, [_P, _P, _P, ctypes.POINTER(_Z)]),
     "lowrankBufferRestoreState": (_R, [_P, _P, _P, _Z]),
     "lowrankGetStats": (_R, [_P, ctypes.POINTER(Stats)]),
+}
+# Present only where the library was built with NCCL's header (lowrank_nccl.h), or only in newer
+# libraries (lowrankGetNcclLibrary: 0.1.0 from this package's release on).
+_OPTIONAL = {
     "lowrankGetNcclLibrary": (_R, [ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(ctypes.c_char_p),
                                    ctypes.POINTER(_I)]),
-}
-# Present only where the library was built with NCCL's header (lowrank_nccl.h).
-_OPTIONAL = {
     "lowrankNcclGetUniqueId": (_R, [ctypes.POINTER(NcclUniqueId)]),
     "lowrankCommInitNcclRank": (_R, [ctypes.POINTER(_P), _I, NcclUniqueId, _I, ctypes.POINTER(Config)]),
 }

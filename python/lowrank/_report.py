@@ -109,6 +109,9 @@ def _torch(out):
 
 
 def _nccl(out, lib):
+    if not hasattr(lib, "lowrankGetNcclLibrary"):
+        out.append("NCCL: not reported (this liblowrank predates lowrankGetNcclLibrary)")
+        return
     path, source, version = ctypes.c_char_p(), ctypes.c_char_p(), ctypes.c_int()
     rc = lib.lowrankGetNcclLibrary(ctypes.byref(path), ctypes.byref(source), ctypes.byref(version))
     if rc != 0:

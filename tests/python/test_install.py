@@ -4,6 +4,7 @@ installed library. Staged with --destdir (a test must not write to the system): 
 is the final one, so the test checks that the library is staged there and that the package,
 imported from the stage, names that path among those it tries."""
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -32,6 +33,17 @@ def test_meson_install_stages_package_and_library():
         libdir = ns["LIBDIR"]
         assert os.path.isabs(libdir)
         assert os.path.exists(stage + os.path.join(libdir, "liblowrank.so"))
+        # the perf binary finds the staged library through an $ORIGIN-relative RPATH (a moved
+        # prefix keeps working), not an absolute one
+        perf = [os.path.join(d, "lowrank_allreduce_perf") for d, _, f in os.walk(stage)
+                if "lowrank_allreduce_perf" in f]
+        assert len(perf) == 1, perf
+        dyn = subprocess.run(["readelf", "-d", perf[0]], capture_output=True, text=True).stdout
+        rpath = re.search(r"\((?:RUNPATH|RPATH)\).*\[(.*)\]", dyn).group(1)
+        assert rpath.startswith("$ORIGIN/"), rpath
+        ldd = subprocess.run(["ldd", perf[0]], capture_output=True, text=True).stdout
+        found = re.search(r"liblowrank\.so\.0 => (\S+)", ldd)
+        assert found and os.path.realpath(found.group(1)).startswith(stage), ldd
         env = {k: v for k, v in os.environ.items()
                if k not in ("LOWRANK_LIBRARY", "LD_LIBRARY_PATH", "PYTHONPATH")}
         code = ("import lowrank\ntry:\n    print('LOADED', lowrank.library_path())\n"
