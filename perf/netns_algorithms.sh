@@ -59,7 +59,7 @@ while [ $# -gt 0 ]; do
     --floor) FLOOR=$2; shift 2 ;;
     --perf) PERF=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
-    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
     *) echo "netns_algorithms.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
