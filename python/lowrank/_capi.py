@@ -125,7 +125,8 @@ _OPTIONAL = {
 
 _lock = threading.Lock()
 _lib = None
-nccl_wheel_path_set = False  # True once load() has set LOWRANK_NCCL_WHEEL_PATH (the user had not)
+# True once load() has set LOWRANK_NCCL_WHEEL_PATH, LOWRANK_CUDA_BACKEND (the user had not)
+nccl_wheel_path_set = cuda_backend_set = False
 
 
 def _candidates():
@@ -183,10 +184,17 @@ def load():
                     fn.restype, fn.argtypes = res, args
             lib.lowrank_path = path
             # Where the C side looks for a PyPI NCCL wheel (platform/nccl.h, step 4): sys.path.
-            global nccl_wheel_path_set
+            global nccl_wheel_path_set, cuda_backend_set
             if "LOWRANK_NCCL_WHEEL_PATH" not in os.environ:
                 os.environ["LOWRANK_NCCL_WHEEL_PATH"] = _paths.nccl_wheel_path()
                 nccl_wheel_path_set = True
+            # The CUDA backend of an in-tree or editable build is not beside its liblowrank, where
+            # the library looks by itself (engine/device_backend.cc): name it for the library.
+            backend = _paths.cuda_backend_for(path)
+            if backend and "LOWRANK_CUDA_BACKEND" not in os.environ and \
+                    not _paths.beside(path, "liblowrank_cuda.so"):
+                os.environ["LOWRANK_CUDA_BACKEND"] = backend
+                cuda_backend_set = True
             _lib = lib
             return lib
         how = "LOWRANK_LIBRARY is set" if from_env else \

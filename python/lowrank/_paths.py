@@ -23,8 +23,9 @@ def package_file(*parts):
     loader is asked, not guessed."""
     try:
         res = importlib.resources.files("lowrank").joinpath(*parts)
-    except (ModuleNotFoundError, TypeError):
-        return None
+    except (ModuleNotFoundError, TypeError, AttributeError):  # (files(): Python >= 3.9)
+        path = os.path.join(_HERE, *parts)
+        return path if os.path.isfile(path) else None
     if not res.is_file():
         return None
     path = os.fspath(res) if isinstance(res, os.PathLike) else str(res)
@@ -39,12 +40,14 @@ def _mtime(path):
 
 
 def checkout_builds(relative):
-    """build*/<relative> of the checkout this package is in, newest first (a build being made can
-    list a link whose target is not there yet: only existing files)."""
+    """build*/<relative> of the checkout this package is in, and build*/*/<relative> (an editable
+    install builds in build/cp3XY), newest first (a build being made can list a link whose target
+    is not there yet: only existing files)."""
     if _CHECKOUT is None:
         return []
-    found = [p for p in glob.glob(os.path.join(_CHECKOUT, "build*", relative)) if os.path.exists(p)]
-    return sorted(found, key=_mtime, reverse=True)
+    found = [p for pattern in ("build*", os.path.join("build*", "*"))
+             for p in glob.glob(os.path.join(_CHECKOUT, pattern, relative)) if os.path.exists(p)]
+    return sorted(set(found), key=_mtime, reverse=True)
 
 
 def library_candidates():
@@ -69,6 +72,30 @@ def beside(library, name):
         return None
     path = os.path.join(os.path.dirname(os.path.realpath(library)), name)
     return path if os.path.exists(path) else None
+
+
+def cuda_backend_for(library):
+    """The CUDA backend that goes with the loaded `library`: LOWRANK_CUDA_BACKEND, else the one
+    beside it (where liblowrank looks by itself: a wheel, `meson install`), else the one of the
+    same build folder (plugin/engine/cuda/: an in-tree or editable build); None where none is."""
+    env = os.environ.get("LOWRANK_CUDA_BACKEND")
+    if env:
+        return env
+    near = beside(library, "liblowrank_cuda.so")
+    if near or os.sep not in library:
+        return near
+    built = os.path.join(os.path.dirname(os.path.realpath(library)), "plugin", "engine", "cuda",
+                         "liblowrank_cuda.so")
+    return built if os.path.exists(built) else None
+
+
+def shim_path():
+    """liblowrank_nccl.so, the LD_PRELOAD shim: the package's own, else a checkout build's."""
+    own = package_file("lib", "liblowrank_nccl.so")
+    if own:
+        return own
+    built = checkout_builds(os.path.join("plugin", "nccl_shim", "liblowrank_nccl.so"))
+    return built[0] if built else None
 
 
 def perf_binary():

@@ -58,13 +58,11 @@ def _ucx(out):
 
 def _cuda(out, lib):
     from . import _paths
-    path = os.environ.get("LOWRANK_CUDA_BACKEND") or _paths.beside(lib.lowrank_path, "liblowrank_cuda.so")
+    path = _paths.cuda_backend_for(lib.lowrank_path)
     if not path or not os.path.exists(path):
-        built = _paths.checkout_builds(os.path.join("plugin", "engine", "cuda", "liblowrank_cuda.so"))
-        hint = (f"; a build of this checkout has {built[0]}: LOWRANK_CUDA_BACKEND={built[0]} uses it"
-                if built else "")
-        out.append("CUDA backend: absent beside liblowrank (built where nvcc was not found, or with "
-                   f"-Dcuda=disabled); device buffers are refused{hint}")
+        out.append(f"CUDA backend: absent (none beside {lib.lowrank_path}, nor in its build folder: "
+                   "built where nvcc was not found or with -Dcuda=disabled, or a library copied "
+                   "alone; LOWRANK_CUDA_BACKEND names one); device buffers are refused")
     else:
         backend = ctypes.CDLL(path)  # the runtime is static: this loads no CUDA library
         try:
@@ -122,6 +120,15 @@ def _nccl(out, lib):
     out.append(f"NCCL {ver}: {path.value.decode()} (found: {source.value.decode()})")
 
 
+def _shim(out):
+    from . import _paths
+    shim = _paths.shim_path()
+    dropin = _paths.package_file("lib", "nccl", "libnccl.so.2")
+    out.append(f"NCCL shim (LD_PRELOAD): {shim or 'absent (built where nccl.h was not found, or with -Dnccl_shim=disabled)'}")
+    if dropin:
+        out.append(f"  drop-in libnccl.so.2: {dropin}")
+
+
 def _section(out, name, fn, *args):
     try:
         return fn(out, *args)
@@ -140,22 +147,21 @@ def report():
     _section(out, "torch", _torch)  # before NCCL: torch's own NCCL, where it has one, is found first
     if lib is not None:
         _section(out, "NCCL", _nccl, lib)
+    _section(out, "NCCL shim", _shim)
     own = _loaded(lambda p: os.path.basename(p).startswith(("liblowrank", "libnccl")))
     out.append("lowrank's and NCCL's libraries in this process:" + "".join(f"\n  {p}" for p in own))
     from . import _capi
     env = sorted((k, v) for k, v in os.environ.items() if k.startswith("LOWRANK_")
-                 and not (k == "LOWRANK_NCCL_WHEEL_PATH" and _capi.nccl_wheel_path_set))
+                 and not (k == "LOWRANK_NCCL_WHEEL_PATH" and _capi.nccl_wheel_path_set)
+                 and not (k == "LOWRANK_CUDA_BACKEND" and _capi.cuda_backend_set))
     out.append("LOWRANK_* set: " + (", ".join(f"{k}={v}" for k, v in env) if env else "none"))
     if _capi.nccl_wheel_path_set:
         out.append("  (LOWRANK_NCCL_WHEEL_PATH: set by the package to sys.path)")
+    if _capi.cuda_backend_set:
+        out.append("  (LOWRANK_CUDA_BACKEND: set by the package to its build's backend)")
     return out
 
 
 def shim_path():
-    """liblowrank_nccl.so, the LD_PRELOAD shim: the package's own, else a checkout build's."""
     from . import _paths
-    own = _paths.package_file("lib", "liblowrank_nccl.so")
-    if own:
-        return own
-    built = _paths.checkout_builds(os.path.join("plugin", "nccl_shim", "liblowrank_nccl.so"))
-    return built[0] if built else None
+    return _paths.shim_path()
