@@ -3,7 +3,7 @@ LD_PRELOAD shim: LD_PRELOAD=$(python -m lowrank --shim-path) torchrun ..."""
 import argparse
 import sys
 
-from . import _report
+from . import _paths, _report
 
 
 def main(argv=None):
@@ -12,7 +12,7 @@ def main(argv=None):
                     help="print the path of liblowrank_nccl.so (exit 1 if this install has none)")
     args = ap.parse_args(argv)
     if args.shim_path:
-        path = _report.shim_path()
+        path = _paths.shim_path()
         if not path:
             import os
             import lowrank

@@ -190,11 +190,12 @@ def load():
                 nccl_wheel_path_set = True
             # The CUDA backend of an in-tree or editable build is not beside its liblowrank, where
             # the library looks by itself (engine/device_backend.cc): name it for the library.
-            backend = _paths.cuda_backend_for(path)
-            if backend and "LOWRANK_CUDA_BACKEND" not in os.environ and \
+            if "LOWRANK_CUDA_BACKEND" not in os.environ and \
                     not _paths.beside(path, "liblowrank_cuda.so"):
-                os.environ["LOWRANK_CUDA_BACKEND"] = backend
-                cuda_backend_set = True
+                backend = _paths.build_backend(path)
+                if backend:
+                    os.environ["LOWRANK_CUDA_BACKEND"] = backend
+                    cuda_backend_set = True
             _lib = lib
             return lib
         how = "LOWRANK_LIBRARY is set" if from_env else \

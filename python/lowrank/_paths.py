@@ -74,19 +74,22 @@ def beside(library, name):
     return path if os.path.exists(path) else None
 
 
-def cuda_backend_for(library):
-    """The CUDA backend that goes with the loaded `library`: LOWRANK_CUDA_BACKEND, else the one
-    beside it (where liblowrank looks by itself: a wheel, `meson install`), else the one of the
-    same build folder (plugin/engine/cuda/: an in-tree or editable build); None where none is."""
-    env = os.environ.get("LOWRANK_CUDA_BACKEND")
-    if env:
-        return env
-    near = beside(library, "liblowrank_cuda.so")
-    if near or os.sep not in library:
-        return near
+def build_backend(library):
+    """The CUDA backend of the build folder `library` sits in (plugin/engine/cuda/: an in-tree or
+    editable build, where liblowrank does not find it by itself), or None."""
+    if os.sep not in library:
+        return None
     built = os.path.join(os.path.dirname(os.path.realpath(library)), "plugin", "engine", "cuda",
                          "liblowrank_cuda.so")
     return built if os.path.exists(built) else None
+
+
+def cuda_backend_for(library):
+    """The CUDA backend that goes with the loaded `library`: LOWRANK_CUDA_BACKEND, else the one
+    beside it (where liblowrank looks by itself: a wheel, `meson install`), else its build
+    folder's; None where none is."""
+    return (os.environ.get("LOWRANK_CUDA_BACKEND") or beside(library, "liblowrank_cuda.so")
+            or build_backend(library))
 
 
 def shim_path():

@@ -160,8 +160,3 @@ def report():
     if _capi.cuda_backend_set:
         out.append("  (LOWRANK_CUDA_BACKEND: set by the package to its build's backend)")
     return out
-
-
-def shim_path():
-    from . import _paths
-    return _paths.shim_path()

@@ -6,6 +6,14 @@
 
 namespace lowrank::ucx {
 
+// log2 of the largest power of two <= n (n >= 1), and that power: the folded world.
+inline int log2Floor(int n) {
+  int l = 0;
+  while ((2L << l) <= n) ++l;
+  return l;
+}
+inline int foldedWorld(int n) { return 1 << log2Floor(n); }
+
 // count elements in n balanced blocks: block j is [start(j), start(j) + len(j)), the first
 // count % n blocks one element longer.
 struct Blocks {
@@ -21,12 +29,10 @@ struct Blocks {
 // result back at the end. The other p ranks take folded ranks v = 0..p-1 in comm-rank order, so a
 // lower folded rank is a lower comm rank.
 struct Fold {
-  int p, r, rank, v;
-  Fold(int n, int commRank) : p(1), rank(commRank) {
-    while (2 * p <= n) p *= 2;
-    r = n - p;
-    v = rank < 2 * r ? (rank % 2 ? rank / 2 : -1) : rank - r;
-  }
+  int p, log2p, r, rank, v;
+  Fold(int n, int commRank)
+      : p(foldedWorld(n)), log2p(log2Floor(n)), r(n - p), rank(commRank),
+        v(rank < 2 * r ? (rank % 2 ? rank / 2 : -1) : rank - r) {}
   bool extra() const { return v < 0; }
   bool hasExtra() const { return v >= 0 && rank < 2 * r; }  // an odd rank below 2r
   int commRank(int folded) const { return folded < r ? 2 * folded + 1 : folded + r; }

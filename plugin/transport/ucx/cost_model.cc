@@ -1,16 +1,6 @@
 #include "transport/ucx/cost_model.h"
 
-#include "transport/ucx/blocks.h"
-
 namespace lowrank::ucx {
-
-int log2Floor(int n) {
-  int l = 0;
-  while ((2L << l) <= n) ++l;
-  return l;
-}
-
-int foldedWorld(int n) { return 1 << log2Floor(n); }
 
 int steps(Algorithm a, int n) {
   const int fold = foldedWorld(n) == n ? 0 : 2;

@@ -11,6 +11,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "transport/ucx/blocks.h"
+
 namespace lowrank::ucx {
 
 // In the order of preference among equally cheap algorithms (the ring first: it is chunked and
@@ -31,9 +33,7 @@ struct CostParams {
   double betaSecPerByte = 0.08e-9;
 };
 
-// p, the largest power of two <= n (n >= 1), and log2(p).
-int foldedWorld(int n);
-int log2Floor(int n);
+// foldedWorld(n) and log2Floor(n), the fold's p and log2(p): blocks.h, shared with the algorithms.
 
 // Sequential message rounds of one allreduce over n comm ranks (n >= 2).
 int steps(Algorithm a, int n);

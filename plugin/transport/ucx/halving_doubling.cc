@@ -9,10 +9,9 @@ Status halvingDoublingAllreduce(Exchange& ex, const AllreduceArgs& a, std::vecto
   if (scratch->size() < a.count * es) scratch->resize(a.count * es);
   auto* buf = static_cast<std::byte*>(a.buf);
   const Blocks b(a.count, f.p);
-  const int log2p = __builtin_ctz(unsigned(f.p));
   uint32_t step = 0;
   LR_RETURN_IF_ERROR(foldIn(ex, f, a, scratch->data(), step++));
-  if (f.extra()) return foldOut(ex, f, a, step + uint32_t(2 * log2p));
+  if (f.extra()) return foldOut(ex, f, a, step + uint32_t(2 * f.log2p));
   Exchange::Handle h;
   // Reduce-scatter by halving: of the 2 * mask blocks [lo, lo + 2 mask) a pair shares, the lower
   // folded rank keeps the lower half. Each kept half is reduced by one rank only, then copied, so

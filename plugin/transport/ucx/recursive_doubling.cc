@@ -22,7 +22,7 @@ Status recursiveDoublingAllreduce(Exchange& ex, const AllreduceArgs& a, std::vec
     }
     if (a.op == lowrankAvg) transport::divideBy(a.buf, a.count, a.dtype, ex.size());
   } else {
-    step += uint32_t(__builtin_ctz(unsigned(f.p)));  // the same index for the fold-out message
+    step += uint32_t(f.log2p);  // the same index for the fold-out message
   }
   return foldOut(ex, f, a, step);
 }
