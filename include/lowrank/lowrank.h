@@ -289,6 +289,52 @@ lowrankResult_t lowrankAllReduce(const void* sendbuff, void* recvbuff, size_t co
 lowrankResult_t lowrankBufferSetLayout(lowrankComm_t comm, const void* recvbuff, int ntensors,
                                        const int* ndims, const size_t* const* shapes);
 
+/* ---- Tensors with ids: state that follows the tensor ------------------------------------------ */
+
+#define LOWRANK_MAX_DIMS 8
+#define LOWRANK_RANK_DEFAULT (-1) /* lowrankTensor_t.approxRank: the communicator's approxRank */
+#define LOWRANK_RANK_EXACT 0      /* lowrankTensor_t.approxRank: allreduced exactly, never compressed */
+
+/* One tensor of a buffer declared with lowrankBufferSetTensors. */
+typedef struct {
+  uint64_t id;                    /* the caller's name for the tensor: any value, unique among the
+                                     tensors of the communicator (a parameter's index, a hash of its
+                                     name); the same on every comm rank */
+  int ndims;                      /* 1 to LOWRANK_MAX_DIMS */
+  size_t shape[LOWRANK_MAX_DIMS]; /* shape[0 .. ndims-1]: its sizes, each > 0 */
+  int approxRank;                 /* LOWRANK_RANK_DEFAULT (lowrankConfig_t.approxRank),
+                                     LOWRANK_RANK_EXACT, or a rank of its own in [1, 65536]; a
+                                     compressed tensor still passes the compression-rate test, and
+                                     1-D tensors are always exact */
+} lowrankTensor_t;
+
+/* Declares the tensors packed in order in the flat buffer `recvbuff`, each with an id, so that
+ * their state belongs to the tensors rather than to the buffer's address (docs/api.md, "Tensor
+ * ids"): the residual, the warm-start Q, the warm-up count and a pending restore of each id follow
+ * it into whichever buffer declares it next. Per-tensor mode as lowrankBufferSetLayout (a tensor of
+ * >= 2 dimensions viewed as (shape[0], prod(shape[1:]))), with each tensor's treatment its own.
+ * Rules:
+ *  - Declaring changes no state: the next compressible call on recvbuff takes each id's state
+ *    from wherever it is. The same ids in the same order with the same shapes and treatment as a
+ *    buffer declared before (another address: FSDP's freshly allocated outputs) take that
+ *    buffer's state as is, without a copy (a lookup); ids in another order or grouping (a DDP
+ *    bucket rebuild, a restart with another bucket size) are copied once, at that call, into the
+ *    new buffer's state; ids seen nowhere start afresh. Ids a buffer gave up stay held (not
+ *    freed) until another buffer takes them, lowrankBufferRelease of their last buffer, or
+ *    lowrankCommDestroy.
+ *  - A call on a buffer some of whose ids have since been taken by another buffer, with no new
+ *    declaration on it, fails with lowrankInvalidUsage naming the id (declare it again to take
+ *    them back).
+ *  - Warm-up per id: each id counts the compressible calls it has been part of; a tensor is
+ *    allreduced exactly until it has made lowrankConfig_t.startIter of them.
+ *  - The first Q of a tensor is drawn from (seed, id, its call count), not from its position.
+ * Calling it again with the same tensors is cheap (no state is touched). Every comm rank must
+ * declare the same tensors. Local, not collective.
+ * Errors: lowrankInvalidArgument (null pointers, ntensors <= 0, ndims out of range, a size 0, an
+ * approxRank out of range, an id given twice, a total that overflows size_t). */
+lowrankResult_t lowrankBufferSetTensors(lowrankComm_t comm, const void* recvbuff, int ntensors,
+                                        const lowrankTensor_t* tensors);
+
 /* The view of a buffer, as planned at its first call. */
 typedef struct {
   int planned;          /* 0 if the buffer has no plan yet (the other fields are then 0) */
