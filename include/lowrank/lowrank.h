@@ -358,14 +358,18 @@ typedef struct {
 lowrankResult_t lowrankBufferGetView(lowrankComm_t comm, const void* recvbuff,
                                      lowrankBufferView_t* view);
 
-/* Drops the residual and factors of a buffer (its layout stays); the next call starts afresh, as
+/* Drops the residual and factors of a buffer (its layout stays; with ids: the state of the ids it
+ * holds, and the restores staged for its declared ids); the next call starts afresh, as
  * the first call did. Local; call it on every comm rank at the same point. A buffer never called
  * is not an error. A device buffer's state is dropped once its queued work is done (the host
  * waits). Errors: lowrankInvalidArgument (null comm or buffer). */
 lowrankResult_t lowrankBufferReset(lowrankComm_t comm, const void* recvbuff);
 
 /* Frees everything held for a buffer, its layout included (call before freeing the memory if the
- * address may be reused for another tensor). Device buffers: as lowrankBufferReset, the host waits
+ * address may be reused for another tensor). With ids: the state of the ids it holds goes; restores
+ * staged for its ids stay; a buffer whose ids another buffer took holds nothing, so releasing it
+ * only forgets its declaration (FSDP's old outputs: release each once the next one has taken its
+ * ids, or the communicator keeps a small record of every address it saw). Device buffers: as lowrankBufferReset, the host waits
  * for the buffer's queued work. Errors: lowrankInvalidArgument (null). */
 lowrankResult_t lowrankBufferRelease(lowrankComm_t comm, const void* recvbuff);
 
@@ -392,6 +396,15 @@ lowrankResult_t lowrankBufferRelease(lowrankComm_t comm, const void* recvbuff);
  */
 lowrankResult_t lowrankBufferSaveState(lowrankComm_t comm, const void* recvbuff, void* bytes,
                                        size_t* size);
+
+/* Tensors with ids (lowrankBufferSetTensors): a buffer declared with ids saves format 2 instead, one
+ * entry per declared id (its shape, the rank its Q was made at, its call count, its residual and
+ * Q), wherever each id's state is held now; ids without state are left out, and none with any is
+ * lowrankInvalidUsage. Restoring format-2 bytes stages each id's state, whatever recvbuff is
+ * given: the buffer that next declares and calls the id installs it (checked across comm ranks at
+ * that call, as below), so a checkpoint of one bucketing restores into another. Format-1 bytes
+ * restored into a buffer declared with ids whose shapes are the saved layout are split into its
+ * ids' states likewise. docs/checkpoint.md, "Tensors with ids". */
 
 /* Restores the state saved by lowrankBufferSaveState into recvbuff's record: call it on every comm
  * rank at the same point (as lowrankBufferReset), each with the bytes its own comm rank saved. The

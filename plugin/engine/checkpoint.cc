@@ -175,8 +175,8 @@ Status decode(const void* bytes, size_t size, SavedState* out) {
   if (version != SavedState::kFormatVersion && crcOk)
     return Status::Error(lowrankInvalidArgument,
                          "lowrankBufferRestoreState: the bytes are of format version %u; this "
-                         "library reads version %u",
-                         version, SavedState::kFormatVersion);
+                         "library reads versions %u and %u",
+                         version, SavedState::kFormatVersion, SavedTensors::kFormatVersion);
   if (!crcOk) return bad("corrupt or truncated (their CRC-32 does not match)");
 
   SavedState s;

@@ -118,7 +118,8 @@ void BufferRegistry::reset(const void* buf, Buffer& b, Counters& k) {
 void BufferRegistry::erase(const void* buf, Counters& k) {
   auto it = map_.find(buf);
   if (it == map_.end()) return;
-  reset(buf, it->second, k);
+  // What the buffer holds goes; restores staged for its ids belong to the ids and stay.
+  if (it->second.rec) drop(std::move(it->second.rec), k);
   map_.erase(it);
 }
 

@@ -122,9 +122,11 @@ class BufferRegistry {
   Buffer& get(const void* buf) { return map_[buf]; }
   Buffer* find(const void* buf);
   const Buffer* find(const void* buf) const;
-  // Drops b's record (with ids: their state and pending restores) and keeps its declaration: the
-  // next call plans afresh. Calls the backend rejected meanwhile are counted first.
+  // Drops b's record (with ids: the state of the ids it holds, and the restores staged for its
+  // declared ids) and keeps its declaration: the next call plans afresh. Calls the backend
+  // rejected meanwhile are counted first.
   void reset(const void* buf, Buffer& b, Counters& k);
+  // Drops b's record and b itself (restores staged for its ids stay: they belong to the ids).
   void erase(const void* buf, Counters& k);
   size_t size() const { return map_.size(); }
   uint64_t stateBytes() const;
