@@ -68,6 +68,8 @@ namespace {
       "      --triad-mib <n>       MiB per array of the triad measured at start (default 64;\n"
       "                            0: no triad, no bandwidth bound)\n"
       "      --phases <0/1>        measure compute_us and comm_us, each alone (default 1)\n"
+      "      --digest              after each row, a '# digest' line per comm rank: FNV-1a 64 of\n"
+      "                            recvbuff after each of the row's calls (bit-exactness checks)\n"
       "  -h, --help                this help\n");
   std::exit(status);
 }
@@ -110,7 +112,7 @@ std::string flagName(char** argv, int opt) {
   return w.substr(0, w.find('='));
 }
 
-enum LongOnly { kGradients = 1000, kStep, kRounds, kSeed, kTriadMib, kPhases };
+enum LongOnly { kGradients = 1000, kStep, kRounds, kSeed, kTriadMib, kPhases, kDigest };
 
 }  // namespace
 
@@ -140,6 +142,7 @@ Args parseArgs(int argc, char** argv) {
       {"seed", required_argument, nullptr, kSeed},
       {"triad-mib", required_argument, nullptr, kTriadMib},
       {"phases", required_argument, nullptr, kPhases},
+      {"digest", no_argument, nullptr, kDigest},
       {"help", no_argument, nullptr, 'h'},
       // nccl-tests flags accepted and ignored
       {"ngpus", required_argument, nullptr, 'g'},
@@ -231,6 +234,7 @@ Args parseArgs(int argc, char** argv) {
         a.triadMib = static_cast<size_t>(parseInt("--triad-mib", optarg, 0, 1 << 16));
         break;
       case kPhases: a.phases = parseInt("--phases", optarg, 0, 1) != 0; break;
+      case kDigest: a.digest = true; break;
       case 'h': usage(stdout, 0);
       case 'g': case 'a': case 'm': case 'p': case 'z': case 'G': case 'C': case 'R': case 'T':
       case 'N': case 'u': case 'y': case 'r': case 'x':

@@ -33,6 +33,7 @@ struct Args {
   uint64_t seed = 0;  // synthetic inputs (not the library's LOWRANK_SEED)
   size_t triadMib = 64;  // MiB per triad array (three arrays); 0: no triad, no bound
   bool phases = true;    // measure compute_us and comm_us (each phase alone) per row
+  bool digest = false;   // print each comm rank's FNV-1a 64 of the outputs of each row's calls
   std::string commandLine;
 };
 

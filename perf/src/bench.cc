@@ -104,6 +104,11 @@ class Bench {
   bool viewWarned_ = false;
   bool startWarned_ = false;
   std::vector<lowrankDataType_t> types_;  // -d, less those that do not apply
+  // --digest: FNV-1a 64 over recvbuff's bytes after each call() of the row, in call order (the
+  // --phases loops are not included); rowDigests_: every comm rank's, gathered after the row.
+  uint64_t digest_ = kFnvOffset;
+  std::vector<uint64_t> rowDigests_;
+  static constexpr uint64_t kFnvOffset = 0xcbf29ce484222325ull;
 };
 
 int Bench::run() {
@@ -243,6 +248,15 @@ int Bench::run() {
           }
           Row r = runMode(c, mode);
           if (root) report_->row(r);
+          if (root && a_.digest) {
+            for (int rk = 0; rk < h_.nranks(); ++rk) {
+              char line[160];
+              std::snprintf(line, sizeof line, "digest %s %s %s count %zu rank %d fnv1a64 %016llx",
+                            modeName(mode), typeName(type), opName(op), count, rk,
+                            static_cast<unsigned long long>(rowDigests_[rk]));
+              report_->note(line);
+            }
+          }
         }
       }
     }
@@ -485,6 +499,11 @@ void Bench::call(Mode mode, const Case& c, const void* send, void* recv) {
     r = lowrankAllReduce(send, recv, c.count, c.type, c.op, commOf(mode), nullptr);
   }
   h_.check(r, commOf(mode), "lowrankAllReduce");
+  if (a_.digest) {
+    const unsigned char* p = static_cast<const unsigned char*>(recv);
+    for (size_t i = 0, n = c.count * typeSize(c.type); i < n; ++i)
+      digest_ = (digest_ ^ p[i]) * 0x100000001b3ull;  // FNV-1a 64
+  }
 }
 
 lowrankStats_t Bench::stats(Mode mode) {
@@ -551,6 +570,7 @@ Row Bench::runMode(Case& c, Mode mode) {
   row.op = c.op;
   row.mode = mode;
   row.k = mode == Mode::PowerSgd ? a_.approxRank : 0;
+  digest_ = kFnvOffset;
   void* send = send_.get();
   void* recv = recv_.get();
   const double* ref = static_cast<const double*>(ref_.get());
@@ -647,6 +667,10 @@ Row Bench::runMode(Case& c, Mode mode) {
     restoreInPlace(c);
     call(mode, c, recv, recv);
     row.inPlace.nwrong = h_.sumU64(countWrong(recv, c.type, ref, c.count, tolAbs));
+  }
+  if (a_.digest) {  // every comm rank's, to rank 0: one max per rank, the others giving 0
+    rowDigests_.assign(n, 0);
+    for (int r = 0; r < n; ++r) rowDigests_[r] = h_.maxU64(h_.rank() == r ? digest_ : 0);
   }
   h_.barrier();
   return row;
