@@ -16,18 +16,16 @@
 extern "C" {
 #endif
 
-#define LOWRANK_SERVICES_VERSION 1
+#define LOWRANK_SERVICES_VERSION 2 /* 2: lowrankShimSettings_t lost startIter */
 
 /* Log levels, as LOWRANK_DEBUG names them. */
 enum { lowrankLogNone = 0, lowrankLogWarn = 1, lowrankLogInfo = 2, lowrankLogTrace = 3 };
 
 /* The NCCL shim's variables (docs/environment.md): LOWRANK_ENABLE (default 1), LOWRANK_MIN_BYTES
- * (bytes, default 1 MiB), LOWRANK_START_ITER (identical repetitions of a call sequence before
- * compression starts, default 2). */
+ * (bytes, default 1 MiB). */
 typedef struct lowrankShimSettings {
   int enable;
   uint64_t minBytes;
-  int startIter;
 } lowrankShimSettings_t;
 
 typedef struct lowrankServices {

@@ -46,14 +46,14 @@ void queryRanks(ShimComm& c) {
   if (!real->commCuDevice || real->commCuDevice(c.nccl, &c.cudaDev) != ncclSuccess) c.cudaDev = -1;
 }
 
-std::shared_ptr<ShimComm> commFor(ncclComm_t comm, int startIter) {
+std::shared_ptr<ShimComm> commFor(ncclComm_t comm) {
   Registry& r = registry();
   {
     std::lock_guard<std::mutex> lock(r.mu);
     auto it = r.comms.find(comm);
     if (it != r.comms.end()) return it->second;
   }
-  auto c = std::make_shared<ShimComm>(comm, startIter);
+  auto c = std::make_shared<ShimComm>(comm);
   queryRanks(*c);
   static std::once_flag armed;
   std::call_once(armed, [] {

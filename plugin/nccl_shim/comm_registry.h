@@ -19,7 +19,7 @@
 namespace lowrank::shim {
 
 struct ShimComm {
-  ShimComm(ncclComm_t c, int startIter) : nccl(c), policy(startIter) {}
+  explicit ShimComm(ncclComm_t c) : nccl(c) {}
 
   const ncclComm_t nccl;
   int rank = -1, nranks = 0, cudaDev = -1;  // from the real NCCL at creation (-1: unknown)
@@ -42,7 +42,7 @@ struct ShimComm {
 };
 
 // The record of `comm`, made if absent (and then the report at exit is armed).
-std::shared_ptr<ShimComm> commFor(ncclComm_t comm, int startIter);
+std::shared_ptr<ShimComm> commFor(ncclComm_t comm);
 // Asks the real NCCL for the comm rank, size and CUDA device (-1 / 0 while it cannot tell, e.g. a
 // non-blocking communicator still forming); the caller holds c.mu or owns c alone.
 void queryRanks(ShimComm& c);

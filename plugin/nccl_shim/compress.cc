@@ -56,13 +56,13 @@ ncclResult_t ensureLowrank(ShimComm& c) {
     setLastError(c.initMessage.c_str());
     return c.initError;
   }
-  lowrankConfig_t cfg = LOWRANK_CONFIG_INITIALIZER;
-  cfg.startIter = 0;
+  // No config: the LOWRANK_* variables configure it as any lowrank communicator, so
+  // LOWRANK_START_ITER is the engine's per-buffer warm-up here too (one place applies it).
   lowrankComm_t lr = nullptr;
   lowrankResult_t r;
   {
     Guard g;
-    r = lowrankCommInitFromNcclConfig(&lr, c.nccl, &cfg);
+    r = lowrankCommInitFromNccl(&lr, c.nccl);
   }
   if (r != lowrankSuccess) {
     c.initError = toNccl(r);
@@ -135,7 +135,7 @@ ncclResult_t runCompressed(ShimComm& c, const RecordedCall& call) {
     c.compressed += dCompressed;
     c.bytesSaved += dElems * int64_t(dtypeSize(call.dtype)) - dFactors * 4;
   } else {
-    c.exactInLowrank += 1;  // a buffer that fell back (allocation, non-finite input)
+    c.exactInLowrank += 1;  // warm-up (startIter), or a fallback (allocation, non-finite input)
   }
   c.lastStats = s;
   return ncclSuccess;

@@ -10,7 +10,7 @@
 
 namespace lowrank::shim {
 
-// Makes c.lr (lowrankCommInitFromNcclConfig, startIter 0: the shim did the warm-up) at the first
+// Makes c.lr (lowrankCommInitFromNccl: the LOWRANK_* variables configure it) at the first
 // eligible call; not collective. A failure is kept and returned by every later call.
 ncclResult_t ensureLowrank(ShimComm& c);
 

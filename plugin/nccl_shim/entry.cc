@@ -51,7 +51,7 @@ ncclResult_t allReduce(const Real& r, const void* send, void* recv, size_t count
   const Settings& s = settings();
   if (!comm || !send || !recv || count == 0)  // NCCL's own checks and messages apply
     return passThrough(r, nullptr, send, recv, count, dtype, op, comm, stream);
-  std::shared_ptr<ShimComm> c = commFor(comm, s.env.startIter);
+  std::shared_ptr<ShimComm> c = commFor(comm);
   std::lock_guard<std::mutex> lock(c->mu);
   if (c->nranks < 1) queryRanks(*c);
   lowrank::plugin::pluginServices().setLogDevice(c->cudaDev);  // "[dev]" in this thread's log lines
@@ -68,10 +68,10 @@ ncclResult_t allReduce(const Real& r, const void* send, void* recv, size_t count
   if (d.changed)
     SHIM_INFO("comm %p: the sequence of eligible allreduces changed at buffer %p (count %zu); "
               "exact until the new sequence has repeated %d times",
-              (void*)comm, recv, count, s.env.startIter);
+              (void*)comm, recv, count, SequencePolicy::kRepeats);
   if (d.started)
     SHIM_INFO("comm %p (comm rank %d of %d): a sequence of %zu allreduces repeated %d times: "
-              "compressed from now on (%zu buffers' state released)",
+              "given to lowrank from now on (%zu buffers' state released)",
               (void*)comm, c->rank, c->nranks, c->policy.cycleLength(), c->policy.repeats(),
               d.release.size());
   if (!d.compress) return passThrough(r, c.get(), send, recv, count, dtype, op, comm, stream);
@@ -239,7 +239,7 @@ SHIM_API ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar,
   }
   if (res != ncclSuccess || bypass() || !settings().ok || !op || !scalar || !comm) return res;
   // A host scalar is read now, as NCCL does; a device scalar is unknown here (never compressed).
-  std::shared_ptr<ShimComm> c = commFor(comm, settings().env.startIter);
+  std::shared_ptr<ShimComm> c = commFor(comm);
   std::lock_guard<std::mutex> lock(c->mu);
   // Only floating scalars can make sum or avg (policy.h: mapOp); the dtype is checked as an int
   // before it is read as one (a caller's number may lie outside the enum).

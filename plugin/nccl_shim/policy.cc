@@ -51,8 +51,7 @@ size_t CallKeyHash::operator()(const CallKey& k) const {
   return h;
 }
 
-SequencePolicy::SequencePolicy(int startIter, size_t maxCycle)
-    : startIter_(startIter), maxCycle_(maxCycle ? maxCycle : 1) {}
+SequencePolicy::SequencePolicy(size_t maxCycle) : maxCycle_(maxCycle ? maxCycle : 1) {}
 
 void SequencePolicy::append(const CallKey& k) {
   last_[k] = histBase_ + hist_.size();
@@ -123,11 +122,6 @@ SequencePolicy::Decision SequencePolicy::next(const CallKey& k) {
     d.release.push_back(k.recv);
     stateful_.erase(st);
   }
-  if (startIter_ == 0) {  // no detection: every eligible call is compressed
-    d.compress = true;
-    stateful_[k.recv] = k;
-    return d;
-  }
   bool matched = false;
   if (!cycle_.empty()) {
     if (k == cycle_[pos_]) {
@@ -144,7 +138,7 @@ SequencePolicy::Decision SequencePolicy::next(const CallKey& k) {
   }
   if (!matched) searchCycle(k);
   append(k);
-  if (!cycle_.empty() && repeats_ >= startIter_) {
+  if (!cycle_.empty() && repeats_ >= kRepeats) {
     if (!adopted_) adopt(&d);
     if (!shared_.count(k.recv)) {
       d.compress = true;

@@ -1,16 +1,18 @@
-// What the shim compresses, decided from the calls alone (no NCCL, no lowrank: unit-tested apart).
+// What the shim gives lowrank, decided from the calls alone (no NCCL, no lowrank: tested apart).
 //
 // A call is eligible when its dtype is float32, float16 or bfloat16, its op sum or avg (or a
 // premulsum whose host scalar makes it one of those), and count * size >= LOWRANK_MIN_BYTES.
-// Eligible calls of a communicator form a sequence; SequencePolicy compresses only calls that
-// recur: once the sequence has repeated identically LOWRANK_START_ITER times (a cycle of length L
-// seen that many times in a row), the calls of the next repetitions are compressed. A call that
-// breaks the cycle passes through exactly and detection starts again (so one-off calls, and calls
-// after a change, stay exact until the new cycle has repeated START_ITER times). The state of a
-// buffer is dropped when its address comes back under another key, when a newly adopted cycle no
-// longer has it, or has it between other neighbours: state never follows a reused address into a
-// different bucket. A buffer that appears twice in one cycle is never compressed (one residual
-// cannot serve two tensors). START_ITER = 0 compresses every eligible call from the first.
+// Eligible calls of a communicator form a sequence; SequencePolicy tells the shim's buffers apart:
+// it hands lowrank only the calls of a recurring cycle, where an address carries one tensor per
+// step. Once the sequence has repeated identically kRepeats times in a row (a cycle of length L
+// seen that many times), the calls of the next repetitions go to lowrank, which keeps their state
+// and applies its own per-buffer warm-up (lowrankConfig_t.startIter, LOWRANK_START_ITER). A call
+// that breaks the cycle passes through exactly and detection starts again (so one-off calls, and
+// calls after a change, stay exact until the new cycle has repeated kRepeats times). The state of
+// a buffer is dropped when its address comes back under another key, when a newly adopted cycle
+// no longer has it, or has it between other neighbours: state never follows a reused address into
+// a different bucket. A buffer that appears twice in one cycle is never handed to lowrank (one
+// residual cannot serve two tensors).
 //
 // Every comm rank makes the same calls in the same order (NCCL requires it) and, in the programs
 // this is for (DDP, FSDP, XLA), reuses its buffers in the same pattern, so every comm rank takes
@@ -70,20 +72,25 @@ struct CallKeyHash {
 
 class SequencePolicy {
  public:
-  // startIter: identical repetitions before compression; maxCycle: the longest cycle searched.
-  explicit SequencePolicy(int startIter, size_t maxCycle = 4096);
+  // Complete repetitions of a cycle seen in a row before its calls go to lowrank: the candidate is
+  // found when its first call comes back; one whole repetition more confirms it. Fixed, and
+  // independent of LOWRANK_START_ITER (the engine's warm-up, counted per buffer).
+  static constexpr int kRepeats = 2;
+
+  // maxCycle: the longest cycle searched.
+  explicit SequencePolicy(size_t maxCycle = 4096);
 
   struct Decision {
-    bool compress = false;
+    bool compress = false;             // give the call to lowrank (not the real NCCL)
     std::vector<const void*> release;  // buffers whose state to drop before this call
-    bool started = false;              // this call starts compression of a new cycle
+    bool started = false;              // this call starts giving lowrank a new cycle
     bool changed = false;              // this call broke the cycle being verified or compressed
   };
   Decision next(const CallKey& k);
 
   size_t cycleLength() const { return cycle_.size(); }
   int repeats() const { return repeats_; }
-  bool compressing() const { return !cycle_.empty() && repeats_ >= startIter_ && adopted_; }
+  bool compressing() const { return !cycle_.empty() && repeats_ >= kRepeats && adopted_; }
   size_t statefulBuffers() const { return stateful_.size(); }
 
  private:
@@ -91,7 +98,6 @@ class SequencePolicy {
   bool searchCycle(const CallKey& k);  // a new candidate cycle ending at this call
   void adopt(Decision* d);             // the candidate becomes the compressed cycle
 
-  const int startIter_;
   const size_t maxCycle_;
   std::vector<CallKey> hist_;                                // calls since hist_base_
   uint64_t histBase_ = 0;                                    // index of hist_[0]

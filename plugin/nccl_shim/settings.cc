@@ -16,8 +16,8 @@ const Settings& settings() {
       if (const char* m = lastError()) x.error = m;
     }
     else
-      SHIM_INFO("%s: LOWRANK_ENABLE %d, LOWRANK_MIN_BYTES %llu, LOWRANK_START_ITER %d", shimMode(),
-                x.env.enable, (unsigned long long)x.env.minBytes, x.env.startIter);
+      SHIM_INFO("%s: LOWRANK_ENABLE %d, LOWRANK_MIN_BYTES %llu", shimMode(), x.env.enable,
+                (unsigned long long)x.env.minBytes);
     return x;
   }();
   return s;

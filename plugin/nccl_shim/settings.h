@@ -1,6 +1,6 @@
-// The shim's variables (LOWRANK_ENABLE, LOWRANK_MIN_BYTES, LOWRANK_START_ITER), parsed once per
-// process by liblowrank (lowrankServices_t.shimSettings; plugin/api/config.cc), the one place
-// LOWRANK_* variables are parsed.
+// The shim's variables (LOWRANK_ENABLE, LOWRANK_MIN_BYTES), parsed once per process by liblowrank
+// (lowrankServices_t.shimSettings; plugin/api/config.cc), the one place LOWRANK_* variables are
+// parsed.
 #pragma once
 #include <string>
 
@@ -11,7 +11,7 @@ namespace lowrank::shim {
 struct Settings {
   bool ok = false;       // false: a variable is malformed; the message was printed once
   std::string error;     // that message, for ncclGetLastError
-  lowrankShimSettings_t env{1, uint64_t(1) << 20, 2};
+  lowrankShimSettings_t env{1, uint64_t(1) << 20};
 };
 
 const Settings& settings();

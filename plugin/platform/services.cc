@@ -32,7 +32,6 @@ int shimSettings(lowrankShimSettings_t* out, const char** error) {
   if (!status.ok()) return status.code;
   out->enable = parsed.enable;
   out->minBytes = parsed.minBytes;
-  out->startIter = parsed.startIter;
   return lowrankSuccess;
 }
 

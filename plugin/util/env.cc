@@ -107,7 +107,6 @@ Status shimEnv(ShimEnv* out) {
   }
   LR_RETURN_IF_ERROR(checkDebug());
   LR_RETURN_IF_ERROR(unsignedInteger("LOWRANK_MIN_BYTES", &e.minBytes));  // any non-negative integer
-  LR_RETURN_IF_ERROR(integer("LOWRANK_START_ITER", 0, 1 << 30, &e.startIter));
   *out = e;
   return Status::Ok();
 }

@@ -21,14 +21,12 @@ Status unsignedInteger(const char* name, uint64_t* out, unsigned long long max =
 // LOWRANK_DEBUG is one of NONE, VERSION, WARN, INFO, TRACE (any case) when set.
 Status checkDebug();
 
-// The NCCL shim's variables (docs/environment.md): LOWRANK_ENABLE (boolean, default 1),
-// LOWRANK_MIN_BYTES (bytes, default 1 MiB) and LOWRANK_START_ITER, which there counts identical
-// repetitions of a communicator's call sequence before compression starts (default 2). The shim
-// reads them through liblowrank's services (lowrankServices_t.shimSettings), parsed once.
+// The NCCL shim's variables (docs/environment.md): LOWRANK_ENABLE (boolean, default 1) and
+// LOWRANK_MIN_BYTES (bytes, default 1 MiB). The shim reads them through liblowrank's services
+// (lowrankServices_t.shimSettings), parsed once.
 struct ShimEnv {
   bool enable = true;
   uint64_t minBytes = uint64_t(1) << 20;
-  int startIter = 2;
 };
 Status shimEnv(ShimEnv* out);
 

@@ -132,11 +132,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!ss.ok()) {
     CHECK(namesABadOne(ss));
   } else if (shim.enable) {
-    long l;
     uint64_t u;
     if (const std::string* v = given("LOWRANK_MIN_BYTES")) CHECK(refDecimal(*v, &u) && shim.minBytes == u);
-    if (const std::string* v = given("LOWRANK_START_ITER"))
-      CHECK(refInt(*v, 0, 1 << 30, &l) && shim.startIter == l);
   }
   return 0;
 }

@@ -1,8 +1,8 @@
 // Fuzz target: the NCCL shim's sequence detection (plugin/nccl_shim/policy.cc) on call streams
 // over a few buffers, counts and dtypes, with repeats, one-off calls and changes. Checks the
-// documented promises: a call is compressed only inside a cycle that has repeated
-// LOWRANK_START_ITER times, never for a buffer used twice in that cycle, and a buffer's state is
-// never carried to a call with another key (or released when it has none).
+// documented promises: a call is given to lowrank only inside a cycle that has repeated
+// SequencePolicy::kRepeats times, never for a buffer used twice in that cycle, and a buffer's
+// state is never carried to a call with another key (or released when it has none).
 #include <algorithm>
 #include <map>
 #include <string>
@@ -24,9 +24,9 @@ char arena[8];
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   lowrank::fuzz::Input in(data, size);
-  const int startIter = int(in.range(0, 3));
   const size_t maxCycle = in.range(1, 12);
-  SequencePolicy policy(startIter, maxCycle);
+  SequencePolicy policy(maxCycle);
+  constexpr size_t kRepeats = SequencePolicy::kRepeats;
   std::vector<CallKey> hist;
   std::map<const void*, CallKey> stateful;  // the model of the policy's per-buffer state
   // A stream: mostly repeats of a short pattern, sometimes a random call (a change, a one-off).
@@ -52,15 +52,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     CHECK(st == stateful.end() || st->second == k);  // state never changes hands between keys
     if (d.compress) {
       stateful[k.recv] = k;
-      if (startIter > 0) {
-        const size_t L = policy.cycleLength();
-        CHECK(L >= 1 && L <= maxCycle && i >= size_t(startIter) * L);
-        // The last (startIter - 1) L + 1 calls each equal the call a cycle before.
-        for (size_t x = 0; x <= size_t(startIter - 1) * L; ++x) CHECK(hist[i - x] == hist[i - x - L]);
-        size_t uses = 0;  // and the buffer is used once in the cycle
-        for (size_t x = 0; x < L; ++x) uses += hist[i - x].recv == k.recv;
-        CHECK(uses == 1);
-      }
+      const size_t L = policy.cycleLength();
+      CHECK(L >= 1 && L <= maxCycle && i >= kRepeats * L);
+      // The last (kRepeats - 1) L + 1 calls each equal the call a cycle before.
+      for (size_t x = 0; x <= (kRepeats - 1) * L; ++x) CHECK(hist[i - x] == hist[i - x - L]);
+      size_t uses = 0;  // and the buffer is used once in the cycle
+      for (size_t x = 0; x < L; ++x) uses += hist[i - x].recv == k.recv;
+      CHECK(uses == 1);
     }
     CHECK(policy.statefulBuffers() == stateful.size());
   }

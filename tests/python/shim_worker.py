@@ -2,8 +2,9 @@
 the NCCL shim, over the NCCL test double (LD_LIBRARY_PATH). Each comm rank:
   - the hook's path: a lowrank communicator over an NCCL communicator lowrank makes
     (lowrankCommInitNcclRank), 3 compressed allreduces of a float32 buffer with a layout;
-  - the application's path: its own NCCL communicator and 3 ncclAllReduce calls of another
-    float32 buffer through the global scope (where a preloaded shim interposes them).
+  - the application's path: its own NCCL communicator and 5 ncclAllReduce calls of another
+    float32 buffer through the global scope (where a preloaded shim interposes them: the first 2
+    go to NCCL while it detects the recurring call, the others to lowrank).
 Prints "RESULT <json>": the outputs' bytes as hex digests, lowrank's stats."""
 import ctypes
 import hashlib
@@ -19,7 +20,7 @@ import pkgpath  # noqa: E402
 pkgpath.use()  # the checkout's package, or the installed one (LOWRANK_TEST_INSTALLED=1)
 import lowrank  # noqa: E402
 
-N, ROWS, COLS, CALLS = 2, 256, 128, 3
+N, ROWS, COLS, CALLS, APP_CALLS = 2, 256, 128, 3, 5
 nccl = ctypes.CDLL("libnccl.so.2", mode=os.RTLD_NOW | os.RTLD_GLOBAL)  # the double
 glob = ctypes.CDLL(None)  # the global scope: the shim's ncclAllReduce first when preloaded
 
@@ -60,7 +61,7 @@ def rank_main(r):
     assert glob.ncclCommInitRank(ctypes.byref(app_comm), N, app_id, r) == 0
     abuf = np.empty(ROWS * COLS, dtype=np.float32)
     outs = []
-    for call in range(CALLS):
+    for call in range(APP_CALLS):
         abuf[:] = data(r, 50 + call)
         rc = glob.ncclAllReduce(ctypes.c_void_p(abuf.ctypes.data), ctypes.c_void_p(abuf.ctypes.data),
                                 ctypes.c_size_t(abuf.size), 7, 0, app_comm, None)  # float32, sum

@@ -11,6 +11,7 @@ import sys
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+DETECTION = 2  # the shim's calls of a recurring sequence that go to NCCL first
 SHIM = os.environ.get("LOWRANK_TEST_SHIM", "")
 DOUBLE = os.environ.get("LOWRANK_TEST_NCCL_DOUBLE_DIR", "")
 
@@ -22,8 +23,8 @@ pytestmark = pytest.mark.skipif(not (os.path.exists(SHIM) and os.path.isdir(DOUB
 def run(preload):
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("LOWRANK_") or k in ("LOWRANK_LIBRARY", "LOWRANK_TEST_INSTALLED")}
-    env.update(LD_LIBRARY_PATH=DOUBLE, LOWRANK_DEBUG="INFO", LOWRANK_START_ITER="0",
-               LOWRANK_MIN_BYTES="65536", LOWRANK_APPROX_RANK="4", LOWRANK_TIMEOUT="30")
+    env.update(LD_LIBRARY_PATH=DOUBLE, LOWRANK_DEBUG="INFO", LOWRANK_MIN_BYTES="65536",
+               LOWRANK_APPROX_RANK="4", LOWRANK_TIMEOUT="30")
     if preload:
         env["LD_PRELOAD"] = SHIM
     p = subprocess.run([sys.executable, os.path.join(HERE, "shim_worker.py")], env=env,
@@ -43,10 +44,15 @@ def test_shim_never_sees_lowranks_own_nccl_comm():
         assert shim[r]["hook"] == plain[r]["hook"]
         assert shim[r]["hook_stats"]["compressedCalls"] == 3
         assert shim[r]["hook_stats"]["compressedCalls"] == plain[r]["hook_stats"]["compressedCalls"]
-        # the application's ncclAllReduce: compressed by the shim (the shim was active)
-        assert shim[r]["app"] != plain[r]["app"]
+        # the application's ncclAllReduce: the shim passes the first two calls to NCCL (it sees
+        # the call recur twice, docs/nccl_shim.md) and compresses the others
+        app, ref = shim[r]["app"], plain[r]["app"]
+        assert len(app) == len(ref) > DETECTION
+        assert app[:DETECTION] == ref[:DETECTION]
+        assert all(a != b for a, b in zip(app[DETECTION:], ref[DETECTION:]))
     assert plain_reports == []
-    # one report per comm rank, for the application's comm only, with its 3 calls compressed:
+    # one report per comm rank, for the application's comm only, with its later calls compressed:
     # lowrank's own NCCL comms never reached the shim
-    assert sorted(shim_reports) == [("0", "3"), ("1", "3")]
+    n = str(len(shim[0]["app"]) - DETECTION)
+    assert sorted(shim_reports) == [("0", n), ("1", n)]
     assert shim[0]["hook"] == shim[1]["hook"]

@@ -7,34 +7,39 @@
  *
  * Built twice from this file: nccl_app (pure NCCL: run with and without LD_PRELOAD of the shim,
  * or with the drop-in libnccl.so.2) and nccl_app_direct (-DLOWRANK_DIRECT): the same program that
- * calls lowrank itself (lowrankCommInitFromNcclConfig + lowrankAllReduce) for exactly the calls
- * the shim is documented to compress, and ncclAllReduce for the rest: the reference the shim's
- * results must equal bit for bit. The schedule (which call is compressed) is written by both into
+ * calls lowrank itself (lowrankCommInitFromNccl + lowrankAllReduce) for exactly the calls the
+ * shim is documented to give lowrank, and ncclAllReduce for the rest: the reference the shim's
+ * results must equal bit for bit. The schedule (where each call goes) is written by both into
  * OUTPREFIX.txt, so the driver knows which calls must differ from an exact allreduce.
- * The schedules assume LOWRANK_START_ITER=2 and LOWRANK_MIN_BYTES=65536 (threshold: 1 MiB).
+ * The schedules assume LOWRANK_MIN_BYTES=65536 (threshold: 1 MiB) and the shim's detection: a
+ * sequence goes to lowrank from its third repetition. Of those calls, lowrank does each buffer's
+ * first LOWRANK_START_ITER (read here too, default 0) exactly, counted from the buffer's first call
+ * on the communicator or since its state was released.
  *
  * Scenarios (buffers: G* eligible float buffers; I1 int32, M1 max, S1 small: ineligible):
  *   mixed      9 iterations of G1 (f32 avg, in-place), I1, G2 (bf16 sum, out-of-place), M1, S1,
  *              G3 (f16 premulsum 1/nranks, in-place); a one-off O1 (f32 sum) ends iteration 4.
- *              Compressed: G1 G2 G3 at iterations 2-4 and 7-8 (the one-off breaks the sequence:
- *              exact again until it has repeated twice).
+ *              To lowrank: G1 G2 G3 at iterations 2-4 and 7-8 (the one-off breaks the sequence:
+ *              NCCL again until it has repeated twice; the buffers keep their state).
  *   groups     5 iterations, XLA-like: every call inside ncclGroupStart/End (one group nested);
- *              compressed calls run after the outermost group end. Compressed from iteration 2.
+ *              compressed calls run after the outermost group end. To lowrank from iteration 2.
  *   change     10 iterations: [G1 G2] until iteration 4, then [G1 G4]: G1 and G2 lose their state
  *              (released) when the new sequence is adopted at iteration 7.
  *   destroy    [G1 G2] for 4 iterations on one communicator, finalized and destroyed, then the
- *              same on a new one (aborted at the end): the second starts afresh (warm-up, new
+ *              same on a new one (aborted at the end): the second starts afresh (detection, new
  *              state).
  *   layout     L1 (f32 avg, in-place) packs a 128x96 matrix, a 96-element bias and a 64x64 matrix;
  *              its layout is given to the shim (lowrankNcclSetBucketLayout, found with dlsym as a
  *              ctypes user would; --no-hint skips it) or, direct, to lowrankBufferSetLayout.
- *              Compressed from iteration 2. Also records what a malformed hint returns. L2 (f32
+ *              To lowrank from iteration 2. Also records what a malformed hint returns. L2 (f32
  *              sum) gets a stale hint (its elements do not add up): ignored, it stays batched.
  *   threshold  B1 (f32, exactly 1 MiB) and B2 (1 MiB - 4 bytes), 4 iterations, default
- *              LOWRANK_MIN_BYTES: B1 compressed from iteration 2, B2 never.
+ *              LOWRANK_MIN_BYTES: B1 to lowrank from iteration 2, B2 never.
  *
  * Output: OUTPREFIX.bin (the outputs, concatenated) and OUTPREFIX.txt, lines
- *   out ITER TAG COMPRESSED OFFSET BYTES     an output and whether the schedule compresses it
+ *   out ITER TAG KIND OFFSET BYTES           an output and where the schedule sends it: 0 the real
+ *                                            NCCL, 1 lowrank compresses it, 2 lowrank, exactly
+ *                                            (the buffer's warm-up, LOWRANK_START_ITER)
  *   deferred ITER TAG UNCHANGED              groups: was the buffer untouched when ncclAllReduce
  *                                            returned inside the group (the shim defers it)?
  *   hint GOOD BAD                            layout: the results of a valid and a malformed hint
@@ -64,10 +69,12 @@ typedef struct {
   int inPlace;
   void* send;
   void* recv;
+  int lrCalls; /* calls given to lowrank since the buffer's state was made */
 } Buf;
 
 static int rank, nranks, noPremul, noRelease, noDestroy, noHint;
 static int exitAt = -1; /* mixed: the last comm rank dies at the start of this iteration */
+static int startIter;   /* LOWRANK_START_ITER: lowrank's exact calls per buffer */
 static FILE *bin, *txt;
 static long offset;
 static ncclComm_t comm;
@@ -154,7 +161,7 @@ static void* owned[32]; /* every buffer make() allocated: freed at the end of ma
 static int nowned;
 
 static Buf make(const char* tag, ncclDataType_t dtype, size_t count, int op, int inPlace) {
-  Buf b = {tag, dtype, count, op, inPlace, NULL, NULL};
+  Buf b = {tag, dtype, count, op, inPlace, NULL, NULL, 0};
   b.recv = aligned_alloc(64, (count * dtypeSize(dtype) + 63) / 64 * 64);
   b.send = inPlace ? b.recv : aligned_alloc(64, (count * dtypeSize(dtype) + 63) / 64 * 64);
   if (!b.recv || !b.send || nowned + 2 > (int)(sizeof owned / sizeof owned[0])) {
@@ -170,15 +177,15 @@ static Buf make(const char* tag, ncclDataType_t dtype, size_t count, int op, int
 
 typedef struct {
   Buf* b;
-  int it, compressed;
+  int it, kind; /* kind: as in OUTPREFIX.txt */
 } Pending;
 static Pending pending[64]; /* outputs to write (and direct-mode calls to run) at group end */
 static int npending, depth;
 static int iterOffset; /* added to the iteration in OUTPREFIX.txt only (destroy: second round) */
 
-static void writeOut(Buf* b, int it, int compressed) {
+static void writeOut(Buf* b, int it, int kind) {
   const size_t bytes = b->count * dtypeSize(b->dtype);
-  fprintf(txt, "out %d %s %d %ld %zu\n", it + iterOffset, b->tag, compressed, offset, bytes);
+  fprintf(txt, "out %d %s %d %ld %zu\n", it + iterOffset, b->tag, kind, offset, bytes);
   if (fwrite(b->recv, 1, bytes, bin) != bytes) {
     fprintf(stderr, "nccl_app: write failed\n");
     exit(1);
@@ -201,9 +208,9 @@ static void lowrankCall(Buf* b) {
 static void flush(void) {
   for (int i = 0; i < npending; ++i) {
 #ifdef LOWRANK_DIRECT
-    if (pending[i].compressed) lowrankCall(pending[i].b);
+    if (pending[i].kind) lowrankCall(pending[i].b);
 #endif
-    writeOut(pending[i].b, pending[i].it, pending[i].compressed);
+    writeOut(pending[i].b, pending[i].it, pending[i].kind);
   }
   npending = 0;
 }
@@ -218,13 +225,14 @@ static void groupEnd(void) {
   if (--depth == 0) flush();
 }
 
-/* One allreduce of b at iteration it; `compressed`: the schedule says the shim compresses it. */
-static void allreduce(Buf* b, int it, int compressed) {
+/* One allreduce of b at iteration it; `toLowrank`: the schedule says the shim gives it lowrank. */
+static void allreduce(Buf* b, int it, int toLowrank) {
   fill(b, it, (int)b->tag[0] * 31 + (int)b->tag[1]);
   const ncclRedOp_t op = b->op == PREMUL ? premulOp : (ncclRedOp_t)b->op;
+  const int kind = !toLowrank ? 0 : b->lrCalls++ < startIter ? 2 : 1;
   int direct = 0;
 #ifdef LOWRANK_DIRECT
-  direct = compressed;
+  direct = kind != 0;
 #endif
   if (!direct) NCCLCHECK(ncclAllReduce(b->send, b->recv, b->count, b->dtype, op, comm, NULL));
   if (depth > 0 && b->inPlace) {  /* was the call deferred? (the double runs calls at once) */
@@ -238,7 +246,7 @@ static void allreduce(Buf* b, int it, int compressed) {
   }
   pending[npending].b = b;
   pending[npending].it = it;
-  pending[npending].compressed = compressed;
+  pending[npending].kind = kind;
   ++npending;
   if (depth == 0) flush();
 }
@@ -285,9 +293,7 @@ static void commInit(const char* idPath) {
     NCCLCHECK(ncclRedOpCreatePreMulSum(&premulOp, &s, ncclFloat16, ncclScalarHostImmediate, comm));
   }
 #ifdef LOWRANK_DIRECT
-  lowrankConfig_t cfg = LOWRANK_CONFIG_INITIALIZER;
-  cfg.startIter = 0; /* as the shim: the warm-up is the shim's */
-  lowrankResult_t r = lowrankCommInitFromNcclConfig(&lr, comm, &cfg);
+  lowrankResult_t r = lowrankCommInitFromNccl(&lr, comm); /* as the shim: LOWRANK_* configure it */
   if (r != lowrankSuccess) {
     fprintf(stderr, "nccl_app: lowrankCommInitFromNccl: %s\n", lowrankGetLastError(NULL));
     exit(1);
@@ -307,12 +313,13 @@ static void commEnd(char how) {
   else NCCLCHECK(ncclCommDestroy(comm));
 }
 
+/* The shim releases b here (the schedule's point); direct, lowrank is told unless --no-release. */
 static void release(Buf* b) {
 #ifdef LOWRANK_DIRECT
-  if (!noRelease) lowrankBufferRelease(lr, b->recv);
-#else
-  (void)b;
+  if (noRelease) return;
+  lowrankBufferRelease(lr, b->recv);
 #endif
+  b->lrCalls = 0; /* a released buffer starts afresh in lowrank, warm-up included */
 }
 
 /* ---- scenarios ------------------------------------------------------------------------------ */
@@ -388,6 +395,7 @@ static void destroy(const char* idPath) {
     if (round == 1) {
       commEnd('f'); /* the first communicator is finalized, then destroyed */
       commInit(second);
+      g1.lrCalls = g2.lrCalls = 0; /* a new lowrank communicator: no state */
       iterOffset = 10; /* the same inputs as the first round, recorded as iterations 10-13 */
     }
     for (int it = 0; it < 4; ++it) {
@@ -442,6 +450,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   const char* scenario = argv[1];
+  const char* si = getenv("LOWRANK_START_ITER");
+  startIter = si ? atoi(si) : 0;
   rank = atoi(argv[2]);
   nranks = atoi(argv[3]);
   for (int i = 6; i < argc; ++i) {

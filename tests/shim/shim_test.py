@@ -16,9 +16,9 @@ CASE:
   mixed      2 processes of nccl_app (an unmodified NCCL program over the NCCL test double), run
              without the shim, with LD_PRELOAD of it, and as nccl_app_direct (lowrank called
              directly): with the shim every output equals the direct run bit for bit; calls the
-             schedule does not compress (int32, max, small, one-off, warm-up) equal the run
-             without the shim bit for bit; compressed ones differ from it; every comm rank has
-             the same outputs; the report line counts the compressed calls
+             shim passes to NCCL (int32, max, small, one-off, the detection's repetitions) equal
+             the run without the shim bit for bit; compressed ones differ from it; every comm rank
+             has the same outputs; the report line counts the compressed calls
   mixed3     the same with 3 processes (premulsum 1/3 in half precision maps to avg)
   groups     every call inside ncclGroupStart/End (nested too): compressed calls are deferred to
              the outermost group end (the buffer is untouched when ncclAllReduce returns inside the
@@ -45,6 +45,10 @@ CASE:
              equal the preload run bit for bit
   badenv     malformed LOWRANK_MIN_BYTES / LOWRANK_ENABLE: ncclAllReduce fails with
              ncclInvalidUsage and the shim's message names the variable
+  warmup     LOWRANK_START_ITER=2 (mixed, change): lowrank applies it to the buffers the shim
+             gives it: each buffer's first 2 such calls are exact (equal NCCL's bit for bit, not
+             counted as compressed), the later ones compressed; kept over a one-off, started
+             again after a release; the report counts them as exact in lowrank
 
 Exit status: 0 pass, 1 fail, 77 skipped (meson's convention).
 """
@@ -64,8 +68,7 @@ from testlib import SKIP, check, log  # noqa: E402
 def base_env(**extra):
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("LOWRANK_") and k not in ("LD_PRELOAD", "LD_LIBRARY_PATH")}
-    env.update(LOWRANK_START_ITER="2", LOWRANK_MIN_BYTES="65536", LOWRANK_TIMEOUT="30",
-               LOWRANK_DEBUG="INFO")
+    env.update(LOWRANK_MIN_BYTES="65536", LOWRANK_TIMEOUT="30", LOWRANK_DEBUG="INFO")
     for k, v in extra.items():
         if v is None:
             env.pop(k, None)
@@ -101,8 +104,12 @@ def launch(args, app, scenario, nranks, tmp, name, env, extra=(), timeout=120):
     return Run(outs, errs, rcs)
 
 
+# Where the schedule sends a call (nccl_app.c: "out ITER TAG KIND ...").
+NCCL, COMPRESSED, WARMUP = 0, 1, 2  # WARMUP: given to lowrank, done exactly (LOWRANK_START_ITER)
+
+
 def read_outputs(prefix):
-    """{(iter, tag): (compressed, bytes)}, [(iter, tag, unchanged)] and the hint results."""
+    """{(iter, tag): (kind, bytes)}, [(iter, tag, unchanged)] and the hint results."""
     outs, deferred, hint = {}, [], None
     try:
         data = open(prefix + ".bin", "rb").read()
@@ -151,35 +158,42 @@ def compare(a, b, keys=None):
 
 
 def check_against(shim, exact, direct, name, nranks):
-    """The core assertions: shim == direct everywhere; uncompressed == exact; compressed != exact."""
+    """The core assertions: shim == direct everywhere; uncompressed (NCCL's, lowrank's warm-up)
+    == exact; compressed != exact."""
     for r in range(nranks):
         s, e, d = shim.outs[r], exact.outs[r], direct.outs[r]
         sched = s["outs"]
-        comp = [k for k, v in sched.items() if v[0]]
-        plain = [k for k, v in sched.items() if not v[0]]
+        comp = [k for k, v in sched.items() if v[0] == COMPRESSED]
+        plain = [k for k, v in sched.items() if v[0] == NCCL]
+        warm = [k for k, v in sched.items() if v[0] == WARMUP]
         check(bool(comp) and bool(plain), f"{name} rank {r}: the schedule has {len(comp)} compressed "
-              f"and {len(plain)} exact calls")
+              f"calls, {len(warm)} exact in lowrank and {len(plain)} passed to NCCL")
         diff = compare(s, d)
         check(not diff, f"{name} rank {r}: every output equals lowrank called directly, bit for bit"
               + (f" (differ: {sorted(diff)[:6]})" if diff else ""))
         diff = compare(s, e, plain)
-        check(not diff, f"{name} rank {r}: the {len(plain)} uncompressed calls (ineligible, one-off, "
-              "warm-up) equal NCCL without the shim, bit for bit"
+        check(not diff, f"{name} rank {r}: the {len(plain)} calls passed to NCCL (ineligible, "
+              "one-off, detection) equal NCCL without the shim, bit for bit"
               + (f" (differ: {sorted(diff)[:6]})" if diff else ""))
+        if warm:
+            diff = compare(s, e, warm)
+            check(not diff, f"{name} rank {r}: the {len(warm)} calls lowrank did exactly (warm-up) "
+                  "equal NCCL without the shim, bit for bit"
+                  + (f" (differ: {sorted(diff)[:6]})" if diff else ""))
         same = [k for k in comp if k in e["outs"] and e["outs"][k][1] == sched[k][1]]
         check(not same, f"{name} rank {r}: the {len(comp)} compressed calls differ from the exact "
               "allreduce" + (f" (equal: {sorted(same)[:6]})" if same else ""))
     same_everywhere(shim, name)
 
 
-def check_reports(run, name, nranks, compressed, passed, when="destroyed", count=1):
+def check_reports(run, name, nranks, compressed, passed, when="destroyed", count=1, exact=None):
     for r in range(nranks):
         lines = [l for l in report_lines(run.errs[r]) if l[2] == when]
         check(len(lines) == count, f"{name} rank {r}: {count} report line(s) '{when}' "
               f"(found {len(lines)})")
         if not lines:
             continue
-        rank, n, _, comp, exact, through, saved = lines[-1]
+        rank, n, _, comp, exact_, through, saved = lines[-1]
         check(int(rank) == r and int(n) == nranks, f"{name} rank {r}: the report names comm rank "
               f"{rank} of {n}")
         if compressed is not None:
@@ -188,13 +202,17 @@ def check_reports(run, name, nranks, compressed, passed, when="destroyed", count
         if passed is not None:
             check(int(through) == passed, f"{name} rank {r}: {through} calls passed through "
                   f"(schedule: {passed})")
+        if exact is not None:
+            check(int(exact_) == exact, f"{name} rank {r}: {exact_} calls exact in lowrank "
+                  f"(schedule: {exact})")
         if compressed:
             check(int(saved) > 0, f"{name} rank {r}: {saved} bytes saved > 0")
 
 
 def schedule_counts(run):
-    sched = run.outs[0]["outs"]
-    return sum(1 for v in sched.values() if v[0]), sum(1 for v in sched.values() if not v[0])
+    """Calls compressed, exact in lowrank (warm-up) and passed to NCCL, as the schedule says."""
+    kinds = [v[0] for v in run.outs[0]["outs"].values()]
+    return kinds.count(COMPRESSED), kinds.count(WARMUP), kinds.count(NCCL)
 
 
 # ---- cases ---------------------------------------------------------------------------------------
@@ -293,10 +311,13 @@ def case_real_nccl(args, tmp):
     return 0
 
 
-def three_runs(args, tmp, scenario, nranks, extra=()):
-    exact = launch(args, args.app, scenario, nranks, tmp, "exact", base_env(), extra)
-    shim = launch(args, args.app, scenario, nranks, tmp, "shim", preload_env(args), extra)
-    direct = launch(args, args.app_direct, scenario, nranks, tmp, "direct", base_env(), extra)
+def three_runs(args, tmp, scenario, nranks, extra=(), **env):
+    exact = launch(args, args.app, scenario, nranks, tmp, scenario + "_exact", base_env(**env),
+                   extra)
+    shim = launch(args, args.app, scenario, nranks, tmp, scenario + "_shim",
+                  preload_env(args, **env), extra)
+    direct = launch(args, args.app_direct, scenario, nranks, tmp, scenario + "_direct",
+                    base_env(**env), extra)
     good = ok_run(exact, f"{scenario} without the shim") & ok_run(shim, f"{scenario} with the shim") \
         & ok_run(direct, f"{scenario} lowrank direct")
     return exact, shim, direct, good
@@ -307,8 +328,8 @@ def case_mixed(args, tmp, nranks=2):
     if not good:
         return 0
     check_against(shim, exact, direct, "mixed", nranks)
-    comp, plain = schedule_counts(shim)
-    check_reports(shim, "mixed", nranks, comp, plain)
+    comp, warm, plain = schedule_counts(shim)
+    check_reports(shim, "mixed", nranks, comp, plain, exact=warm)
     for r in range(nranks):
         check("NCCL shim" not in exact.errs[r], f"mixed rank {r}: no shim line without the preload")
     return 0
@@ -322,14 +343,14 @@ def case_groups(args, tmp):
     for r in range(2):
         sched = shim.outs[r]["outs"]
         d = shim.outs[r]["deferred"]
-        wrong = [(it, tag, u) for it, tag, u in d if u != sched[(it, tag)][0]]
-        check(d and not wrong, f"groups rank {r}: inside a group, exactly the compressed calls are "
-              f"deferred to the group's end ({len(d)} calls; wrong: {wrong[:4]})")
+        wrong = [(it, tag, u) for it, tag, u in d if u != (sched[(it, tag)][0] != NCCL)]
+        check(d and not wrong, f"groups rank {r}: inside a group, exactly the calls given to "
+              f"lowrank are deferred to the group's end ({len(d)} calls; wrong: {wrong[:4]})")
         ex = exact.outs[r]["deferred"]
         check(ex and not any(u for _, _, u in ex), f"groups rank {r}: without the shim nothing is "
               "deferred (the double runs calls at once: the check can tell)")
-    comp, plain = schedule_counts(shim)
-    check_reports(shim, "groups", 2, comp, plain)
+    comp, warm, plain = schedule_counts(shim)
+    check_reports(shim, "groups", 2, comp, plain, exact=warm)
     return 0
 
 
@@ -344,10 +365,10 @@ def case_change(args, tmp):
         diff = compare(shim.outs[r], kept.outs[r])
         check(diff and all(it >= 7 for it, _ in diff), f"change rank {r}: without the release the "
               f"results differ from iteration 7 on ({sorted(diff)[:4]}): the shim did release")
-        check("compressed from now on (2 buffers' state released)" in shim.errs[r],
+        check("given to lowrank from now on (2 buffers' state released)" in shim.errs[r],
               f"change rank {r}: the log says 2 buffers' state released")
-    comp, plain = schedule_counts(shim)
-    check_reports(shim, "change", 2, comp, plain)
+    comp, warm, plain = schedule_counts(shim)
+    check_reports(shim, "change", 2, comp, plain, exact=warm)
     return 0
 
 
@@ -360,7 +381,7 @@ def case_destroy(args, tmp):
         o = shim.outs[r]["outs"]
         first = {(it, tag): v for (it, tag), v in o.items() if it < 10}
         again = [k for k in first if (k[0] + 10, k[1]) not in o or o[(k[0] + 10, k[1])][1] != first[k][1]]
-        check(first and not again, f"destroy rank {r}: the new communicator starts afresh (warm-up, "
+        check(first and not again, f"destroy rank {r}: the new communicator starts afresh (detection, "
               f"new state): its {len(first)} outputs equal the first round's ({again[:4]})")
     check_reports(shim, "destroy", 2, 4, 4, when="finalized")
     check_reports(shim, "destroy", 2, 4, 4, when="aborted")
@@ -399,7 +420,7 @@ def case_layout(args, tmp):
         check(shim.outs[r]["hint"] == (0, 4), f"layout rank {r}: the hint returns lowrankSuccess, a "
               f"malformed one lowrankInvalidArgument ({shim.outs[r]['hint']})")
         s, e, b = shim.outs[r]["outs"], exact.outs[r]["outs"], batched.outs[r]["outs"]
-        comp = [k for k, v in s.items() if v[0] and k[1] == "L1"]
+        comp = [k for k, v in s.items() if v[0] == COMPRESSED and k[1] == "L1"]
         check(comp and all(s[k][1][bias] == e[k][1][bias] for k in comp),
               f"layout rank {r}: per-tensor mode: the bias of every compressed call is exact")
         check(any(b[k][1][bias] != e[k][1][bias] for k in comp),
@@ -423,13 +444,12 @@ def case_failalloc(args, tmp):
         check(not diff, f"failalloc rank {r}: every output equals NCCL without the shim, bit for bit "
               f"({sorted(diff)[:6]})")
     same_everywhere(shim, "failalloc")
-    comp, plain = schedule_counts(shim)
-    total = comp + plain
+    comp, warm, plain = schedule_counts(shim)
     for r in range(2):
         lines = [l for l in report_lines(shim.errs[r]) if l[2] == "destroyed"]
-        check(lines and int(lines[-1][3]) == 0 and int(lines[-1][4]) == comp and
-              int(lines[-1][5]) == total - comp,
-              f"failalloc rank {r}: 0 calls compressed, {comp} exact in lowrank, {total - comp} "
+        check(lines and int(lines[-1][3]) == 0 and int(lines[-1][4]) == comp + warm and
+              int(lines[-1][5]) == plain,
+              f"failalloc rank {r}: 0 calls compressed, {comp + warm} exact in lowrank, {plain} "
               f"passed through ({lines[-1][3:6] if lines else 'no report'})")
     check("another comm rank could not allocate" in shim.errs[0] or
           "could not allocate" in shim.errs[0], "comm rank 0 is told that another comm rank could "
@@ -493,12 +513,52 @@ def case_dropin(args, tmp):
         diff = compare(drop.outs[r], shim.outs[r])
         check(not diff and len(drop.outs[r]["outs"]) == len(shim.outs[r]["outs"]),
               f"dropin rank {r}: every output equals the preload run bit for bit ({sorted(diff)[:6]})")
-    comp, plain = schedule_counts(drop)
-    check_reports(drop, "dropin", 2, comp, plain)
+    comp, warm, plain = schedule_counts(drop)
+    check_reports(drop, "dropin", 2, comp, plain, exact=warm)
     unset = launch(args, args.app, "mixed", 1, tmp, "dropin_unset",
                    base_env(LD_LIBRARY_PATH=args.dropin_dir), timeout=30)
     check(unset.rcs[0] != 0 and "LOWRANK_NCCL_LIBRARY is not set" in unset.errs[0],
           "drop-in without LOWRANK_NCCL_LIBRARY: the program stops with a message naming it")
+    return 0
+
+
+def lowrank_kinds(sched, tag):
+    """The kinds of the calls of buffer `tag` that the schedule gives lowrank, by iteration."""
+    return [(it, v[0]) for (it, t), v in sorted(sched.items()) if t == tag and v[0] != NCCL]
+
+
+def case_warmup(args, tmp):
+    n = 2  # LOWRANK_START_ITER
+    # mixed: G1 G2 go to lowrank at iterations 2-4, then 7-8 after a one-off (--no-premul: G3's
+    # premulsum rounds otherwise than lowrank's avg, so its exact calls would not be bitwise equal).
+    # change: G1 G2, then G1 G4; G1 is released at iteration 7.
+    for scenario, extra in (("mixed", ["--no-premul"]), ("change", [])):
+        exact, shim, direct, good = three_runs(args, tmp, scenario, 2, extra, LOWRANK_START_ITER=n)
+        if not good:
+            continue
+        name = f"warmup {scenario}"
+        check_against(shim, exact, direct, name, 2)
+        comp, warm, plain = schedule_counts(shim)
+        check(comp > 0 and warm > 0, f"{name}: the schedule has {warm} warm-up calls in lowrank "
+              f"and {comp} compressed")
+        for r in range(2):
+            made = rf"comm rank {r}/2: approxRank \d+, minCompressionRate \S+, startIter {n},"
+            check(re.search(made, shim.errs[r]) is not None,
+                  f"{name} rank {r}: the shim's lowrank communicator has startIter {n}")
+        sched = shim.outs[0]["outs"]
+        if scenario == "mixed":
+            for tag in ("G1", "G2"):
+                k = lowrank_kinds(sched, tag)
+                want = [WARMUP] * n + [COMPRESSED] * (len(k) - n)
+                check(len(k) > n and [x for _, x in k] == want,
+                      f"{name} {tag}: its first {n} calls in lowrank are exact, the later ones "
+                      f"compressed, after the one-off too (state kept): {k}")
+        else:
+            k = lowrank_kinds(sched, "G1")
+            after = [x for it, x in k if it >= 7]
+            check(after[:n] == [WARMUP] * n and COMPRESSED in after,
+                  f"{name} G1: released at iteration 7, it warms up again in lowrank: {k}")
+        check_reports(shim, name, 2, comp, plain, exact=warm)
     return 0
 
 
@@ -523,7 +583,8 @@ def case_badenv(args, tmp):
 CASES = {"exports": case_exports, "real_nccl": case_real_nccl, "mixed": case_mixed,
          "mixed3": lambda a, t: case_mixed(a, t, 3), "groups": case_groups, "change": case_change,
          "destroy": case_destroy, "threshold": case_threshold, "layout": case_layout, "failalloc": case_failalloc,
-         "peerdeath": case_peerdeath, "enable0": case_enable0, "dropin": case_dropin, "badenv": case_badenv}
+         "peerdeath": case_peerdeath, "enable0": case_enable0, "dropin": case_dropin,
+         "badenv": case_badenv, "warmup": case_warmup}
 
 
 def main():

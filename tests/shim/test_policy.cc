@@ -1,5 +1,6 @@
 // The shim's policy alone (plugin/nccl_shim/policy.h): which calls are eligible, how premulsum ops
-// map to sum or avg, and the sequence detection that compresses only recurring calls.
+// map to sum or avg, and the sequence detection that gives lowrank only recurring calls ('C' below:
+// given to lowrank, which then applies its own per-buffer warm-up, LOWRANK_START_ITER).
 #include "nccl_shim/policy.h"
 
 #include <gtest/gtest.h>
@@ -23,7 +24,7 @@ CallKey key(int buf, size_t count = 1 << 20, int dtype = kFloat32, int op = kSum
   return CallKey{arena + buf, inPlace, count, dtype, op};
 }
 
-// Runs a sequence; returns one char per call: 'C' compressed, '.' not.
+// Runs a sequence; returns one char per call: 'C' given to lowrank, '.' to the real NCCL.
 std::string run(SequencePolicy& p, const std::vector<CallKey>& calls,
                 std::vector<SequencePolicy::Decision>* out = nullptr) {
   std::string s;
@@ -106,42 +107,46 @@ TEST(ShimOps, BuiltinAndPreMulSum) {
   EXPECT_FALSE(mapOp(5, &p, 1));
 }
 
-TEST(ShimSequence, CompressesAfterStartIterRepetitions) {
-  for (int startIter : {1, 2, 3}) {
-    SequencePolicy p(startIter);
+TEST(ShimSequence, GivesLowrankTheCycleAfterItRepeatedTwice) {
+  static_assert(SequencePolicy::kRepeats == 2, "docs/nccl_shim.md: seen twice in a row");
+  for (int len : {1, 3, 5}) {
+    SequencePolicy p;
+    std::vector<CallKey> cycle;
+    for (int i = 0; i < len; ++i) cycle.push_back(key(i));
     std::vector<SequencePolicy::Decision> d;
-    const std::string s = run(p, repeat({key(0), key(1), key(2)}, 6), &d);
-    // The cycle is seen complete startIter times, then every call of it is compressed.
-    const std::string want = std::string(3 * startIter, '.') + std::string(18 - 3 * startIter, 'C');
-    EXPECT_EQ(s, want) << "startIter " << startIter;
-    EXPECT_TRUE(d[size_t(3 * startIter)].started);
+    const std::string s = run(p, repeat(cycle, 6), &d);
+    // The cycle is seen complete twice (through NCCL), then every call of it goes to lowrank.
+    const std::string want = std::string(size_t(2 * len), '.') + std::string(size_t(4 * len), 'C');
+    EXPECT_EQ(s, want) << "cycle of " << len;
+    EXPECT_TRUE(d[size_t(2 * len)].started);
     EXPECT_EQ(std::count_if(d.begin(), d.end(), [](auto& x) { return x.started; }), 1);
-    EXPECT_EQ(p.cycleLength(), 3u);
+    EXPECT_EQ(p.cycleLength(), size_t(len));
     EXPECT_TRUE(p.compressing());
   }
 }
 
-TEST(ShimSequence, SingleBufferCycle) {
-  SequencePolicy p(2);
-  EXPECT_EQ(run(p, repeat({key(0)}, 5)), "..CCC");
-}
-
-TEST(ShimSequence, StartIterZeroCompressesEverything) {
-  SequencePolicy p(0);
-  EXPECT_EQ(run(p, {key(0), key(1), key(7)}), "CCC");
+TEST(ShimSequence, AFirstRecurrenceIsNotEnough) {
+  // a comes back (a candidate [a b c]), but the repetition breaks at e: nothing goes to lowrank.
+  SequencePolicy p;
+  const CallKey a = key(0), b = key(1), c = key(2), e = key(3);
+  std::vector<SequencePolicy::Decision> d;
+  EXPECT_EQ(run(p, {a, b, c, a, b, e}, &d), "......");
+  EXPECT_TRUE(d[5].changed);
+  EXPECT_FALSE(p.compressing());
+  EXPECT_EQ(p.statefulBuffers(), 0u);
 }
 
 TEST(ShimSequence, DdpFirstIterationDiffers) {
   // DDP: buckets are rebuilt after the first iteration (other counts); the rebuilt ones repeat.
-  SequencePolicy p(2);
+  SequencePolicy p;
   std::vector<CallKey> calls = {key(0, 100), key(1, 200), key(2, 300)};  // iteration 0
   auto rest = repeat({key(3, 250), key(4, 350)}, 4);
   calls.insert(calls.end(), rest.begin(), rest.end());
   EXPECT_EQ(run(p, calls), "..." "...." "CCCC");
 }
 
-TEST(ShimSequence, OneOffStaysExactAndWarmsUpAgainKeepingState) {
-  SequencePolicy p(2);
+TEST(ShimSequence, OneOffStaysExactAndIsDetectedAgainKeepingState) {
+  SequencePolicy p;
   const CallKey a = key(0), b = key(1), x = key(9);
   EXPECT_EQ(run(p, repeat({a, b}, 4)), "....CCCC");
   EXPECT_EQ(p.statefulBuffers(), 2u);
@@ -149,7 +154,7 @@ TEST(ShimSequence, OneOffStaysExactAndWarmsUpAgainKeepingState) {
   std::vector<CallKey> calls = {x};
   auto after = repeat({a, b}, 5);
   calls.insert(calls.end(), after.begin(), after.end());
-  // The one-off passes through; the cycle is exact again until it has repeated twice.
+  // The one-off passes through; the cycle goes to NCCL again until it has repeated twice.
   const std::string s = run(p, calls, &d);
   EXPECT_EQ(s[0], '.');
   EXPECT_TRUE(d[0].changed);
@@ -160,7 +165,7 @@ TEST(ShimSequence, OneOffStaysExactAndWarmsUpAgainKeepingState) {
 }
 
 TEST(ShimSequence, ChangedSequenceReleasesWhatItTouches) {
-  SequencePolicy p(2);
+  SequencePolicy p;
   const CallKey a = key(0), b = key(1), c = key(2), e = key(3);
   EXPECT_EQ(run(p, repeat({a, b, c, e}, 3)), "........CCCC");
   // b is dropped from the cycle and a new buffer x comes in after a: a's and c's neighbours
@@ -182,9 +187,9 @@ TEST(ShimSequence, ChangedSequenceReleasesWhatItTouches) {
 }
 
 TEST(ShimSequence, ReorderedBuffersAreReleased) {
-  SequencePolicy p(1);
+  SequencePolicy p;
   const CallKey a = key(0), b = key(1), c = key(2);
-  EXPECT_EQ(run(p, repeat({a, b, c}, 2)), "...CCC");
+  EXPECT_EQ(run(p, repeat({a, b, c}, 3)), "......CCC");
   std::vector<SequencePolicy::Decision> d;
   run(p, repeat({a, c, b}, 3), &d);  // the same buffers in another order: other buckets
   std::vector<const void*> released;
@@ -193,7 +198,7 @@ TEST(ShimSequence, ReorderedBuffersAreReleased) {
 }
 
 TEST(ShimSequence, RotationKeepsState) {
-  SequencePolicy p(2);
+  SequencePolicy p;
   const CallKey a = key(0), b = key(1), c = key(2), x = key(8);
   EXPECT_EQ(run(p, repeat({a, b, c}, 3)), "......CCC");
   ASSERT_EQ(p.statefulBuffers(), 3u);
@@ -209,8 +214,8 @@ TEST(ShimSequence, RotationKeepsState) {
 }
 
 TEST(ShimSequence, AddressReusedUnderAnotherKeyIsReleased) {
-  SequencePolicy p(1);
-  EXPECT_EQ(run(p, repeat({key(0, 100), key(1, 100)}, 2)), "..CC");
+  SequencePolicy p;
+  EXPECT_EQ(run(p, repeat({key(0, 100), key(1, 100)}, 3)), "....CC");
   std::vector<SequencePolicy::Decision> d;
   run(p, {key(0, 64)}, &d);  // buffer 0 now holds another tensor
   EXPECT_TRUE(contains(d[0].release, 0));
@@ -224,25 +229,25 @@ TEST(ShimSequence, AddressReusedUnderAnotherKeyIsReleased) {
 }
 
 TEST(ShimSequence, BufferTwiceInACycleIsNotCompressed) {
-  SequencePolicy p(1);
+  SequencePolicy p;
   const CallKey a = key(0), b = key(1), c = key(2);
-  const std::string s = run(p, repeat({a, b, a, c}, 4));
+  const std::string s = run(p, repeat({a, b, a, c}, 5));
   // The cycle is found at some rotation; once it is, a stays exact and b, c are compressed.
   const std::string tail = s.substr(s.size() - 4);
   EXPECT_EQ(tail, ".C.C");
 }
 
 TEST(ShimSequence, CycleLongerThanTheLimitIsNeverCompressed) {
-  SequencePolicy p(1, /*maxCycle=*/8);
+  SequencePolicy p(/*maxCycle=*/8);
   std::vector<CallKey> ten;
   for (int i = 0; i < 10; ++i) ten.push_back(key(i));
   EXPECT_EQ(run(p, repeat(ten, 5)), std::string(50, '.'));
   // A short cycle after many calls (history trimmed several times) is still found.
-  EXPECT_EQ(run(p, repeat({key(20), key(21)}, 3)), "..CCCC");
+  EXPECT_EQ(run(p, repeat({key(20), key(21)}, 3)), "....CC");
 }
 
 TEST(ShimSequence, LongRunStaysCompressed) {
-  SequencePolicy p(2, 16);
+  SequencePolicy p(16);
   std::vector<CallKey> cyc;
   for (int i = 0; i < 5; ++i) cyc.push_back(key(i, size_t(1000 + i)));
   const std::string s = run(p, repeat(cyc, 200));
