@@ -1,4 +1,5 @@
-// Fuzz target: the bytes lowrankBufferRestoreState reads (plugin/engine/checkpoint.cc: decode, and
+// Fuzz target: the bytes lowrankBufferRestoreState reads (plugin/engine/checkpoint.cc: decode of
+// format 1 and of format 2 (tensors with ids, fuzzTensors below), and
 // the checks of a decoded state, checkRestore and checkPlan). Every input is decoded as it is; then
 //  - an input that starts with the magic "LRSTATE\0" (the seed corpus: bytes the library saved,
 //    tests/fuzz/corpus/restore/README) and decodes is also mutated in fixed ways: every header and
@@ -333,11 +334,79 @@ void mutateChosen(fuzz::Input& in, std::vector<uint8_t> b) {
   decodeChecked(b);
 }
 
+// Format 2 (tensors with ids): the same invariants. On Ok the bytes re-encode to themselves, the
+// communicator they name accepts them, and every tensor's agreement id is not 0.
+bool decodeTensorsChecked(const std::vector<uint8_t>& b) {
+  std::vector<uint8_t> exact(b);  // exactly b.size() bytes: ASan finds a read one past them
+  SavedTensors out;
+  out.seed = 12345;
+  const Status st = decode(exact.data(), exact.size(), &out);
+  if (!st.ok()) {
+    CHECK_MSG(st.code == lowrankInvalidArgument, st.msg);
+    CHECK(!st.msg.empty());
+    CHECK(out.seed == 12345 && out.tensors.empty());  // untouched on error
+    return false;
+  }
+  CHECK(encodedSize(out) == exact.size());
+  std::vector<uint8_t> again(encodedSize(out));
+  encode(out, again.data());
+  CHECK(again == exact);
+  EngineConfig cfg;
+  cfg.seed = uint64_t(out.seed);
+  cfg.errorFeedback = out.errorFeedback;
+  CHECK(checkRestore(out, cfg, out.rank, out.nranks).ok());
+  CHECK(checkRestore(out, cfg, out.rank, out.nranks + 1).code == lowrankInvalidUsage);
+  for (const SavedTensor& t : out.tensors) CHECK(agreementId(t) != 0);
+  return true;
+}
+
+// A valid format-2 state from choices, encoded, decoded back, then mutated as the input says.
+void fuzzTensors(fuzz::Input& in) {
+  SavedTensors s;
+  s.seed = int64_t(in.u64() >> 1);
+  s.nranks = int32_t(in.range(1, 1024));
+  s.rank = int32_t(in.range(0, uint64_t(s.nranks) - 1));
+  s.errorFeedback = in.flag();
+  const size_t nt = size_t(in.range(0, 4));
+  for (size_t i = 0; i < nt; ++i) {
+    SavedTensor t;
+    t.id = in.flag() ? uint64_t(i) : in.u64() ^ (uint64_t(i) << 56);  // distinct either way
+    t.shape.resize(size_t(in.range(1, 3)));
+    size_t numel = 1;
+    for (size_t& d : t.shape) numel *= (d = size_t(in.range(1, 12)));
+    t.k = int32_t(in.range(0, 4));
+    t.calls = (in.u64() >> 2) >> in.range(0, 61);
+    t.haveQ = t.k > 0 && t.shape.size() >= 2 && in.flag();
+    if (s.errorFeedback) t.residual.assign(numel, float(in.range(0, 100)));
+    if (t.haveQ) t.qt.assign(size_t(t.k) * (numel / t.shape[0]), float(in.range(0, 100)));
+    s.tensors.push_back(std::move(t));
+  }
+  std::vector<uint8_t> b(encodedSize(s));
+  encode(s, b.data());
+  CHECK(decodeTensorsChecked(b));
+  const int n = int(in.range(0, 3));
+  for (int i = 0; i < n && !b.empty(); ++i) {
+    switch (in.range(0, 2)) {
+      case 0:
+        b[size_t(in.range(0, b.size() - 1))] ^= uint8_t(1u << in.range(0, 7));
+        break;
+      case 1:
+        b.resize(size_t(in.range(0, b.size() - 1)));
+        break;
+      default:
+        put(b, size_t(in.range(0, b.size() - 1)), in.flag() ? 8 : 4, in.u64());
+    }
+    if (in.flag()) fixCrc(b);
+  }
+  decodeTensorsChecked(b);
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   SavedState s;
   const bool ok = decodeChecked(data, size, &s);
+  decodeTensorsChecked(std::vector<uint8_t>(data, data + size));
   if (size >= sizeof kMagic && std::memcmp(data, kMagic, sizeof kMagic) == 0) {
     if (ok) mutateAll(std::vector<uint8_t>(data, data + size), s);
     return 0;
@@ -351,5 +420,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   CHECK(same(d, s));
   if (in.flag()) mutateAll(b, s);
   mutateChosen(in, std::move(b));
+  if (!in.empty()) fuzzTensors(in);
   return 0;
 }
