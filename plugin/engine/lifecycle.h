@@ -1,4 +1,4 @@
-// The life of a buffer, written once for host and device buffers (docs/design.md, "A buffer's
+// The life of a buffer, written once for host and device buffers (docs/design.md, "A tensor's
 // life"): whether a call is compressed, the reset on a change of count or dtype, the plan and its
 // agreement between comm ranks, warm-up and exact-only buffers, the seed of the first Q, and the
 // counters. Where the state lives and how a call runs is a backend's: the host engine
