@@ -117,6 +117,44 @@ def test_bad_arguments_raise_and_comm_goes_on():
     assert st["calls"] == 1 and st["buffers"] == 1
 
 
+def test_set_tensors_bad_arguments():
+    """set_tensors refuses malformed tensors with InvalidArgumentError naming the entry, before
+    anything reaches the library; tensor_array's result is taken as it is."""
+    bad = {
+        "not_iterable": 5,
+        "empty": [],
+        "not_pair": [(1,)],
+        "too_long": [(1, (4, 4), 2, 9)],
+        "float_id": [(1.5, (4, 4))],
+        "negative_id": [(-1, (4, 4))],
+        "huge_id": [(2**64, (4, 4))],
+        "twice": [(3, (4, 4)), (3, (2,))],
+        "no_dims": [(1, ())],
+        "nine_dims": [(1, (1,) * 9)],
+        "zero_size": [(1, (4, 0))],
+        "float_size": [(1, (4, 2.5))],
+        "shape_int": [(1, 16)],
+        "rank_low": [(1, (4, 4), -2)],
+        "rank_high": [(1, (4, 4), 65537)],
+    }
+    seen = {}
+    for name, tensors in bad.items():
+        with pytest.raises(lowrank.InvalidArgumentError) as e:
+            lowrank.tensor_array(tensors)
+        assert e.value.code == 4 and e.value.function == "lowrankBufferSetTensors"
+        seen[name] = str(e.value)
+    assert "tensors[1]" in seen["twice"] and "given twice" in seen["twice"]
+    assert "1 to 8" in seen["nine_dims"] and "2^64" in seen["huge_id"]
+    assert "65536" in seen["rank_high"] and "no tensors" in seen["empty"]
+    ok = lowrank.tensor_array([(0, torch.Size([4, 4])), (2**64 - 1, (3,), 0), (7, (2, 3, 4), None),
+                               (8, [5, 5], 65536)])
+    assert len(ok) == 4
+    a = ok.array
+    assert (a[1].id, a[1].ndims, a[1].approxRank) == (2**64 - 1, 1, 0)
+    assert (a[2].ndims, list(a[2].shape[:3]), a[2].approxRank) == (3, [2, 3, 4], -1)
+    assert a[3].approxRank == 65536
+
+
 def test_save_and_restore_state():
     """save_state -> bytes, restore_state into another buffer (a tensor, or an address as an int):
     the next calls equal those of the buffer that saved, bit for bit on every comm rank. Errors:
