@@ -409,19 +409,19 @@ def tensor_array(tensors):
             rank = rest[0] if rest else None
             rank = _capi.RANK_DEFAULT if rank is None else operator.index(rank)
         except (TypeError, ValueError):
-            raise InvalidArgumentError(4, f"tensors[{n}] is {entry!r}, not (id, shape) or (id, shape, "
-                                          "approx_rank) with ints", fn) from None
+            raise InvalidArgumentError(4, f"tensors[{n}] is {entry!r}, not (id, shape) or "
+                                          "(id, shape, approx_rank) with ints", fn) from None
         if not 0 <= tid < 2**64:
             raise InvalidArgumentError(4, f"tensors[{n}]: id {tid} is not in [0, 2^64 - 1]", fn)
         if tid in seen:
             raise InvalidArgumentError(4, f"tensors[{n}]: id {tid} given twice", fn)
         seen.add(tid)
         if not 1 <= len(shape) <= _capi.MAX_DIMS or any(d < 1 or d >= 2**64 for d in shape):
-            raise InvalidArgumentError(4, f"tensors[{n}] (id {tid}): shape {tuple(shape)} must have 1 "
-                                          f"to {_capi.MAX_DIMS} sizes, each >= 1", fn)
+            raise InvalidArgumentError(4, f"tensors[{n}] (id {tid}): shape {tuple(shape)} must "
+                                          f"have 1 to {_capi.MAX_DIMS} sizes, each >= 1", fn)
         if rank != _capi.RANK_DEFAULT and not 0 <= rank <= _capi.MAX_TENSOR_RANK:
-            raise InvalidArgumentError(4, f"tensors[{n}] (id {tid}): approx_rank {rank} is not None, "
-                                          f"-1, 0 or in [1, {_capi.MAX_TENSOR_RANK}]", fn)
+            raise InvalidArgumentError(4, f"tensors[{n}] (id {tid}): approx_rank {rank} is not "
+                                          f"None, -1, 0 or in [1, {_capi.MAX_TENSOR_RANK}]", fn)
         t = array[n]
         t.id, t.ndims, t.approxRank = tid, len(shape), rank
         for d, size in enumerate(shape):
