@@ -15,6 +15,7 @@ import contextlib
 import functools
 import logging
 import math
+import zlib
 
 import torch
 import torch.distributed as dist
@@ -497,9 +498,26 @@ def _check_state_dict(sd):
             raise ValueError(f"PowerSGDState.load_state_dict: buckets[{n}] is not a saved bucket "
                              "(params, shapes, state bytes; each id once)")
         ids |= set(params)
-        entries.append(_Saved(params, shapes, None if state is None else bytes(state), device,
-                              array))
+        if state is not None:
+            state = bytes(state)
+            if sd["version"] == 1:
+                state = _v1_calls_with_warmup(state, sd["config"]["start_powerSGD_iter"])
+        entries.append(_Saved(params, shapes, state, device, array))
     return entries
+
+
+def _v1_calls_with_warmup(data, start):
+    """Version 1's bytes (format 1) count the calls since compression started: that hook did its
+    warm-up over the process group. lowrank's per-id warm-up counts every call: the saved count
+    plus the warm-up's `start` steps (the u64 at byte 48, little-endian), under a new CRC-32
+    (zlib's, the last 4 bytes). Bytes that are not whole format-1 ones are left to lowrank's
+    restore to refuse."""
+    if (len(data) < 60 or data[:8] != b"LRSTATE\0" or data[8:12] != (1).to_bytes(4, "little")
+            or zlib.crc32(data[:-4]) != int.from_bytes(data[-4:], "little") or not start):
+        return data
+    calls = int.from_bytes(data[48:56], "little") + int(start)
+    body = data[:48] + calls.to_bytes(8, "little") + data[56:-4]
+    return body + zlib.crc32(body).to_bytes(4, "little")
 
 
 def _same(a, b):
