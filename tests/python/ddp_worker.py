@@ -95,7 +95,10 @@ def match(k, start, unused, cuda=0, steps=8):
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     gen = torch.Generator().manual_seed(100 + RANK)
     ref_bufs, mismatches, compared, ptr_history, bucket_counts = {}, [], 0, [], []
+    before = {}  # lowrank's counters when compression starts (the warm-up's exact calls)
     for step in range(steps):
+        if step == start:
+            before = state.stats()
         inputs.clear(), outputs.clear()
         x = torch.randn(16, 1, 8, 8, generator=gen).to(dev)
         y = torch.randint(0, 10, (16,), generator=gen).to(dev)
@@ -131,6 +134,8 @@ def match(k, start, unused, cuda=0, steps=8):
             ref.release(ref_bufs.pop(key))
     dist.all_reduce = group_allreduce
     st = state.stats()
+    since = {k: st[k] - before.get(k, 0) for k in ("compressedElements", "exactElements",
+                                                   "payloadElements")}
     live = sorted(inputs)
     views = {i: state.view(i) for i in live}
     want_compressed = [i for i in live if any(compressible(s, k) for s in params[i])]
@@ -138,7 +143,8 @@ def match(k, start, unused, cuda=0, steps=8):
            rebuilt=ptr_history[0] != ptr_history[-1], live=live, want_compressed=want_compressed,
            compressed=[i for i in live if views[i] and views[i]["ncompressed"] > 0],
            calls={i: views[i]["calls"] for i in live if views[i]}, buffers=st["buffers"],
-           compressed_calls=st["compressedCalls"], ratio=st["ratio"], calls_total=st["calls"],
+           compressed_calls=st["compressedCalls"], calls_total=st["calls"],
+           ratio=(since["compressedElements"] + since["exactElements"]) / since["payloadElements"],
            group_allreduces=len(group_calls), warmup_diff=warmup_diff,
            config_start_iter=state.communicator(dev.type).config()["start_iter"],
            exact_live=[i for i in live if i not in want_compressed])

@@ -84,11 +84,11 @@ def test_resume_equals_uninterrupted(runs, how):
                    for r in res)
 
 
-@pytest.mark.parametrize("cap", ["25", "0.005"])
-def test_restart_into_another_bucket_cap(runs, cap):
+@pytest.mark.parametrize("cap,rebuilt", [("25", [2, 8]), ("0.005", [2, 4, 2, 2])])
+def test_restart_into_another_bucket_cap(runs, cap, rebuilt):
     """B's checkpoint (bucket_cap_mb 0.02: buckets of 2, 6, 2 parameters) resumed with another
-    bucket_cap_mb (25: DDP rebuilds into 2 and 8; 0.005: into 2, 2, 2, 2, 2 ... as DDP makes
-    them): every parameter's state, per id, finds it. Parameters after 5 + 5 steps equal A's bit
+    bucket_cap_mb (DDP's first step still one bucket of all 10, then rebuilt into `rebuilt`):
+    every parameter's state, per id, finds it. Parameters after 5 + 5 steps equal A's bit
     for bit, and every tensor's residual, warm-start Q and call count at the end equal A's (the
     saved format-2 bytes in id order)."""
     d, _, _ = runs
@@ -96,7 +96,8 @@ def test_restart_into_another_bucket_cap(runs, cap):
     res = results(ckpt("resume", d, CUT, STEPS, "state_dict",
                        env={"CKPT_CAP": cap, "CKPT_TAG": tag}))
     for r in range(WORLD):
-        assert res[r]["buckets"][str(STEPS - 1)] != [2, 6, 2], res[r]["buckets"]
+        assert res[r]["buckets"][str(CUT)] == [10], res[r]["buckets"]
+        assert res[r]["buckets"][str(STEPS - 1)] == rebuilt, res[r]["buckets"]
         assert not [m for m in res[r]["log"] if "not used" in m], res[r]["log"]
         assert _same(_params(d, f"resume_state_dict{tag}", r), _params(d, "full", r)), \
             f"rank {r}: parameters differ"
@@ -134,17 +135,19 @@ def test_resume_without_hook_state_differs(runs):
 
 @pytest.mark.parametrize("when", ["restart", "live"])
 def test_restore_on_one_rank_fails_on_every_rank(runs, when):
-    """Rank 0 restores the buckets, rank 1 only the counters: every rank's backward raises
-    lowrankInvalidUsage within seconds (no hang, no silent divergence). restart: at the first step
-    after loading, where rank 0 reduces its one bucket as the checkpoint's three and rank 1 whole
-    (the ranks' plans disagree); live: two steps later, DDP's rebuilt buckets re-planned on every
-    rank (lowrank's check that every rank restored the same state)."""
+    """Rank 0 restores the tensors' states, rank 1 only the counters: every rank's backward
+    raises lowrankInvalidUsage within seconds (no hang, no silent divergence). restart: at the
+    first step after loading (DDP's one bucket on both ranks); live: two steps later, after DDP's
+    rebuild, each rank reloading its own state. Rank 1's tensors are fresh, in their warm-up
+    (exact), rank 0's restored past it (compressed): lowrank's plan check across ranks fails
+    ("disagree on (count, dtype, op, layout, k)"; with both past the warm-up, its check of the
+    restored states: "disagree on its restored state")."""
     d, _, _ = runs
     for r in results(ckpt("one_rank", d, CUT, when)):
         assert r["raised"], r
         assert "lowrankInvalidUsage" in r["message"], r
-        assert ("disagree on (count" if when == "restart" else "disagree on its restored state") \
-            in r["message"], r
+        assert "disagree on (count" in r["message"] or \
+            "disagree on its restored state" in r["message"], r
         assert r["after"] < 20, r
 
 

@@ -30,7 +30,7 @@ def test_hook_equals_direct_allreduce(world, k, start, unused):
             (STEPS - start) * len(r["exact_live"])
         # lowrank holds state for exactly the live buckets (none left at rebuilt-away buffers)
         assert r["buffers"] == len(r["live"])
-        assert r["ratio"] > 10
+        assert r["ratio"] > 10  # from the first compressed step on (the warm-up is exact)
         if not unused:
             assert r["rebuilt"], "DDP rebuilt no bucket: the reset on rebuild went untested"
     assert all(r["live"] == res[0]["live"] for r in res)
