@@ -167,12 +167,11 @@ def test_resume_saved_when_compression_starts(tmp_path):
         assert not [m for m in res[r]["log"] if "not used" in m], res[r]["log"]
 
 
-def test_malformed_state_dict_raises_value_error_and_changes_nothing():
-    """In one process: a state_dict whose counters or bucket list are malformed is a ValueError
-    naming the field, and the state keeps what an earlier load_state_dict gave it."""
+@pytest.fixture
+def world_of_one():
+    """torch.distributed in this process, a world of 1 (gloo)."""
     import torch.distributed as dist
     from conftest import free_port
-    from lowrank.torch import PowerSGDState
     for attempt in range(3):  # a free port can be taken by another program before the bind
         try:
             dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,
@@ -181,10 +180,55 @@ def test_malformed_state_dict_raises_value_error_and_changes_nothing():
         except RuntimeError as e:
             if "Address already in use" not in str(e) or attempt == 2:
                 raise
-    try:
-        _malformed_loads(PowerSGDState)
-    finally:
-        dist.destroy_process_group()
+    yield
+    dist.destroy_process_group()
+
+
+def test_malformed_state_dict_raises_value_error_and_changes_nothing(world_of_one):
+    """In one process: a state_dict whose counters or bucket list are malformed is a ValueError
+    naming the field, and the state keeps what an earlier load_state_dict gave it."""
+    from lowrank.torch import PowerSGDState
+    _malformed_loads(PowerSGDState)
+
+
+def test_load_into_other_parameters(world_of_one, caplog):
+    """In one process: a saved id that no bucket takes in the first step is named in a WARNING
+    and dropped (lowrank then holds the live bucket only); a saved id whose shape is not that of
+    the parameter numbered so is refused: ValueError from load_state_dict where the state
+    already numbered it, LowrankError at the hook's call where it numbers it after the load."""
+    import logging
+    import lowrank
+    from buckets import SyntheticBucket
+    from lowrank.torch import PowerSGDState, powerSGD_hook
+    kw = dict(matrix_approximation_rank=2, start_powerSGD_iter=0, random_seed=3)
+    a = PowerSGDState(None, **kw)
+    powerSGD_hook(a, SyntheticBucket(0, torch.randn(64 * 32 + 32), [(64, 32), (32,)])).wait()
+    sd = a.state_dict()
+    a.close()
+    assert [b["params"] for b in sd["buckets"]] == [(0, 1)]
+
+    fewer = PowerSGDState(None, **kw)  # a model of the first parameter only
+    fewer.load_state_dict(sd)
+    with caplog.at_level(logging.WARNING, logger="lowrank.torch"):
+        powerSGD_hook(fewer, SyntheticBucket(0, torch.randn(64 * 32), [(64, 32)])).wait()
+    assert any("saved states of 1 tensors were not used" in m and "Unused ids: 1" in m
+               for m in caplog.messages), caplog.messages
+    assert fewer.stats()["buffers"] == 1  # the load's scratch buffer went after the step
+    assert [b["params"] for b in fewer.state_dict()["buckets"]] == [(0,)]
+    fewer.close()
+
+    other = PowerSGDState(None, **kw)  # id 0 is a (32, 64) parameter here
+    other.load_state_dict(sd)
+    with pytest.raises(lowrank.LowrankError, match=r"numbered otherwise .*id 0: this model's "
+                                                   r"parameter \(32, 64\), saved \(64, 32\)"):
+        powerSGD_hook(other, SyntheticBucket(0, torch.randn(64 * 32), [(32, 64)]))
+    other.close()
+    seen = PowerSGDState(None, **kw)
+    powerSGD_hook(seen, SyntheticBucket(0, torch.randn(64 * 32), [(32, 64)])).wait()
+    with pytest.raises(ValueError, match="numbered otherwise"):
+        seen.load_state_dict(sd)
+    assert seen.state_dict()["buckets"][0]["shapes"] == ((32, 64),)  # unchanged
+    seen.close()
 
 
 def _malformed_loads(PowerSGDState):
