@@ -1,42 +1,86 @@
 // Per-buffer state (layout, view, reset, release) and statistics: argument checks, then the
 // engine (engine/engine.h).
+#include <unordered_set>
+
 #include "api/errors.h"
 #include "api/export.h"
 
 using lowrank::api::fail;
 
+namespace {
+
+// The checks of one tensor's shape, shared by SetLayout and SetTensors: ndims in [1, 8], sizes > 0,
+// and a total that does not overflow size_t (the plan trusts the layout's sums). Appends the shape.
+lowrankResult_t addShape(lowrankComm_t comm, const char* fn, int t, int ndims, const size_t* dims,
+                         size_t* total, lowrank::Layout* layout) {
+  if (ndims < 1 || ndims > LOWRANK_MAX_DIMS)
+    return fail(comm, lowrankInvalidArgument, "%s: tensor %d has %d dimensions (1..8 allowed)", fn,
+                t, ndims);
+  if (!dims) return fail(comm, lowrankInvalidArgument, "%s: shapes[%d] is NULL", fn, t);
+  lowrank::Shape shape;
+  size_t numel = 1;
+  for (int d = 0; d < ndims; ++d) {
+    if (dims[d] == 0)
+      return fail(comm, lowrankInvalidArgument, "%s: tensor %d has size 0 in dimension %d", fn, t, d);
+    if (__builtin_mul_overflow(numel, dims[d], &numel))
+      return fail(comm, lowrankInvalidArgument, "%s: the elements of tensor %d overflow size_t", fn, t);
+    shape.push_back(dims[d]);
+  }
+  if (__builtin_add_overflow(*total, numel, total))
+    return fail(comm, lowrankInvalidArgument, "%s: the elements of tensor %d overflow size_t", fn, t);
+  layout->push_back(std::move(shape));
+  return lowrankSuccess;
+}
+
+}  // namespace
+
 LOWRANK_API lowrankResult_t lowrankBufferSetLayout(lowrankComm_t comm, const void* recvbuff,
                                                    int ntensors, const int* ndims,
                                                    const size_t* const* shapes) {
-  if (!comm) return fail(nullptr, lowrankInvalidArgument, "lowrankBufferSetLayout: comm is NULL");
+  static const char* fn = "lowrankBufferSetLayout";
+  if (!comm) return fail(nullptr, lowrankInvalidArgument, "%s: comm is NULL", fn);
   return lowrank::api::guarded(comm, [&]() -> lowrankResult_t {
     std::lock_guard<std::mutex> lock(comm->callMu);
     if (!recvbuff || !ndims || !shapes)
-      return fail(comm, lowrankInvalidArgument, "lowrankBufferSetLayout: %s is NULL",
+      return fail(comm, lowrankInvalidArgument, "%s: %s is NULL", fn,
                   !recvbuff ? "recvbuff" : !ndims ? "ndims" : "shapes");
-    if (ntensors <= 0)
-      return fail(comm, lowrankInvalidArgument, "lowrankBufferSetLayout: ntensors %d <= 0", ntensors);
-    lowrank::Layout layout(ntensors);
-    size_t total = 0;  // checked for overflow, so that the plan can trust the layout's sums
-    for (int t = 0; t < ntensors; ++t) {
-      if (ndims[t] < 1 || ndims[t] > 8)
-        return fail(comm, lowrankInvalidArgument,
-                    "lowrankBufferSetLayout: tensor %d has %d dimensions (1..8 allowed)", t, ndims[t]);
-      if (!shapes[t])
-        return fail(comm, lowrankInvalidArgument, "lowrankBufferSetLayout: shapes[%d] is NULL", t);
-      size_t numel = 1;
-      for (int d = 0; d < ndims[t]; ++d) {
-        if (shapes[t][d] == 0)
-          return fail(comm, lowrankInvalidArgument,
-                      "lowrankBufferSetLayout: tensor %d has size 0 in dimension %d", t, d);
-        if (__builtin_mul_overflow(numel, shapes[t][d], &numel) ||
-            __builtin_add_overflow(total, numel, &total))
-          return fail(comm, lowrankInvalidArgument,
-                      "lowrankBufferSetLayout: the elements of tensor %d overflow size_t", t);
-        layout[t].push_back(shapes[t][d]);
-      }
-    }
+    if (ntensors <= 0) return fail(comm, lowrankInvalidArgument, "%s: ntensors %d <= 0", fn, ntensors);
+    lowrank::Layout layout;
+    size_t total = 0;
+    for (int t = 0; t < ntensors; ++t)
+      if (lowrankResult_t r = addShape(comm, fn, t, ndims[t], shapes[t], &total, &layout)) return r;
     comm->engine->setLayout(recvbuff, std::move(layout));
+    return lowrankSuccess;
+  });
+}
+
+LOWRANK_API lowrankResult_t lowrankBufferSetTensors(lowrankComm_t comm, const void* recvbuff,
+                                                    int ntensors, const lowrankTensor_t* tensors) {
+  static const char* fn = "lowrankBufferSetTensors";
+  if (!comm) return fail(nullptr, lowrankInvalidArgument, "%s: comm is NULL", fn);
+  return lowrank::api::guarded(comm, [&]() -> lowrankResult_t {
+    std::lock_guard<std::mutex> lock(comm->callMu);
+    if (!recvbuff || !tensors)
+      return fail(comm, lowrankInvalidArgument, "%s: %s is NULL", fn, !recvbuff ? "recvbuff" : "tensors");
+    if (ntensors <= 0) return fail(comm, lowrankInvalidArgument, "%s: ntensors %d <= 0", fn, ntensors);
+    lowrank::Layout layout;
+    lowrank::TensorIds ids;
+    size_t total = 0;
+    std::unordered_set<uint64_t> seen;
+    for (int t = 0; t < ntensors; ++t) {
+      const lowrankTensor_t& x = tensors[t];
+      if (lowrankResult_t r = addShape(comm, fn, t, x.ndims, x.shape, &total, &layout)) return r;
+      if (x.approxRank < LOWRANK_RANK_DEFAULT || x.approxRank > 65536)
+        return fail(comm, lowrankInvalidArgument,
+                    "%s: tensor %d (id %llu) has approxRank %d (-1 default, 0 exact, or 1..65536)",
+                    fn, t, (unsigned long long)x.id, x.approxRank);
+      if (!seen.insert(x.id).second)
+        return fail(comm, lowrankInvalidArgument, "%s: id %llu is given twice (tensor %d)", fn,
+                    (unsigned long long)x.id, t);
+      ids.ids.push_back(x.id);
+      ids.ranks.push_back(x.approxRank);
+    }
+    comm->engine->setTensors(recvbuff, std::move(layout), std::move(ids));
     return lowrankSuccess;
   });
 }

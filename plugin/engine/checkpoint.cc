@@ -2,6 +2,7 @@
 
 #include <zlib.h>
 
+#include <algorithm>
 #include <cinttypes>
 #include <cstring>
 #include <string>
@@ -269,6 +270,135 @@ Status checkPlan(const SavedState& s, const Plan& plan, const std::optional<Layo
     return differs("Q of", to_string(s.qt.size()) + " elements",
                    to_string(plan.qElems) + " (another min compression rate?)");
   return Status::Ok();
+}
+
+uint32_t formatVersion(const void* bytes, size_t size) {
+  const auto* p = static_cast<const uint8_t*>(bytes);
+  if (size < sizeof kMagic + 4 || std::memcmp(p, kMagic, sizeof kMagic) != 0) return 0;
+  uint32_t v = 0;
+  Reader(p + sizeof kMagic, p + size).u32(&v);
+  return v;
+}
+
+// Format 2: magic[8], version u32, headerBytes u32 (40), seed i64, nranks i32, rank i32, flags u32
+// (error feedback), ntensors u32; per tensor: id u64, ndims u32, sizes u64..., k i32, calls u64,
+// flags u32 (haveQ), residual elems u64, qt elems u64, the residual and Qt (float32); the CRC-32.
+namespace {
+constexpr size_t kFixed2 = 40;
+size_t tensorBytes(const SavedTensor& t) {
+  return 8 + 4 + 8 * t.shape.size() + 4 + 8 + 4 + 16 + 4 * (t.residual.size() + t.qt.size());
+}
+}  // namespace
+
+size_t encodedSize(const SavedTensors& s) {
+  size_t n = kFixed2 + kCrc;
+  for (const SavedTensor& t : s.tensors) n += tensorBytes(t);
+  return n;
+}
+
+void encode(const SavedTensors& s, uint8_t* out) {
+  Writer w(out);
+  w.raw(kMagic, sizeof kMagic);
+  w.u32(SavedTensors::kFormatVersion);
+  w.u32(uint32_t(kFixed2));
+  w.u64(uint64_t(s.seed));
+  w.u32(uint32_t(s.nranks));
+  w.u32(uint32_t(s.rank));
+  w.u32(s.errorFeedback ? kErrorFeedback : 0);
+  w.u32(uint32_t(s.tensors.size()));
+  for (const SavedTensor& t : s.tensors) {
+    w.u64(t.id);
+    w.u32(uint32_t(t.shape.size()));
+    for (size_t d : t.shape) w.u64(d);
+    w.u32(uint32_t(t.k));
+    w.u64(t.calls);
+    w.u32(t.haveQ ? kHaveQ : 0);
+    w.u64(t.residual.size());
+    w.u64(t.qt.size());
+    w.floats(t.residual);
+    w.floats(t.qt);
+  }
+  w.u32(crc(out, size_t(w.at() - out)));
+}
+
+Status decode(const void* bytes, size_t size, SavedTensors* out) {
+  const auto* p = static_cast<const uint8_t*>(bytes);
+  if (formatVersion(bytes, size) != SavedTensors::kFormatVersion)
+    return bad("not lowrank's per-tensor saved state (format version 2)");
+  if (size < kFixed2 + kCrc) return bad("truncated (shorter than the header)");
+  uint32_t stored = 0;
+  Reader(p + size - kCrc, p + size).u32(&stored);
+  if (crc(p, size - kCrc) != stored) return bad("corrupt or truncated (their CRC-32 does not match)");
+  Reader r(p + sizeof kMagic + 4, p + size - kCrc);
+  SavedTensors s;
+  uint32_t headerBytes = 0, nranks = 0, rank = 0, flags = 0, ntensors = 0;
+  uint64_t seed = 0;
+  r.u32(&headerBytes);
+  r.u64(&seed);
+  r.u32(&nranks);
+  r.u32(&rank);
+  r.u32(&flags);
+  r.u32(&ntensors);
+  if (headerBytes != kFixed2 || (flags & ~kErrorFeedback) || int32_t(nranks) <= 0 ||
+      int32_t(rank) < 0 || int32_t(rank) >= int32_t(nranks) || int64_t(seed) < 0)
+    return bad("inconsistent (a header field out of its range)");
+  s.seed = int64_t(seed);
+  s.nranks = int32_t(nranks);
+  s.rank = int32_t(rank);
+  s.errorFeedback = flags & kErrorFeedback;
+  std::vector<uint64_t> seen;
+  for (uint32_t i = 0; i < ntensors; ++i) {
+    SavedTensor t;
+    uint32_t nd = 0, k = 0, tflags = 0;
+    uint64_t nres = 0, nq = 0;
+    if (!r.u64(&t.id) || !r.u32(&nd)) return bad("truncated (in a tensor)");
+    if (nd < 1 || nd > kMaxDims) return bad("inconsistent (a tensor of 0 or more than 8 dimensions)");
+    uint64_t numel = 1;
+    for (uint32_t d = 0; d < nd; ++d) {
+      uint64_t v = 0;
+      if (!r.u64(&v)) return bad("truncated (in a tensor)");
+      if (v == 0 || numel > (uint64_t(1) << 48) / v) return bad("inconsistent (a tensor's size)");
+      numel *= v;
+      t.shape.push_back(size_t(v));
+    }
+    if (!r.u32(&k) || !r.u64(&t.calls) || !r.u32(&tflags) || !r.u64(&nres) || !r.u64(&nq))
+      return bad("truncated (in a tensor)");
+    t.k = int32_t(k);
+    t.haveQ = tflags & kHaveQ;
+    const uint64_t cols = numel / t.shape[0];
+    if (t.k < 0 || t.k > 65536 || (tflags & ~kHaveQ) || t.calls > kMaxCalls ||
+        nres != (s.errorFeedback ? numel : 0) ||
+        nq != (t.haveQ ? uint64_t(t.k) * cols : 0) || (t.haveQ && (t.k == 0 || nd < 2)))
+      return bad("inconsistent (a tensor's residual or Q does not fit its shape and rank)");
+    if (nq > r.left() / 4 || nres > (r.left() / 4) - nq) return bad("truncated (in a tensor)");
+    r.floats(size_t(nres), &t.residual);
+    r.floats(size_t(nq), &t.qt);
+    seen.push_back(t.id);
+    s.tensors.push_back(std::move(t));
+  }
+  if (r.left()) return bad("inconsistent (bytes after the last tensor)");
+  std::sort(seen.begin(), seen.end());
+  if (std::adjacent_find(seen.begin(), seen.end()) != seen.end())
+    return bad("inconsistent (an id given twice)");
+  *out = std::move(s);
+  return Status::Ok();
+}
+
+Status checkRestore(const SavedTensors& s, const EngineConfig& cfg, int rank, int nranks) {
+  using std::to_string;
+  if (s.nranks != nranks) return differs("comm size", to_string(s.nranks), to_string(nranks));
+  if (s.rank != rank) return differs("comm rank", to_string(s.rank), to_string(rank));
+  if (uint64_t(s.seed) != cfg.seed) return differs("seed", to_string(s.seed), to_string(cfg.seed));
+  if (s.errorFeedback != bool(cfg.errorFeedback))
+    return differs("error feedback", s.errorFeedback ? "on" : "off",
+                   cfg.errorFeedback ? "on" : "off");
+  return Status::Ok();
+}
+
+uint64_t agreementId(const SavedTensor& t) {
+  uint64_t h = mix(mix(mix(0x746e7372ull, t.id), t.calls), t.haveQ);
+  h = mix(h, crc(reinterpret_cast<const uint8_t*>(t.qt.data()), 4 * t.qt.size()));
+  return h ? h : 1;
 }
 
 uint64_t agreementId(const SavedState& s) {

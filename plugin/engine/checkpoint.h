@@ -32,6 +32,28 @@ struct SavedState {
   std::vector<float> qt;         // Qt of every compressed tensor (plan.qElems, whole-tensor layout)
 };
 
+// Format version 2: the state of tensors declared with ids (lowrankBufferSetTensors), one entry
+// per id, so that it can be restored into any bucketing of the same tensors.
+struct SavedTensor {
+  uint64_t id = 0;
+  Shape shape;
+  int32_t k = 0;        // the rank Qt was made at (0: the tensor was not compressed)
+  uint64_t calls = 0;   // calls the id has made (its warm-up and the draw of its next fresh Q)
+  bool haveQ = false;   // qt holds its warm start (k x cols floats)
+  std::vector<float> residual;  // numel floats when error feedback is on, else empty
+  std::vector<float> qt;
+};
+struct SavedTensors {
+  static constexpr uint32_t kFormatVersion = 2;
+  int64_t seed = 0;
+  int32_t nranks = 0, rank = 0;
+  bool errorFeedback = false;
+  std::vector<SavedTensor> tensors;
+};
+
+// The format version of saved bytes (0 when they are not lowrank's or too short to say).
+uint32_t formatVersion(const void* bytes, size_t size);
+
 // The bytes of s: encodedSize(s) of them written to out.
 size_t encodedSize(const SavedState& s);
 void encode(const SavedState& s, uint8_t* out);
@@ -40,6 +62,16 @@ void encode(const SavedState& s, uint8_t* out);
 // written only on success. Errors: lowrankInvalidArgument saying what is wrong (truncated, corrupt,
 // foreign, another format version).
 Status decode(const void* bytes, size_t size, SavedState* out);
+size_t encodedSize(const SavedTensors& s);
+void encode(const SavedTensors& s, uint8_t* out);
+// The same for format version 2 (also refuses an id given twice, and tensor sizes that do not
+// match their shape, rank and error feedback).
+Status decode(const void* bytes, size_t size, SavedTensors* out);
+// The checks of a format-2 restore against the communicator (comm size and rank, seed, error
+// feedback). Errors: lowrankInvalidUsage naming what differs.
+Status checkRestore(const SavedTensors& s, const EngineConfig& cfg, int rank, int nranks);
+// What every comm rank's restore of one tensor must agree on (calls, warm start, its Q).
+uint64_t agreementId(const SavedTensor& t);
 
 // The checks of a restore that need no call: against the communicator (comm size and rank, k,
 // seed, error feedback) and the layout set on the buffer, if any. Errors: lowrankInvalidUsage

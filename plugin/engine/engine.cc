@@ -146,8 +146,19 @@ void Engine::setLayout(const void* buf, Layout layout) {
   // which checks the restored state against this layout.
   std::unique_ptr<const SavedState> restored = std::move(b.restored);
   buffers_.reset(buf, b, counters_);
+  b.ids = TensorIds{};
+  b.declared = false;
   b.layout = std::move(layout);
   b.restored = std::move(restored);
+}
+
+void Engine::setTensors(const void* buf, Layout layout, TensorIds ids) {
+  Buffer& b = buffers_.get(buf);
+  b.declared = true;  // the next call may take these ids from wherever they are
+  if (b.ids == ids && b.layout == layout) return;  // every step's declaration: nothing to change
+  b.restored.reset();  // an anonymous restore does not carry over to ids
+  b.layout = std::move(layout);
+  b.ids = std::move(ids);
 }
 
 void Engine::reset(const void* buf) {
@@ -163,19 +174,14 @@ void Engine::release(const void* buf) {
 void Engine::view(const void* buf, lowrankBufferView_t* view) const {
   *view = lowrankBufferView_t{};
   const Buffer* b = buffers_.find(buf);
-  if (b && b->planned) describePlan(b->plan, b->calls, view);
+  if (b && b->rec) describePlan(b->rec->plan, b->rec->calls, view);
 }
 
-Status Engine::saveState(const void* buf, void* out, size_t* size) {
-  const Buffer* b = buffers_.find(buf);
-  if (!b || (!b->planned && !b->restored))
-    return Status::Error(lowrankInvalidUsage,
-                         "lowrankBufferSaveState: buffer %p has no state to save (no compressible "
-                         "call on this communicator since it was made, reset or released, or "
-                         "since a call fell back to exact on non-finite input)", buf);
-  platform::DeviceGuard guard(device());
-  SavedState s;
-  LR_RETURN_IF_ERROR(saveBuffer(*b, cfg_, rank_, nranks_, &s));
+namespace {
+
+// Writes the encoding of s to out (*size bytes there; null: the size needed only).
+template <typename Saved>
+Status writeSaved(const Saved& s, const void* buf, void* out, size_t* size) {
   const size_t need = encodedSize(s);
   if (!out) {  // *size may hold anything: it is only written
     *size = need;
@@ -191,14 +197,50 @@ Status Engine::saveState(const void* buf, void* out, size_t* size) {
   return Status::Ok();
 }
 
+}  // namespace
+
+Status Engine::saveState(const void* buf, void* out, size_t* size) {
+  const Buffer* b = buffers_.find(buf);
+  platform::DeviceGuard guard(device());
+  if (b && !b->ids.ids.empty()) {  // the state of its tensor ids, wherever it is held
+    SavedTensors s;
+    LR_RETURN_IF_ERROR(buffers_.saveIds(*b, cfg_, rank_, nranks_, &s));
+    return writeSaved(s, buf, out, size);
+  }
+  if (!b || (!b->rec && !b->restored))
+    return Status::Error(lowrankInvalidUsage,
+                         "lowrankBufferSaveState: buffer %p has no state to save (no compressible "
+                         "call on this communicator since it was made, reset or released, or "
+                         "since a call fell back to exact on non-finite input)", buf);
+  SavedState s;
+  LR_RETURN_IF_ERROR(saveBuffer(*b, cfg_, rank_, nranks_, &s));
+  return writeSaved(s, buf, out, size);
+}
+
 Status Engine::restoreState(const void* buf, const void* bytes, size_t size) {
+  Buffer* b = buffers_.find(buf);
+  platform::DeviceGuard guard(device());
+  if (formatVersion(bytes, size) == SavedTensors::kFormatVersion) {  // per id: any buffer
+    SavedTensors t;
+    LR_RETURN_IF_ERROR(decode(bytes, size, &t));
+    LR_RETURN_IF_ERROR(checkRestore(t, cfg_, rank_, nranks_));
+    LR_INFO("state of %zu tensor ids staged for restore at their next call", t.tensors.size());
+    buffers_.stage(std::move(t));
+    return Status::Ok();
+  }
   auto s = std::make_unique<SavedState>();
   LR_RETURN_IF_ERROR(decode(bytes, size, s.get()));
-  Buffer* b = buffers_.find(buf);
   LR_RETURN_IF_ERROR(checkRestore(*s, cfg_, rank_, nranks_, b ? b->layout : std::nullopt));
-  if (b && b->planned)  // the checks a plan would make, now: a mismatch then changes nothing
-    LR_RETURN_IF_ERROR(checkPlan(*s, b->plan, b->layout, cfg_.errorFeedback));
-  platform::DeviceGuard guard(device());
+  if (b && !b->ids.ids.empty()) {  // format 1 into a buffer with ids: each tensor's part
+    SavedTensors t;
+    LR_RETURN_IF_ERROR(tensorsOfBuffer(*s, *b, cfg_, &t));
+    LR_INFO("buffer %p: state of call %llu staged for its %zu tensor ids", buf,
+            (unsigned long long)s->calls, t.tensors.size());
+    buffers_.stage(std::move(t));
+    return Status::Ok();
+  }
+  if (b && b->rec)  // the checks a plan would make, now: a mismatch then changes nothing
+    LR_RETURN_IF_ERROR(checkPlan(*s, b->rec->plan, b->layout, cfg_.errorFeedback));
   Buffer& r = buffers_.get(buf);
   buffers_.reset(buf, r, counters_);
   r.restored = std::move(s);

@@ -49,6 +49,9 @@ class Engine {
   // survives a reset); release drops its record too. view is zero (planned 0) for a buffer not
   // planned here.
   void setLayout(const void* buf, Layout layout);
+  // lowrankBufferSetTensors: declares buf's tensors with their ids (arguments checked); changes no
+  // state (the next call takes each id's state, engine/tensor_ids.cc).
+  void setTensors(const void* buf, Layout layout, TensorIds ids);
   void reset(const void* buf);
   void release(const void* buf);
   void view(const void* buf, lowrankBufferView_t* view) const;

@@ -16,11 +16,47 @@ Status exactCall(BufferBackend& be, const Call& c, Counters& k) {
   return Status::Ok();
 }
 
-// Makes the plan of a buffer at its first call and allocates its state (with the restored state,
-// if any, checked against the plan and loaded into it), then checks with one small allreduce that
-// every comm rank made the same plan, restored the same progress and could allocate. Collective,
-// so every rank must reach it together. If any rank could not allocate, every rank marks the
-// buffer exact-only: the decision is common, so the ranks keep issuing the same collectives.
+}  // namespace
+
+Status agreePlan(BufferBackend& be, const Status& s, const Plan& pl, const Call& c, bool allocated,
+                 uint64_t restoredId, uint64_t restoredCalls, bool* exactOnly) {
+  PlanCheck check(s, pl, allocated, restoredId);
+  Status x = be.agree(check.words);
+  if (!x.ok() && restoredId)
+    // The check met another collective: the peers had the buffer planned and made its call.
+    x.msg += "; this comm rank restored the buffer's state (lowrankBufferRestoreState) and so "
+             "planned it again, which the other comm ranks did not: restore on every comm rank "
+             "at the same point";
+  *exactOnly = false;
+  if (x.ok() && s.ok())
+    x = check.read(pl, c.op, c.recv, allocated, restoredId, restoredCalls, exactOnly);
+  if (!s.ok() && !x.ok())
+    // This rank's own mistake (a layout set here only, after the other ranks planned) comes first;
+    // the plan check then met another collective, which broke the communicator.
+    return Status::Error(s.code, "%s; and the plan check with the other comm ranks failed, as they "
+                         "did not make it (was the layout set on this rank only?): %s",
+                         s.msg.c_str(), x.msg.c_str());
+  return s.ok() ? x : s;
+}
+
+void logPlanned(const Call& c, const Record& r) {
+  LR_INFO("buffer %p planned: count %zu %s, %s, %zu tensors (%zu compressed elements), P %zu Q %zu "
+          "exact %zu, %zu P and %zu Q chunks, %llu bytes of state%s",
+          c.recv, c.count, dtypeName(c.dtype),
+          r.plan.withIds ? "tensor ids" : r.plan.perTensor ? "per-tensor" : "batched",
+          r.plan.tensors.size(), r.plan.compressedElems, r.plan.pElems, r.plan.qElems,
+          r.plan.exactElems, r.plan.pChunks.size(), r.plan.qChunks.size(),
+          (unsigned long long)(r.state ? r.state->bytes() : 0), r.exactOnly ? ", exact-only" : "");
+}
+
+namespace {
+
+// Makes the plan of an anonymous buffer at its first call and allocates its state (with the
+// restored state, if any, checked against the plan and loaded into it), then checks with one small
+// allreduce that every comm rank made the same plan, restored the same progress and could
+// allocate. Collective, so every rank must reach it together. If any rank could not allocate,
+// every rank marks the buffer exact-only: the decision is common, so the ranks keep issuing the
+// same collectives.
 Status plan(BufferBackend& be, Buffer& b, const Call& c, const EngineConfig& cfg, int rank) {
   Plan pl;
   Status s = makePlan(c.count, c.dtype, c.op, b.layout ? &*b.layout : nullptr, cfg, &pl);
@@ -35,43 +71,23 @@ Status plan(BufferBackend& be, Buffer& b, const Call& c, const EngineConfig& cfg
       s = be.load(*state, pl, saved->residual.empty() ? nullptr : saved->residual.data(),
                   saved->qt.data());
   }
-  const uint64_t restoredId = saved ? agreementId(*saved) : 0;
-  PlanCheck check(s, pl, allocated, restoredId);
-  Status x = be.agree(check.words);
-  if (!x.ok() && saved)
-    // The check met another collective: the peers had the buffer planned and made its call.
-    x.msg += "; this comm rank restored the buffer's state (lowrankBufferRestoreState) and so "
-             "planned it again, which the other comm ranks did not: restore on every comm rank "
-             "at the same point";
   bool exactOnly = false;
-  if (x.ok() && s.ok())
-    x = check.read(pl, c.op, c.recv, allocated, restoredId, saved ? saved->calls : 0, &exactOnly);
-  if (!s.ok() && !x.ok())
-    // This rank's own mistake (a layout set here only, after the other ranks planned) comes first;
-    // the plan check then met another collective, which broke the communicator.
-    return Status::Error(s.code, "%s; and the plan check with the other comm ranks failed, as they "
-                         "did not make it (was the layout set on this rank only?): %s",
-                         s.msg.c_str(), x.msg.c_str());
-  if (!s.ok()) return s;
-  if (!x.ok()) return x;
-  b.plan = std::move(pl);
-  b.planned = true;
-  b.exactOnly = exactOnly;
-  b.backend = &be;
-  if (!exactOnly) b.state = std::move(state);
+  LR_RETURN_IF_ERROR(agreePlan(be, s, pl, c, allocated, saved ? agreementId(*saved) : 0,
+                               saved ? saved->calls : 0, &exactOnly));
+  auto r = std::make_unique<Record>();
+  r->plan = std::move(pl);
+  r->exactOnly = exactOnly;
+  r->backend = &be;
+  if (!exactOnly) r->state = std::move(state);
   if (saved) {  // go on from the saved call: warm-up, warm start and the next fresh Q's draw
-    b.calls = saved->calls;
-    b.haveQ = saved->haveQ && b.state;
+    r->calls = saved->calls;
+    r->haveQ = saved->haveQ && r->state;
     LR_INFO("buffer %p: state of call %llu restored%s", c.recv, (unsigned long long)saved->calls,
-            b.state ? "" : " (exact-only: its residual and Q are not used)");
+            r->state ? "" : " (exact-only: its residual and Q are not used)");
     b.restored.reset();
   }
-  LR_INFO("buffer %p planned: count %zu %s, %s, %zu tensors (%zu compressed elements), P %zu Q %zu "
-          "exact %zu, %zu P and %zu Q chunks, %llu bytes of state%s",
-          c.recv, c.count, dtypeName(c.dtype), b.plan.perTensor ? "per-tensor" : "batched",
-          b.plan.tensors.size(), b.plan.compressedElems, b.plan.pElems, b.plan.qElems,
-          b.plan.exactElems, b.plan.pChunks.size(), b.plan.qChunks.size(),
-          (unsigned long long)(b.state ? b.state->bytes() : 0), exactOnly ? ", exact-only" : "");
+  b.rec = std::move(r);
+  logPlanned(c, *b.rec);
   return Status::Ok();
 }
 
@@ -92,10 +108,11 @@ const Buffer* BufferRegistry::find(const void* buf) const {
 }
 
 void BufferRegistry::reset(const void* buf, Buffer& b, Counters& k) {
-  if (b.state) k.fallbackCalls += b.backend->collect(*b.state, buf, lowrankCudaCollectAll);
-  Buffer fresh;  // everything but the layout: plan, state, progress, a pending restore
-  fresh.layout.swap(b.layout);
-  b = std::move(fresh);  // frees the state
+  (void)buf;
+  if (b.rec) drop(std::move(b.rec), k);
+  for (uint64_t id : b.ids.ids) generation_ += pending_.erase(id);
+  b.restored.reset();
+  b.declared = !b.ids.ids.empty();  // its tensors start afresh wherever their state went
 }
 
 void BufferRegistry::erase(const void* buf, Counters& k) {
@@ -108,14 +125,21 @@ void BufferRegistry::erase(const void* buf, Counters& k) {
 uint64_t BufferRegistry::stateBytes() const {
   uint64_t n = 0;
   for (const auto& kv : map_)
-    if (kv.second.state) n += kv.second.state->bytes();
+    if (kv.second.rec && kv.second.rec->state) n += kv.second.rec->state->bytes();
+  for (const auto& r : parked_)
+    if (r->state) n += r->state->bytes();
   return n;
 }
 
 void BufferRegistry::collectArrived(const BufferBackend& backend, Counters& k) {
-  for (auto& kv : map_)
-    if (kv.second.state && kv.second.backend == &backend)
-      k.fallbackCalls += kv.second.backend->collect(*kv.second.state, kv.first, lowrankCudaCollectArrived);
+  for (auto& kv : map_) {
+    Record* r = kv.second.rec.get();
+    if (r && r->state && r->backend == &backend)
+      k.fallbackCalls += r->backend->collect(*r->state, kv.first, lowrankCudaCollectArrived);
+  }
+  for (auto& r : parked_)
+    if (r->state && r->backend == &backend)
+      k.fallbackCalls += r->backend->collect(*r->state, nullptr, lowrankCudaCollectArrived);
 }
 
 Status saveBuffer(const Buffer& b, const EngineConfig& cfg, int rank, int nranks, SavedState* out) {
@@ -123,23 +147,24 @@ Status saveBuffer(const Buffer& b, const EngineConfig& cfg, int rank, int nranks
     *out = *b.restored;
     return Status::Ok();
   }
+  const Record& r = *b.rec;
   SavedState s;
-  s.count = b.plan.count;
-  s.dtype = b.plan.dtype;
-  if (b.plan.perTensor) s.layout = b.layout;
+  s.count = r.plan.count;
+  s.dtype = r.plan.dtype;
+  if (r.plan.perTensor) s.layout = b.layout;
   s.approxRank = cfg.approxRank;
   s.seed = cfg.seed;
   s.nranks = nranks;
   s.rank = rank;
   s.errorFeedback = cfg.errorFeedback;
-  s.calls = b.calls;
-  s.haveQ = b.haveQ && b.state;
+  s.calls = r.calls;
+  s.haveQ = r.haveQ && r.state;
   // Sizes fixed by the plan whatever the progress (the size a NULL save reports stays right); an
   // exact-only buffer, or one with nothing compressed, saves zeros.
-  if (s.errorFeedback) s.residual.assign(b.plan.count, 0.f);
-  s.qt.assign(b.plan.qElems, 0.f);
-  if (b.state)
-    LR_RETURN_IF_ERROR(b.backend->save(*b.state, b.plan, s.errorFeedback ? s.residual.data() : nullptr,
+  if (s.errorFeedback) s.residual.assign(r.plan.count, 0.f);
+  s.qt.assign(r.plan.qElems, 0.f);
+  if (r.state)
+    LR_RETURN_IF_ERROR(r.backend->save(*r.state, r.plan, s.errorFeedback ? s.residual.data() : nullptr,
                                        s.qt.data()));
   *out = std::move(s);
   return Status::Ok();
@@ -149,25 +174,35 @@ Status runCall(BufferBackend& be, BufferRegistry& buffers, const Call& c, const 
                int rank, Counters& k, std::vector<float>& scratchQ) {
   if (!compresses(cfg, c.dtype, c.op)) return exactCall(be, c, k);
   Buffer& b = buffers.get(c.recv);
-  if (b.planned && (b.plan.count != c.count || b.plan.dtype != c.dtype || b.backend != &be)) {
-    LR_INFO("buffer %p: count, dtype or memory (host or device) changed, state reset", c.recv);
-    buffers.reset(c.recv, b, k);
+  if (!b.ids.ids.empty()) {  // tensors with ids: their record, wherever it was
+    LR_RETURN_IF_ERROR(buffers.takeIds(be, c.recv, b, c, cfg, rank, k));
+  } else {
+    if (b.rec && (b.rec->plan.count != c.count || b.rec->plan.dtype != c.dtype ||
+                  b.rec->backend != &be)) {
+      LR_INFO("buffer %p: count, dtype or memory (host or device) changed, state reset", c.recv);
+      buffers.reset(c.recv, b, k);
+    }
+    if (!b.rec) LR_RETURN_IF_ERROR(plan(be, b, c, cfg, rank));
   }
-  if (!b.planned) LR_RETURN_IF_ERROR(plan(be, b, c, cfg, rank));
-  const bool warmup = b.calls < uint64_t(cfg.startIter);
-  ++b.calls;
-  if (b.plan.compressedElems == 0 || warmup || b.exactOnly) return exactCall(be, c, k);
+  Record& r = *b.rec;
+  // Warm-up: an anonymous buffer counts its calls here; tensors with ids were planned exact
+  // while in theirs (takeIds).
+  const bool warmup = !r.plan.withIds && r.calls < uint64_t(cfg.startIter);
+  ++r.calls;
+  for (uint64_t& n : r.tensorCalls) ++n;
+  if (r.plan.compressedElems == 0 || warmup || r.exactOnly) return exactCall(be, c, k);
 
   // This call's checks need room on a device: collect the oldest when every slot is pending.
-  k.fallbackCalls += be.collect(*b.state, c.recv, lowrankCudaCollectForRoom);
+  k.fallbackCalls += be.collect(*r.state, c.recv, lowrankCudaCollectForRoom);
   const float* freshQ = nullptr;
-  if (!b.haveQ || !cfg.warmStart) {
-    scratchQ.resize(b.plan.qElems);
-    phases::initialQ(b.plan, cfg, b.calls, scratchQ.data());
+  if (!r.haveQ || !cfg.warmStart) {
+    scratchQ.resize(r.plan.qElems);
+    phases::initialQ(r.plan, cfg, r.calls, scratchQ.data(),
+                     r.plan.withIds ? r.tensorCalls.data() : nullptr);
     freshQ = scratchQ.data();
   }
   bool fellBack = false;
-  Status s = be.compressed(*b.state, b.plan, c, freshQ, &fellBack);
+  Status s = be.compressed(*r.state, r.plan, c, freshQ, &fellBack);
   if (!s.ok()) {
     buffers.reset(c.recv, b, k);  // never keep a half-updated state (E may hold M)
     return s;
@@ -178,11 +213,11 @@ Status runCall(BufferBackend& be, BufferRegistry& buffers, const Call& c, const 
     ++k.fallbackCalls;
     return exactCall(be, c, k);
   }
-  b.haveQ = true;
+  r.haveQ = true;
   ++k.compressedCalls;
-  k.compressedElements += b.plan.compressedElems;
-  k.exactElements += b.plan.exactElems;
-  k.payloadElements += b.plan.pElems + b.plan.qElems + b.plan.exactElems;
+  k.compressedElements += r.plan.compressedElems;
+  k.exactElements += r.plan.exactElems;
+  k.payloadElements += r.plan.pElems + r.plan.qElems + r.plan.exactElems;
   return Status::Ok();
 }
 

@@ -81,20 +81,40 @@ class BufferBackend {
   }
 };
 
-// A buffer's record, keyed by its address (recvbuff) within a communicator.
-struct Buffer {
-  std::optional<Layout> layout;  // from lowrankBufferSetLayout; survives resets
-  bool planned = false;
+// The state of tensors planned together: the plan, the backend's memory and the progress. An
+// anonymous buffer (no ids) has one of its own; tensors declared with ids (lowrankBufferSetTensors)
+// have one per declaration, which moves between buffers with them (engine/tensor_ids.cc).
+struct Record {
   Plan plan;
   uint64_t calls = 0;        // calls since the plan was made
   bool haveQ = false;        // the state holds a Qbar from an earlier call (warm start)
   bool exactOnly = false;    // some comm rank could not allocate the state at plan time: every
-                             // rank allreduces this buffer exactly until it is re-planned
+                             // rank allreduces these tensors exactly until they are re-planned
   BufferBackend* backend = nullptr;     // whose state (null: none yet)
-  std::unique_ptr<BackendState> state;  // null: nothing to compress, exact-only, or not planned
-  // A state restored (lowrankBufferRestoreState) and not yet installed: the next compressible call
-  // plans the buffer with it. Set only while not planned; a reset drops it.
+  std::unique_ptr<BackendState> state;  // null: nothing to compress, or exact-only
+  // Declared with ids: the declaration it was planned for, each tensor's calls (its warm-up and
+  // the draw of its first Q) and whether it was still in its warm-up then (planned exact), how
+  // many of its ids it still holds, the buffer holding it (null: parked, held by no buffer) and
+  // the registry's generation at which that buffer last found every id still its own.
+  Layout layout;
+  TensorIds decl;
+  std::vector<uint64_t> tensorCalls;
+  std::vector<bool> cold;
+  size_t held = 0;
+  const void* holder = nullptr;
+  uint64_t verified = 0;
+};
+
+// A buffer's record, keyed by its address (recvbuff) within a communicator.
+struct Buffer {
+  std::optional<Layout> layout;  // from lowrankBufferSetLayout or SetTensors; survives resets
+  TensorIds ids;                 // lowrankBufferSetTensors (empty: anonymous)
+  bool declared = false;         // SetTensors since the last call: that call may take ids it holds not
+  std::unique_ptr<Record> rec;   // null: not planned
+  // Anonymous: a state restored (lowrankBufferRestoreState) and not yet installed: the next
+  // compressible call plans the buffer with it. Set only while not planned; a reset drops it.
   std::unique_ptr<const SavedState> restored;
+  bool planned() const { return rec != nullptr; }
 };
 
 class BufferRegistry {
@@ -102,26 +122,66 @@ class BufferRegistry {
   Buffer& get(const void* buf) { return map_[buf]; }
   Buffer* find(const void* buf);
   const Buffer* find(const void* buf) const;
-  // Drops b's plan and state (keeps the layout): the next call plans afresh. Calls the backend
-  // rejected meanwhile are counted first.
+  // Drops b's record (with ids: their state and pending restores) and keeps its declaration: the
+  // next call plans afresh. Calls the backend rejected meanwhile are counted first.
   void reset(const void* buf, Buffer& b, Counters& k);
   void erase(const void* buf, Counters& k);
   size_t size() const { return map_.size(); }
   uint64_t stateBytes() const;
-  // Every buffer of `backend` collects the rejections that have arrived (never blocks).
+  // Every record of `backend` collects the rejections that have arrived (never blocks).
   void collectArrived(const BufferBackend& backend, Counters& k);
 
+  // Tensor ids (engine/tensor_ids.cc). takeIds gives b, declared with ids, the record of its
+  // tensors for call c: its own, another buffer's moved as is (same declaration), or a new one
+  // made with each id's state copied in from where it is (collective: the plan check). Errors:
+  // lowrankInvalidUsage naming an id another buffer took since b's last declaration; the plan's.
+  Status takeIds(BufferBackend& be, const void* buf, Buffer& b, const Call& c,
+                 const EngineConfig& cfg, int rank, Counters& k);
+  // The per-id state of b's declared tensors (format 2), wherever held. Errors:
+  // lowrankInvalidUsage when none of them has any.
+  Status saveIds(const Buffer& b, const EngineConfig& cfg, int rank, int nranks,
+                 SavedTensors* out) const;
+  // Stages each tensor's state for whichever buffer next plans its id.
+  void stage(SavedTensors s);
+
  private:
+  struct Owner {
+    Record* rec;
+    size_t index;
+  };
+  Status build(BufferBackend& be, const void* buf, Buffer& b, const Call& c,
+               const EngineConfig& cfg, int rank, Counters& k);
+  void drop(std::unique_ptr<Record> r, Counters& k);  // frees r, giving up the ids it holds
+  std::unique_ptr<Record> detach(Record* r);        // from its holder or the parked ones
+  void dropIfEmpty(Record* r, Counters& k);          // a record that holds no id any more
+
   std::unordered_map<const void*, Buffer> map_;
+  std::vector<std::unique_ptr<Record>> parked_;  // records no buffer holds, still holding ids
+  std::unordered_map<uint64_t, Owner> owners_;   // id -> the record holding its state
+  std::unordered_map<uint64_t, SavedTensor> pending_;  // restored, not yet installed
+  uint64_t generation_ = 1;  // bumped when an id changes hands or a restore is staged
 };
 
 // True when a call of this dtype and op is compressed under cfg (sum or avg of a floating dtype
 // PowerSGD handles, approximation rank > 0).
 bool compresses(const EngineConfig& cfg, lowrankDataType_t dtype, lowrankRedOp_t op);
 
-// The saved state of a planned buffer, or the one restored and not yet installed (the caller
-// checks that one of them is there). cfg, rank, nranks: the communicator's.
+// The saved state of a planned anonymous buffer, or the one restored and not yet installed (the
+// caller checks that one of them is there). cfg, rank, nranks: the communicator's.
 Status saveBuffer(const Buffer& b, const EngineConfig& cfg, int rank, int nranks, SavedState* out);
+
+// The plan check of a buffer's first call (PlanCheck), for anonymous buffers and tensors with ids:
+// s is this rank's planning status, restoredId its restore's agreement id (0: none). Collective.
+// Errors: this rank's planning error, or lowrankInvalidUsage when the comm ranks differ.
+Status agreePlan(BufferBackend& be, const Status& s, const Plan& pl, const Call& c, bool allocated,
+                 uint64_t restoredId, uint64_t restoredCalls, bool* exactOnly);
+// The INFO line of a record just planned.
+void logPlanned(const Call& c, const Record& r);
+
+// A format-1 state (saved by a buffer without ids) as the per-id states of b's declared tensors,
+// which must have the saved layout. Errors: lowrankInvalidUsage saying what differs.
+Status tensorsOfBuffer(const SavedState& s, const Buffer& b, const EngineConfig& cfg,
+                       SavedTensors* out);
 
 // One allreduce of buffer b on backend be: exact or compressed, planning, warm-up and counting.
 // rank: this comm rank (the test hook that fails its allocations). scratchQ: room for a fresh Q.

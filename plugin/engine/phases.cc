@@ -25,13 +25,20 @@ CallBuffers callBuffers(const Plan& pl, HostState& st, const EngineConfig& cfg,
                      st.qt.data()};
 }
 
-void initialQ(const Plan& pl, const EngineConfig& cfg, uint64_t calls, float* qt) {
+void drawQ(const TensorPlan& t, const EngineConfig& cfg, uint64_t stream, float* q) {
+  host::fillNormal(q, size_t(t.k) * t.view.cols, cfg.seed, stream);
+  host::orthonormalize(q, t.view.cols, t.k, 1, t.view.cols, cfg.orthoEpsilon);
+}
+
+uint64_t idStream(uint64_t id, uint64_t calls) { return mix(mix(0x7465'6e73'6f72'6964ull, id), calls); }
+
+void initialQ(const Plan& pl, const EngineConfig& cfg, uint64_t calls, float* qt,
+              const uint64_t* tensorCalls) {
   for (size_t i = 0; i < pl.tensors.size(); ++i) {
     const TensorPlan& t = pl.tensors[i];
     if (!t.compressed) continue;
-    float* q = qt + t.qOffset;
-    host::fillNormal(q, size_t(t.k) * t.view.cols, cfg.seed, (calls << 20) ^ i);
-    host::orthonormalize(q, t.view.cols, t.k, 1, t.view.cols, cfg.orthoEpsilon);
+    drawQ(t, cfg, tensorCalls ? idStream(t.id, tensorCalls[i]) : (calls << 20) ^ i,
+          qt + t.qOffset);
   }
 }
 

@@ -30,7 +30,14 @@ CallBuffers callBuffers(const Plan& pl, HostState& st, const EngineConfig& cfg,
 // tensor index, so every comm rank draws the same Q (and a reset buffer the same again), then
 // orthonormalized, which keeps P = M Q well scaled without changing its span. calls: the buffer's
 // calls since its plan, this one included. Without it the call warm-starts from the last Qbar.
-void initialQ(const Plan& pl, const EngineConfig& cfg, uint64_t calls, float* qt);
+// A plan declared with ids draws each tensor's Qt from the stream idStream(id, its calls) instead
+// (tensorCalls[t]: tensor t's calls, this one included), so that a tensor draws the same Q
+// whatever buffer or position it is in.
+void initialQ(const Plan& pl, const EngineConfig& cfg, uint64_t calls, float* qt,
+              const uint64_t* tensorCalls = nullptr);
+uint64_t idStream(uint64_t id, uint64_t calls);
+// One compressed tensor's fresh Qt (k x cols at q) from the given stream, orthonormalized.
+void drawQ(const TensorPlan& t, const EngineConfig& cfg, uint64_t stream, float* q);
 
 // Packs the exact tensors of G into payload[0, exactElems) as float32; returns their non-finite count.
 size_t packExact(const Plan& pl, const void* sendbuff, float* payload);

@@ -18,9 +18,10 @@ size_t isqrtCeil(size_t x) {
   return s;
 }
 
-void addCompressed(Plan& p, TensorPlan t, const EngineConfig& cfg) {
-  t.k = int(std::min<size_t>({size_t(cfg.approxRank), t.view.rows, t.view.cols}));
-  t.compressed = cfg.approxRank > 0 &&
+// k: the approximation rank asked for the tensor (0: exact).
+void addCompressed(Plan& p, TensorPlan t, const EngineConfig& cfg, int k) {
+  t.k = int(std::min<size_t>({size_t(k), t.view.rows, t.view.cols}));
+  t.compressed = k > 0 &&
                  shouldCompress(t.view.rows, t.view.cols, t.k, cfg.minCompressionRate);
   if (t.compressed) {
     t.pOffset = p.pElems;
@@ -207,7 +208,7 @@ bool shouldCompress(size_t n, size_t m, int k, double rate) {
 }
 
 Status makePlan(size_t count, lowrankDataType_t dtype, lowrankRedOp_t op, const Layout* layout,
-                const EngineConfig& cfg, Plan* out) {
+                const EngineConfig& cfg, Plan* out, const TensorIds* ids) {
   Plan p;
   p.count = count;
   p.dtype = dtype;
@@ -225,8 +226,17 @@ Status makePlan(size_t count, lowrankDataType_t dtype, lowrankRedOp_t op, const 
                            "the buffer's layout holds %zu elements but the call has count %zu",
                            total, count);
     p.perTensor = true;
-    for (const Shape& s : *layout) {
+    p.withIds = ids != nullptr;
+    for (size_t i = 0; i < layout->size(); ++i) {
+      const Shape& s = (*layout)[i];
       TensorPlan t;
+      int k = cfg.approxRank;
+      if (ids) {  // each tensor's own treatment, and who it is
+        const int r = ids->ranks[i];
+        k = r == LOWRANK_RANK_DEFAULT ? cfg.approxRank : r;
+        t.id = ids->ids[i];
+        h = mix(mix(h, t.id), uint64_t(int64_t(k)));
+      }
       t.offset = offset;
       t.numel = 1;
       for (size_t d : s) t.numel *= d;
@@ -237,7 +247,7 @@ Status makePlan(size_t count, lowrankDataType_t dtype, lowrankRedOp_t op, const 
         t.view.rows = s[0];
         t.view.cols = t.numel / s[0];
         t.view.valid = t.numel;
-        addCompressed(p, t, cfg);
+        addCompressed(p, t, cfg, k);
       } else {  // biases, norms: exact, as PyTorch's hook
         t.exactOffset = p.exactElems;
         p.exactElems += t.numel;
@@ -251,7 +261,7 @@ Status makePlan(size_t count, lowrankDataType_t dtype, lowrankRedOp_t op, const 
     p.rows = t.view.rows;
     p.cols = t.view.cols;
     p.padded = t.view.rows * t.view.cols - count;
-    addCompressed(p, t, cfg);
+    addCompressed(p, t, cfg, cfg.approxRank);
   }
   // Pipeline when there are at least two chunks' worth of compressed elements. The chunking
   // decides the allreduces, so it is part of what the ranks must agree on.

@@ -17,6 +17,14 @@ namespace lowrank {
 using Shape = std::vector<size_t>;
 using Layout = std::vector<Shape>;  // tensor shapes in buffer order
 
+// The tensors of a buffer declared with ids (lowrankBufferSetTensors), in layout order: each one's
+// id and treatment (LOWRANK_RANK_DEFAULT, LOWRANK_RANK_EXACT or a rank of its own).
+struct TensorIds {
+  std::vector<uint64_t> ids;
+  std::vector<int> ranks;
+  bool operator==(const TensorIds& o) const { return ids == o.ids && ranks == o.ranks; }
+};
+
 struct TensorPlan {
   size_t offset = 0;     // first element in the buffer
   size_t numel = 0;
@@ -27,6 +35,7 @@ struct TensorPlan {
   size_t qOffset = 0;    // compressed: Qt at qt[qOffset .. + k m)
   size_t exactOffset = 0;  // exact: at payload[exactOffset .. + numel)
   size_t lastPChunk = 0;   // pipelined: the P chunk that completes this tensor's P
+  uint64_t id = 0;         // declared with ids: the tensor's id (its first Q is drawn from it)
 };
 
 // The schedule's chunks: P by row blocks, Q and decompression by column blocks, grouped in chunks
@@ -43,6 +52,7 @@ struct Plan {
   size_t count = 0;
   lowrankDataType_t dtype = lowrankFloat32;
   bool perTensor = false;
+  bool withIds = false;  // declared with ids (lowrankBufferSetTensors)
   std::vector<TensorPlan> tensors;
   size_t pElems = 0, qElems = 0, exactElems = 0, compressedElems = 0;
   size_t rows = 0, cols = 0, padded = 0;  // batched view (0 in per-tensor mode)
@@ -133,9 +143,11 @@ uint64_t mix(uint64_t h, uint64_t v);
 // Fills view (lowrankBufferGetView) from a plan and the calls made since it was made.
 void describePlan(const Plan& p, uint64_t calls, lowrankBufferView_t* view);
 
-// Makes the plan. layout may be null (batched mode). Errors: lowrankInvalidUsage when the layout's
-// elements do not add up to count.
+// Makes the plan. layout may be null (batched mode). ids (with a layout only; may be null): each
+// tensor's id and rank in force (its own, the default, or 0 for exact; the caller puts 0 for a
+// tensor still in its warm-up), all of which the hash covers. Errors: lowrankInvalidUsage when
+// the layout's elements do not add up to count.
 Status makePlan(size_t count, lowrankDataType_t dtype, lowrankRedOp_t op, const Layout* layout,
-                const EngineConfig& cfg, Plan* plan);
+                const EngineConfig& cfg, Plan* plan, const TensorIds* ids = nullptr);
 
 }  // namespace lowrank

@@ -56,7 +56,7 @@ std::vector<const float*> residuals(const Slot& sl, const std::vector<void*>& re
   std::vector<const float*> e(comms.size(), nullptr);
   for (size_t q = 0; q < comms.size(); ++q) {
     const Buffer* b = comms[q]->engine->find(recv[q]);
-    const auto* st = b ? dynamic_cast<const HostState*>(b->state.get()) : nullptr;
+    const auto* st = b ? dynamic_cast<const HostState*>(b->rec ? b->rec->state.get() : nullptr) : nullptr;
     if (!st || st->error.empty()) continue;
     if (st->error.size() != sl.count)
       ++*wrong;  // a state of another count: never reset

@@ -138,7 +138,7 @@ class Soak {
 
   void corruptResidual(const Step& s) {
     const Buffer* b = stepComms_[0]->engine->find(s.recv[0]);
-    auto* st = b ? dynamic_cast<HostState*>(b->state.get()) : nullptr;  // corrupted on purpose
+    auto* st = b ? dynamic_cast<HostState*>(b->rec ? b->rec->state.get() : nullptr) : nullptr;  // corrupted on purpose
     if (!st || st->error.empty()) return;
     st->error[0] += 0.01f * s.slot->scale;
     corrupted_ = true;
