@@ -436,7 +436,7 @@ def run(args):
         model.train()
         batch_ms, hook_ms, tail_ms, loss_sum = [], [], [], 0.0
         hook_s0 = timer.seconds if timer else 0.0
-        bits_model, warm_steps = 0.0, 0
+        bits_model = 0.0
         for b in task.batches(epoch):
             for g in opt.param_groups:
                 g["lr"] = lr_at(step, total_steps, args.lr)
@@ -456,19 +456,18 @@ def run(args):
             batch_ms.append(1000.0 * (time.perf_counter() - t0))
             loss_sum += lv
             compressed = step >= start_iter
-            warm_steps += not compressed
             bits_model += model_bits_per_step(args.reducer, shapes, args.rank, world, compressed)
             step += 1
         train_s = time.perf_counter() - t_epoch
 
-        # Measured bits: lowrank's own counter for the steps it reduced, plus DDP's exact allreduce
-        # (message-size model) for the warm-up steps that went over the process group.
+        # Measured bits: lowrank's own counter, the warm-up steps included (lowrank's hook does
+        # them as its own exact allreduces).
         st = lowrank_state.stats() if lowrank_state is not None else None
         if st is not None:
             sent = st["bytesSent"] - prev_sent
             prev_sent = st["bytesSent"]
-            bits = 8.0 * sent + warm_steps * 32.0 * grad * ring_factor(world)
-            bits_source = "lowrank bytesSent + warm-up by model"
+            bits = 8.0 * sent
+            bits_source = "lowrank bytesSent"
         else:
             bits, bits_source = bits_model, "model"
         bits_total += bits

@@ -59,6 +59,16 @@ class Config(ctypes.Structure):
                    UNDEF_INT, UNDEF_INT, UNDEF_DOUBLE, UNDEF_SEED, UNDEF_DOUBLE, UNDEF_INT)
 
 
+MAX_DIMS = 8        # LOWRANK_MAX_DIMS
+RANK_DEFAULT, RANK_EXACT, MAX_TENSOR_RANK = -1, 0, 65536  # lowrankTensor_t.approxRank
+
+
+class Tensor(ctypes.Structure):
+    """lowrankTensor_t: one tensor of a buffer declared with lowrankBufferSetTensors."""
+    _fields_ = [("id", ctypes.c_uint64), ("ndims", ctypes.c_int),
+                ("shape", ctypes.c_size_t * MAX_DIMS), ("approxRank", ctypes.c_int)]
+
+
 class BufferView(ctypes.Structure):
     """lowrankBufferView_t."""
     _fields_ = [("planned", ctypes.c_int), ("perTensor", ctypes.c_int), ("ntensors", ctypes.c_int),
@@ -115,8 +125,10 @@ _PROTOTYPES = {
     "lowrankGetStats": (_R, [_P, ctypes.POINTER(Stats)]),
 }
 # Present only where the library was built with NCCL's header (lowrank_nccl.h), or only in newer
-# libraries (lowrankGetNcclLibrary: 0.1.0 from this package's release on).
+# libraries (lowrankGetNcclLibrary: 0.1.0 from this package's release on; lowrankBufferSetTensors:
+# tensor ids, after 0.1.0).
 _OPTIONAL = {
+    "lowrankBufferSetTensors": (_R, [_P, _P, _I, ctypes.POINTER(Tensor)]),
     "lowrankGetNcclLibrary": (_R, [ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(ctypes.c_char_p),
                                    ctypes.POINTER(_I)]),
     "lowrankNcclGetUniqueId": (_R, [ctypes.POINTER(NcclUniqueId)]),

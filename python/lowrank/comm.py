@@ -5,6 +5,7 @@ threads; abort() may be called from any thread while a call runs and makes that 
 Every C call runs with the GIL released (ctypes), so other Python threads go on meanwhile.
 """
 import ctypes
+import operator
 import threading
 
 from . import _capi
@@ -88,7 +89,7 @@ def _id_struct(struct, data, maker, name):
 
 class Communicator:
     """A group of comm ranks that allreduce together, and the PowerSGD state of every buffer
-    allreduced on it (keyed by the output buffer's address).
+    allreduced on it (keyed by the output buffer's address, or by tensor ids: set_tensors).
 
     Make one with init_rank (a unique id), from_env (a launcher's variables), from_nccl_id (a new
     NCCL communicator, for CUDA tensors) or lowrank.torch.communicator_from_process_group. The
@@ -186,6 +187,42 @@ class Communicator:
         ptrs = (ctypes.POINTER(ctypes.c_size_t) * n)(*[ctypes.cast(a, ctypes.POINTER(ctypes.c_size_t)) for a in rows])
         self._call("lowrankBufferSetLayout", self._addr(buffer), n, ndims, ptrs)
 
+    def set_tensors(self, buffer, tensors):
+        """lowrankBufferSetTensors: declare the tensors packed in order in `buffer` (a tensor/array,
+        or its address as an int), each with an id, so that their PowerSGD state (residual,
+        warm-start Q, warm-up count, a pending restore) belongs to the ids, not to the buffer's
+        address: the next compressible allreduce on `buffer` takes each id's state from wherever
+        it is (another buffer of the same ids in the same order and shapes: moved as is; in
+        another grouping: copied once; an id seen nowhere: afresh). Declaring changes no state,
+        and declaring the same tensors again is cheap: declare at every call if that is simpler.
+        Per-tensor mode as set_layout; each id warms up (exact allreduces) for its own first
+        start_iter calls, and its first Q is drawn from (seed, id).
+
+        tensors: an iterable of (id, shape) or (id, shape, approx_rank), in buffer order:
+          id: an int in [0, 2^64 - 1], unique among the communicator's tensors and the same on
+            every comm rank (a parameter's index, a hash of its name);
+          shape: a sequence of 1 to 8 sizes (elements, each > 0; ints or anything with
+            __index__, e.g. torch.Size); the elements of all shapes add up to the buffer's count,
+            checked at the next call. Tensors of >= 2 dimensions are viewed as
+            (shape[0], prod(shape[1:])) and compressed if they pass the compression-rate test;
+            1-D ones are exact;
+          approx_rank: None or -1 (the communicator's approx_rank), 0 (always exact), or a rank
+            of its own in [1, 65536].
+        tensors may also be the array tensor_array(tensors) returned (checked once): declaring
+        a buffer at every call then skips the checks and conversions (about 2.5 us a tensor).
+        Every comm rank must declare the same tensors. Local, not collective.
+        Raises InvalidArgumentError (a malformed entry, an id out of range, a shape of 0 or more
+        than 8 dimensions or a size < 1, an approx_rank out of range, no tensors, an id given
+        twice), LowrankError lowrankInvalidUsage (a library older than tensor ids).
+        Thread safety: as every call (serialized by the communicator's lock); declare and
+        allreduce a buffer from one thread, or in an order every rank shares."""
+        fn = "lowrankBufferSetTensors"
+        array = tensors if isinstance(tensors, _TensorArray) else tensor_array(tensors)
+        if not hasattr(self._lib, fn):
+            raise LowrankError(5, f"{self._lib.lowrank_path} is older than this package: no {fn} "
+                                  "(tensor ids); use the library built with it", fn)
+        self._call(fn, self._addr(buffer), len(array), array.array)
+
     def view(self, buffer):
         """lowrankBufferGetView as a dict (planned, perTensor, ncompressed, approxRank, calls, ...)."""
         v = _capi.BufferView()
@@ -207,7 +244,9 @@ class Communicator:
         model and optimizer; every comm rank saves its own (the residuals are per comm rank).
         buffer: the tensor/array allreduced into, or its address as an int. Local, changes
         nothing; a CUDA buffer's queued work is waited for. A buffer restored and not called
-        since saves what was restored.
+        since saves what was restored. A buffer declared with set_tensors saves format 2: each
+        declared id's state, wherever it is held now (that buffer, another, or a restore staged
+        and not yet installed).
         Raises InvalidArgumentError (a null buffer), LowrankError lowrankInvalidUsage (the buffer
         has no state: never called compressibly on this communicator, or reset since)."""
         addr = self._addr(buffer)
@@ -237,7 +276,12 @@ class Communicator:
         version), LowrankError lowrankInvalidUsage naming what differs (comm size or rank, k,
         seed, error feedback, layout); at the next call every comm rank raises
         lowrankInvalidUsage if the ranks' restored states disagree (some ranks restored, others
-        not, or states from different steps), or if count, dtype or layout differ."""
+        not, or states from different steps), or if count, dtype or layout differ.
+        Format-2 bytes (save_state of a buffer declared with set_tensors) stage each id's state
+        communicator-wide: `buffer` is then any non-null address, and whichever buffer next
+        declares and calls that id installs it (a copy if the grouping differs). Format-1 bytes
+        restored into a buffer declared with set_tensors whose shapes equal the saved layout
+        become per-id staged states of the declared ids (old checkpoints load into ids)."""
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise InvalidArgumentError(4, f"data must be bytes (from save_state), not "
                                           f"{type(data).__name__}", "lowrankBufferRestoreState")
@@ -327,6 +371,62 @@ class Communicator:
 
 
 _COMM = object()  # stands for the communicator's handle in _call's arguments
+
+
+class _TensorArray:
+    """A checked lowrankTensor_t array (tensor_array): set_tensors takes it as it is."""
+    __slots__ = ("array",)
+
+    def __init__(self, array):
+        self.array = array
+
+    def __len__(self):
+        return len(self.array)
+
+
+def tensor_array(tensors):
+    """Communicator.set_tensors' `tensors` (see there) checked and converted once, for a buffer
+    declared at every call. Raises InvalidArgumentError naming the first bad entry."""
+    fn = "lowrankBufferSetTensors"
+    try:
+        entries = list(tensors)
+    except TypeError:
+        raise InvalidArgumentError(4, f"tensors must be an iterable of (id, shape) or (id, shape, "
+                                      f"approx_rank), not {type(tensors).__name__}", fn) from None
+    if not entries:
+        raise InvalidArgumentError(4, "set_tensors: no tensors", fn)
+    if len(entries) >= 2**31:
+        raise InvalidArgumentError(4, f"set_tensors: {len(entries)} tensors, at most 2^31 - 1", fn)
+    array = (_capi.Tensor * len(entries))()
+    seen = set()
+    for n, entry in enumerate(entries):
+        try:
+            tid, shape, *rest = entry
+            if len(rest) > 1:
+                raise ValueError
+            tid = operator.index(tid)
+            shape = [operator.index(d) for d in shape]
+            rank = rest[0] if rest else None
+            rank = _capi.RANK_DEFAULT if rank is None else operator.index(rank)
+        except (TypeError, ValueError):
+            raise InvalidArgumentError(4, f"tensors[{n}] is {entry!r}, not (id, shape) or "
+                                          "(id, shape, approx_rank) with ints", fn) from None
+        if not 0 <= tid < 2**64:
+            raise InvalidArgumentError(4, f"tensors[{n}]: id {tid} is not in [0, 2^64 - 1]", fn)
+        if tid in seen:
+            raise InvalidArgumentError(4, f"tensors[{n}]: id {tid} given twice", fn)
+        seen.add(tid)
+        if not 1 <= len(shape) <= _capi.MAX_DIMS or any(d < 1 or d >= 2**64 for d in shape):
+            raise InvalidArgumentError(4, f"tensors[{n}] (id {tid}): shape {tuple(shape)} must "
+                                          f"have 1 to {_capi.MAX_DIMS} sizes, each >= 1", fn)
+        if rank != _capi.RANK_DEFAULT and not 0 <= rank <= _capi.MAX_TENSOR_RANK:
+            raise InvalidArgumentError(4, f"tensors[{n}] (id {tid}): approx_rank {rank} is not "
+                                          f"None, -1, 0 or in [1, {_capi.MAX_TENSOR_RANK}]", fn)
+        t = array[n]
+        t.id, t.ndims, t.approxRank = tid, len(shape), rank
+        for d, size in enumerate(shape):
+            t.shape[d] = size
+    return _TensorArray(array)
 
 
 def _cuda_stream(stream, index):

@@ -13,6 +13,11 @@ in every run. Prints one line "RESULT <json>" at the end; parameters go to files
                                            counters, no buckets). WHEN "restart": at the first
                                            step after loading; "live": two steps later (after
                                            DDP's rebuild), each rank reloading its own state
+Variables: CKPT_START (start_powerSGD_iter, default 1), CKPT_CAP (DDP's bucket_cap_mb, default
+0.02), CKPT_TAG (appended to the names of the files resume writes), CKPT_HOOK=v1 (full and first
+with the hook of lowrank before tensor ids, tests/python/hook_v1.py: a version-1 checkpoint).
+full and resume also write DIR/canon_{name}_rank{r}.bin: every parameter's lowrank state at the
+end (format 2, in id order, whatever the buckets).
 """
 import datetime
 import json
@@ -31,9 +36,20 @@ pkgpath.use()  # the checkout's package, or the installed one (LOWRANK_TEST_INST
 from lowrank.torch import PowerSGDState, powerSGD_hook  # noqa: E402
 
 RANK, WORLD = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-# approximation rank; compression from step START (1: step 0 is DDP's exact average; CKPT_START
-# sets another, for a checkpoint taken when compression starts)
+# approximation rank; compression from step START (1: step 0 is lowrank's exact average;
+# CKPT_START sets another, for a checkpoint taken when compression starts)
 K, START = 2, int(os.environ.get("CKPT_START", "1"))
+CAP, TAG = float(os.environ.get("CKPT_CAP", "0.02")), os.environ.get("CKPT_TAG", "")
+if os.environ.get("CKPT_HOOK") == "v1":  # the hook that wrote version-1 checkpoints
+    import importlib.util
+    import lowrank.torch  # noqa: F401 - the package the copy's relative imports resolve in
+    spec = importlib.util.spec_from_file_location(
+        "lowrank.torch._hook_v1", os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                               "hook_v1.py"))
+    _v1 = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = _v1
+    spec.loader.exec_module(_v1)
+    PowerSGDState, powerSGD_hook = _v1.PowerSGDState, _v1.powerSGD_hook  # noqa: F811
 
 
 def result(**kw):
@@ -78,7 +94,7 @@ class Logged(logging.Handler):
 def make(seed=1234):
     torch.manual_seed(seed)
     model = Net()
-    ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.02)
+    ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=CAP)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     return model, ddp, opt
 
@@ -110,8 +126,22 @@ def params(model):
     return {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
-def path(d, name):
-    return os.path.join(d, f"{name}_rank{RANK}.pt")
+def path(d, name, ext="pt"):
+    return os.path.join(d, f"{name}_rank{RANK}.{ext}")
+
+
+def canonical(state, d, name):
+    """Every parameter's lowrank state (format 2) in id order, whatever the buckets: a scratch
+    buffer declared with every id saves each one's state where it is held (today's hook only)."""
+    if os.environ.get("CKPT_HOOK") == "v1":
+        return
+    sd = state.state_dict()
+    pairs = sorted({i: s for b in sd["buckets"] for i, s in zip(b["params"], b["shapes"])}.items())
+    comm, scratch = state.communicator("cpu"), torch.empty(1)
+    comm.set_tensors(scratch, pairs)
+    with open(path(d, f"canon_{name}", "bin"), "wb") as f:
+        f.write(comm.save_state(scratch))
+    comm.release(scratch)
 
 
 def full(d, steps):
@@ -120,6 +150,7 @@ def full(d, steps):
     ddp.register_comm_hook(state, spy(buckets))
     train(ddp, opt, range(steps))
     torch.save(params(model), path(d, "full"))
+    canonical(state, d, "full")
     result(buckets=buckets, compressed=state.stats()["compressedCalls"])
     state.close()
 
@@ -134,7 +165,8 @@ def first(d, steps):
                path(d, "ckpt"))
     torch.save(state, path(d, "state"))  # pickles the PowerSGDState
     result(buckets=buckets, iter=sd["iter"], saved=[b["params"] for b in sd["buckets"]],
-           bytes=[len(b["state"] or b"") for b in sd["buckets"]], rank=sd["rank"])
+           bytes=[len(b["state"] or b"") for b in sd["buckets"]], rank=sd["rank"],
+           version=sd["version"], devices=[b.get("device") for b in sd["buckets"]])
     state.close()
 
 
@@ -175,7 +207,8 @@ def resume(d, start, stop, how):
     buckets = {}
     ddp.register_comm_hook(state, spy(buckets))
     train(ddp, opt, range(start, stop))
-    torch.save(params(model), path(d, f"resume_{how}"))
+    torch.save(params(model), path(d, f"resume_{how}{TAG}"))
+    canonical(state, d, f"resume_{how}{TAG}")
     result(buckets=buckets, iter=state.iter, log=log.lines, **errors)
     state.close()
 

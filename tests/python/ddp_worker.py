@@ -68,15 +68,18 @@ def match(k, start, unused, cuda=0, steps=8):
                                               find_unused_parameters=bool(unused))
     state = PowerSGDState(None, matrix_approximation_rank=k, start_powerSGD_iter=start,
                           random_seed=7, timeout=30)
-    # The reference: a second communicator with the same settings, driven directly.
+    # The reference: a second communicator with the same settings (its warm-up too), driven
+    # directly, each bucket's copy declared with ids numbered as the hook's doc says: in the
+    # order DDP first hands the parameters to the hook.
     ref = communicator_from_process_group(None, dev.type, approx_rank=k, seed=7, timeout=30,
-                                          min_compression_rate=2.0)
-    inputs, outputs, params = {}, {}, {}
+                                          min_compression_rate=2.0, start_iter=start)
+    inputs, outputs, params, ids, numbers = {}, {}, {}, {}, {}
 
     def spy(st, bucket):
         i = bucket.index()
         inputs[i] = (bucket.buffer().data_ptr(), bucket.buffer().clone())
         params[i] = [tuple(p.shape) for p in bucket.parameters()]
+        ids[i] = tuple(numbers.setdefault(p.data_ptr(), len(numbers)) for p in bucket.parameters())
         fut = powerSGD_hook(st, bucket)
 
         def keep(f):
@@ -85,10 +88,17 @@ def match(k, start, unused, cuda=0, steps=8):
         return fut.then(keep)
 
     ddp.register_comm_hook(state, spy)
+    # The warm-up is lowrank's exact allreduce, not the process group's: count the group's.
+    group_allreduce, group_calls = dist.all_reduce, []
+    dist.all_reduce = lambda *a, **kw: (group_calls.append(1), group_allreduce(*a, **kw))[1]
+    warmup_diff = 0.0
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     gen = torch.Generator().manual_seed(100 + RANK)
     ref_bufs, mismatches, compared, ptr_history, bucket_counts = {}, [], 0, [], []
+    before = {}  # lowrank's counters when compression starts (the warm-up's exact calls)
     for step in range(steps):
+        if step == start:
+            before = state.stats()
         inputs.clear(), outputs.clear()
         x = torch.randn(16, 1, 8, 8, generator=gen).to(dev)
         y = torch.randint(0, 10, (16,), generator=gen).to(dev)
@@ -99,27 +109,33 @@ def match(k, start, unused, cuda=0, steps=8):
             torch.cuda.synchronize()
         bucket_counts.append(len(inputs))
         ptr_history.append(sorted(p for p, _ in inputs.values()))
+        used = set()
         for i, (ptr, inp) in sorted(inputs.items()):
-            if step < start:  # warm-up: DDP's exact average
-                expect = inp / WORLD
-                dist.all_reduce(expect)
-            else:
-                key = (i, ptr)
-                if key not in ref_bufs or ref_bufs[key][1] != params[i]:
-                    for old in [kk for kk in ref_bufs if kk[0] == i]:
-                        ref.release(ref_bufs.pop(old)[0])
-                    ref_bufs[key] = (torch.empty_like(inp), params[i])
-                    ref.set_layout(ref_bufs[key][0], params[i])
-                expect = ref_bufs[key][0]
-                expect.copy_(inp)
-                ref.allreduce(expect, op="avg")
-                if cuda:
-                    torch.cuda.synchronize()
+            # the warm-up too: lowrank's exact average, each id's first `start` calls
+            key = (i, ptr, ids[i])
+            if key not in ref_bufs:
+                ref_bufs[key] = torch.empty_like(inp)
+            used.add(key)
+            expect = ref_bufs[key]
+            ref.set_tensors(expect, list(zip(ids[i], params[i])))
+            expect.copy_(inp)
+            ref.allreduce(expect, op="avg")
+            if cuda:
+                torch.cuda.synchronize()
             compared += 1
+            if step < start:  # exact: the average over the group, to rounding
+                mean = inp / WORLD
+                group_allreduce(mean)
+                warmup_diff = max(warmup_diff, ((outputs[i] - mean).norm() / mean.norm()).item())
             if not torch.equal(outputs[i], expect):
                 mismatches.append(f"step {step} bucket {i}: max diff "
                                   f"{(outputs[i] - expect).abs().max().item():.3g}")
+        for key in [kk for kk in ref_bufs if kk not in used]:  # after their ids moved on
+            ref.release(ref_bufs.pop(key))
+    dist.all_reduce = group_allreduce
     st = state.stats()
+    since = {k: st[k] - before.get(k, 0) for k in ("compressedElements", "exactElements",
+                                                   "payloadElements")}
     live = sorted(inputs)
     views = {i: state.view(i) for i in live}
     want_compressed = [i for i in live if any(compressible(s, k) for s in params[i])]
@@ -127,7 +143,10 @@ def match(k, start, unused, cuda=0, steps=8):
            rebuilt=ptr_history[0] != ptr_history[-1], live=live, want_compressed=want_compressed,
            compressed=[i for i in live if views[i] and views[i]["ncompressed"] > 0],
            calls={i: views[i]["calls"] for i in live if views[i]}, buffers=st["buffers"],
-           compressed_calls=st["compressedCalls"], ratio=st["ratio"],
+           compressed_calls=st["compressedCalls"], calls_total=st["calls"],
+           ratio=(since["compressedElements"] + since["exactElements"]) / since["payloadElements"],
+           group_allreduces=len(group_calls), warmup_diff=warmup_diff,
+           config_start_iter=state.communicator(dev.type).config()["start_iter"],
            exact_live=[i for i in live if i not in want_compressed])
     state.close()
     ref.destroy()

@@ -12,10 +12,15 @@ STEPS = 8  # ddp_worker.match's default
                                                   (3, 1, 0, 1)])
 def test_hook_equals_direct_allreduce(world, k, start, unused):
     """Each bucket's averaged gradients equal lowrankAllReduce driven directly on copies of the
-    bucket's input, with a layout from the bucket's parameters: bit for bit, every rank."""
+    bucket's input, declared with the bucket's parameters' ids and shapes: bit for bit, every
+    rank, the warm-up included, which is lowrank's exact allreduce (startIter), not the process
+    group's (its all_reduce is never called)."""
     res = results(run_ranks(world, "match", k, start, unused))
     for r in res:
         assert r["mismatches"] == []
+        assert r["group_allreduces"] == 0 and r["config_start_iter"] == start
+        assert r["warmup_diff"] < 1e-6  # the exact average, to float32 rounding
+        assert r["calls_total"] == sum(r["bucket_counts"])  # every bucket every step, by lowrank
         assert r["compared"] == sum(r["bucket_counts"])
         assert len(r["live"]) >= 2, "the model must span several buckets"
         # every bucket with a compressible tensor was compressed, and each compressed step counted
@@ -25,7 +30,7 @@ def test_hook_equals_direct_allreduce(world, k, start, unused):
             (STEPS - start) * len(r["exact_live"])
         # lowrank holds state for exactly the live buckets (none left at rebuilt-away buffers)
         assert r["buffers"] == len(r["live"])
-        assert r["ratio"] > 10
+        assert r["ratio"] > 10  # from the first compressed step on (the warm-up is exact)
         if not unused:
             assert r["rebuilt"], "DDP rebuilt no bucket: the reset on rebuild went untested"
     assert all(r["live"] == res[0]["live"] for r in res)

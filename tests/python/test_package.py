@@ -117,6 +117,108 @@ def test_bad_arguments_raise_and_comm_goes_on():
     assert st["calls"] == 1 and st["buffers"] == 1
 
 
+def test_set_tensors_bad_arguments():
+    """set_tensors refuses malformed tensors with InvalidArgumentError naming the entry, before
+    anything reaches the library; tensor_array's result is taken as it is."""
+    bad = {
+        "not_iterable": 5,
+        "empty": [],
+        "not_pair": [(1,)],
+        "too_long": [(1, (4, 4), 2, 9)],
+        "float_id": [(1.5, (4, 4))],
+        "negative_id": [(-1, (4, 4))],
+        "huge_id": [(2**64, (4, 4))],
+        "twice": [(3, (4, 4)), (3, (2,))],
+        "no_dims": [(1, ())],
+        "nine_dims": [(1, (1,) * 9)],
+        "zero_size": [(1, (4, 0))],
+        "float_size": [(1, (4, 2.5))],
+        "shape_int": [(1, 16)],
+        "rank_low": [(1, (4, 4), -2)],
+        "rank_high": [(1, (4, 4), 65537)],
+    }
+    seen = {}
+    for name, tensors in bad.items():
+        with pytest.raises(lowrank.InvalidArgumentError) as e:
+            lowrank.tensor_array(tensors)
+        assert e.value.code == 4 and e.value.function == "lowrankBufferSetTensors"
+        seen[name] = str(e.value)
+    assert "tensors[1]" in seen["twice"] and "given twice" in seen["twice"]
+    assert "1 to 8" in seen["nine_dims"] and "2^64" in seen["huge_id"]
+    assert "65536" in seen["rank_high"] and "no tensors" in seen["empty"]
+    ok = lowrank.tensor_array([(0, torch.Size([4, 4])), (2**64 - 1, (3,), 0), (7, (2, 3, 4), None),
+                               (8, [5, 5], 65536)])
+    assert len(ok) == 4
+    a = ok.array
+    assert (a[1].id, a[1].ndims, a[1].approxRank) == (2**64 - 1, 1, 0)
+    assert (a[2].ndims, list(a[2].shape[:3]), a[2].approxRank) == (3, [2, 3, 4], -1)
+    assert a[3].approxRank == 65536
+
+
+def test_set_tensors_state_follows_the_ids():
+    """Tensors declared with ids keep their state across buffers: 3 calls on buffer a, then 2 on
+    b (same ids, another address) equal 5 calls on one buffer; the same ids regrouped into two
+    buffers equal it too (world 2: a tensor's result does not depend on its neighbours), as does
+    a format-2 save_state of a, restored through a scratch address into a fresh communicator's
+    regrouped buffers. Every comm rank, bit for bit; warm-up per id (start_iter 1)."""
+    g = torch.Generator().manual_seed(9)
+    shapes = [(48, 40), (8,), (24, 3, 4)]
+    n = sum(int(np.prod(s)) for s in shapes)
+    ins = [[torch.randn(n, generator=g) for _ in range(5)] for _ in range(2)]
+    tensors = [(101, shapes[0]), (7, shapes[1]), (2**63 + 5, shapes[2])]
+    cut = 48 * 40 + 8
+
+    def run(c, plan):
+        """plan: per call, 'one' (buffer a), 'moved' (buffer b) or 'split' (two buffers)."""
+        a, b = torch.empty(n), torch.empty(n)
+        s1, s2 = torch.empty(cut), torch.empty(n - cut)
+        outs = []
+        for x, how in zip(ins[c.rank], plan):
+            if how == "split":
+                c.set_tensors(s1, tensors[:2])
+                c.set_tensors(s2, tensors[2:])
+                s1.copy_(x[:cut]), s2.copy_(x[cut:])
+                c.allreduce(s1), c.allreduce(s2)
+                outs.append(torch.cat([s1, s2]))
+            else:
+                buf = a if how == "one" else b
+                c.set_tensors(buf, tensors)
+                buf.copy_(x)
+                c.allreduce(buf)
+                outs.append(buf.clone())
+        return outs
+
+    def body(c):
+        one = run(c, ["one"] * 5)
+        return one, c.stats()["compressedCalls"]
+    cfg = dict(approx_rank=2, seed=11, start_iter=1)
+    ref = on_ranks(2, body, **cfg)
+    for plan in (["one"] * 3 + ["moved"] * 2, ["one"] * 3 + ["split"] * 2):
+        got = on_ranks(2, lambda c: run(c, plan), **cfg)
+        for r in range(2):
+            assert all(torch.equal(x, y) for x, y in zip(got[r], ref[r][0])), (plan, r)
+    assert ref[0][1] == 4  # the first call of each id is its warm-up (exact)
+
+    def saved(c):
+        run(c, ["one"] * 3)
+        probe = torch.empty(1)  # never called: declared with the ids, it saves their states
+        c.set_tensors(probe, tensors)
+        data = c.save_state(probe)  # format 2: each id's state, wherever held
+        c.release(probe)
+        return data
+    data = on_ranks(2, saved, **cfg)
+
+    def restored(c):
+        scratch = torch.empty(1)
+        c.set_tensors(scratch, tensors)
+        c.restore_state(scratch, data[c.rank])
+        return run(c, ["split"] * 2)  # the calls 4 and 5 of a run that never stopped
+    ins[:] = [x[3:] for x in ins]
+    got = on_ranks(2, restored, **cfg)
+    for r in range(2):
+        assert all(torch.equal(x, y) for x, y in zip(got[r], ref[r][0][3:])), r
+
+
 def test_save_and_restore_state():
     """save_state -> bytes, restore_state into another buffer (a tensor, or an address as an int):
     the next calls equal those of the buffer that saved, bit for bit on every comm rank. Errors:

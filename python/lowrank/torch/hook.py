@@ -5,16 +5,23 @@ torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook.PowerSGDState; differe
 in each argument's description and in docs/pytorch.md. Method: PowerSGD (Vogels, Karimireddy,
 Jaggi, NeurIPS 2019, arXiv 1905.13727), per tensor as PyTorch's hook: each gradient of >= 2
 dimensions viewed as (shape[0], -1) and compressed if (n + m) k rate < n m, the rest exact.
+Each bucket is handed to lowrank as it is: its buffer, declared with its parameters' ids
+(lowrankBufferSetTensors), so that the state (residual, warm-start Q, warm-up count) belongs to
+the parameters and follows them through DDP's bucket rebuilds and restarts.
 """
 import atexit
+import collections
 import contextlib
+import functools
 import logging
 import math
+import zlib
 
 import torch
 import torch.distributed as dist
 
 from .._buffers import describe
+from ..comm import tensor_array
 from ..errors import InvalidArgumentError, LowrankError
 from .process_group import communicator_from_process_group, require_initialized
 from .worker import Worker
@@ -36,26 +43,29 @@ def _close_at_exit():
 
 class PowerSGDState:
     """State of lowrank's PowerSGD hook for one DDP model: the communicators, the step count and
-    the record of each bucket's buffer and layout. Construct it on every rank at the same point
+    the buffer lowrank last reduced for each bucket. Construct it on every rank at the same point
     (it makes a lowrank communicator over the process group: a collective).
 
     Args (PyTorch's names and defaults):
       process_group: the torch.distributed group whose ranks reduce together (None: the default
         group). lowrank makes its own communicator over the same ranks: for CPU buckets a host
         communicator (UCX), for CUDA buckets an NCCL communicator; the group itself carries only
-        the set-up, and the exact allreduces of the warm-up steps.
+        the set-up.
       matrix_approximation_rank (1): the approximation rank k (lowrankConfig_t.approxRank).
         0 turns compression off (every step an exact allreduce by lowrank).
-      start_powerSGD_iter (1000): steps done as DDP's exact allreduce (over process_group) before
-        compression starts. Unlike PyTorch's, values <= 1 are allowed with error feedback and warm
-        start: lowrank keys a bucket's state by its parameters, so when DDP rebuilds its buckets
-        a bucket of the same parameters (same order) keeps its state and the others start afresh.
+      start_powerSGD_iter (1000): the warm-up: each parameter's gradient is allreduced exactly,
+        by lowrank over its own communicator, for its first start_powerSGD_iter steps
+        (lowrankConfig_t.startIter, counted per parameter by lowrank), then compressed. Unlike
+        PyTorch's, values <= 1 are allowed with error feedback and warm start: lowrank keys the
+        state by parameter (tensor ids), so each parameter keeps its own through DDP's bucket
+        rebuilds.
       min_compression_rate (2): a tensor is compressed only if (n + m) k rate < n m.
       use_error_feedback (True), warm_start (True): as PyTorch's.
       orthogonalization_epsilon (0): added to column norms in Gram-Schmidt (lowrank uses it for
         k <= 2; Householder QR above needs none, and a zero column never becomes NaN).
-      random_seed (0): seed of the first Q, the same on every rank (lowrank draws it with its own
-        generator, so the numbers differ from PyTorch's for the same seed).
+      random_seed (0): seed of the first Q, the same on every rank (lowrank draws each tensor's
+        from the seed and the tensor's id with its own generator, so the numbers differ from
+        PyTorch's for the same seed).
       compression_stats_logging_frequency (10000): every so many steps, lowrank's counters are
         logged at INFO on the logger "lowrank.torch".
       batch_tensors_with_same_shape (False): accepted and ignored: lowrank's fused passes take all
@@ -69,9 +79,10 @@ class PowerSGDState:
     Raises LowrankError if torch.distributed is not initialized or lowrank cannot start.
     Thread safety: one state serves one DDP model; its hook is called by DDP's autograd thread.
 
-    Checkpoint (docs/pytorch.md, "Checkpoint"): state_dict() / load_state_dict(sd), or pickling
-    the state (torch.save(state)); every rank saves and loads its own, with the model and the
-    optimizer."""
+    The ids: every parameter is numbered in the order DDP first hands it to the hook in the
+    process (see state_dict, "the ids"). Checkpoint (docs/pytorch.md, "Checkpoint"): state_dict()
+    / load_state_dict(sd), or pickling the state (torch.save(state)); every rank saves and loads
+    its own, with the model and the optimizer."""
 
     def __init__(self, process_group, matrix_approximation_rank=1, start_powerSGD_iter=1_000,
                  min_compression_rate=2, use_error_feedback=True, warm_start=True,
@@ -109,9 +120,10 @@ class PowerSGDState:
         self.iter = 0
         self.next_stats_report = 0
         self._timeout, self._pipeline = kw["timeout"], kw["pipeline"]
-        # start_iter 0: the warm-up is counted here in steps, as PyTorch's (LOWRANK_START_ITER
-        # would otherwise add per-buffer calls of its own).
-        self._config = dict(approx_rank=self.matrix_approximation_rank, start_iter=0,
+        # The warm-up is lowrank's, per tensor id (its startIter); the hook's argument wins over
+        # LOWRANK_START_ITER.
+        self._config = dict(approx_rank=self.matrix_approximation_rank,
+                            start_iter=int(self.start_powerSGD_iter),
                             min_compression_rate=float(self.min_compression_rate),
                             error_feedback=bool(self.use_error_feedback),
                             warm_start=bool(self.warm_start),
@@ -120,16 +132,15 @@ class PowerSGDState:
                             pipeline=self._pipeline)
         self._comms = {}    # "cpu" / "cuda" -> Communicator
         self._workers = {}  # the same keys -> Worker
-        self._buckets = {}  # bucket index -> _Record
-        self._seen = set()  # bucket indices called in the current step
-        self._param_pos = {}  # a parameter's identity -> its position (see _param_key)
-        self._pending = []  # _Entry: states waiting for their bucket (checkpoint, or a rebuild)
-        self._unused_warning = False  # warn about checkpoint entries left at the end of the step
-        self._snapshotted = False     # this step already saved the old buckets' states
-        # The buckets of the last warm-up step (index -> (key, shapes)) and of the current one:
-        # a checkpoint taken when compression starts holds no lowrank state, only these, so that
-        # a restart reduces the same buckets (not DDP's first-step bucket) at its first step.
-        self._warmup_buckets, self._warmup_seen = {}, {}
+        self._buckets = {}  # bucket index -> _Bucket: the last complete step's
+        self._step = {}     # bucket index -> _Bucket: the current step's
+        self._param_pos = {}  # a parameter's identity -> its id (see _param_key)
+        # A loaded state_dict: its entries (_Saved) wait for the next job on their device, which
+        # stages them in lowrank through scratch buffers (released after the first step);
+        # state_dict() returns them as loaded until a step has run; the ids they hold, with their
+        # shapes, check the numbering and name those no bucket took.
+        self._restores, self._scratch, self._loaded = [], [], None
+        self._expect, self._unclaimed = {}, set()
         self._closed = False
         _live_states.add(self)
 
@@ -165,16 +176,12 @@ class PowerSGDState:
         return total
 
     def view(self, bucket_index):
-        """lowrankBufferGetView of a bucket's buffer (dict), None if lowrank never saw it. A bucket
-        whose state came from a checkpoint of other buckets (see state_dict) is reduced as
-        several lowrank buffers: then a list of their views."""
-        rec = self._buckets.get(bucket_index)
-        if rec is None:
+        """lowrankBufferGetView of a bucket's buffer (dict), None if lowrank never saw it."""
+        b = self._step.get(bucket_index) or self._buckets.get(bucket_index)
+        if b is None:
             return None
-        self._workers[rec.device].drain()
-        comm = self._comms[rec.device]
-        views = [comm.view(seg.ptr) for seg in rec.segments]
-        return views[0] if rec.segments[0].gather is None else views
+        self._workers[b.device].drain()
+        return self._comms[b.device].view(b.ptr)
 
     def communicator(self, device="cpu"):
         """The lowrank.Communicator this state uses for buckets on `device` (made if needed:
@@ -194,8 +201,7 @@ class PowerSGDState:
                 comm.abort()  # a call blocked on a peer: end it, then let the thread finish
                 worker.stop(timeout)
             comm.destroy()
-        self._buckets.clear()
-        self._pending = []
+        self._buckets, self._step, self._restores, self._scratch = {}, {}, [], []
         _live_states.discard(self)
 
     # ---- checkpoint ------------------------------------------------------------------------------
@@ -204,7 +210,7 @@ class PowerSGDState:
         its own: the residuals differ from rank to rank). A dict of plain Python types, bytes
         included (torch.load with weights_only=True, torch's default since 2.6, takes it; tested
         with torch 2.11; torch 1.13's weights_only refuses bytes: load with its default):
-          "format": "lowrank.torch.PowerSGDState", "version": 1;
+          "format": "lowrank.torch.PowerSGDState", "version": 2;
           "config": the settings load_state_dict checks: matrix_approximation_rank,
             start_powerSGD_iter, min_compression_rate, use_error_feedback, warm_start,
             orthogonalization_epsilon, random_seed;
@@ -213,18 +219,21 @@ class PowerSGDState:
           "iter", "next_stats_report": the step counters (ints);
           "rank", "world_size": this rank in process_group and the group's size (None if
             torch.distributed is not initialized);
-          "buckets": a list, one dict per lowrank buffer holding state (during the warm-up: the
-            buckets of its last step, with "state" None, so that a restart saved when
-            compression starts reduces the same buckets): "params" (the key: a tuple of ints,
-            the bucket's parameters, below),
-            "shapes" (a tuple of their shapes, each a tuple of ints), "bucket" (DDP's index of
-            the bucket when saved, for reading only) and "state" (bytes of
-            lowrank.Communicator.save_state: the residual, the warm-start Q, the call count).
-        The key: every parameter is numbered in the order DDP first hands it to the hook in the
-        process (DDP's first step, whose buckets DDP makes from the model's parameter order), and
-        a bucket is the tuple of its parameters' numbers, in the bucket's order. A process that
-        builds the same model with the same DDP arguments numbers them the same, so the state
-        finds its parameters whatever bucket indices DDP gives after a restart or a rebuild.
+          "buckets": a list, one dict per bucket of the last step: "params" (the ids of its
+            parameters, a tuple of ints, below), "shapes" (a tuple of their shapes as declared
+            to lowrank, each a tuple of ints), "device" ("cpu" or "cuda"), "bucket" (DDP's index
+            of the bucket when saved, for reading only) and "state" (bytes of
+            lowrank.Communicator.save_state, format 2: per id, its residual, warm-start Q and
+            call count, warm-up included, with a CRC).
+        The ids: every parameter is numbered in the order DDP first hands it to the hook in the
+        process (DDP's first step). Without find_unused_parameters (or with static_graph), DDP's
+        first step has one bucket per dtype and device holding every parameter in the model's
+        order, whatever bucket_cap_mb: a process that builds the same model numbers the
+        parameters the same, with any bucket_cap_mb, and each parameter's state finds it after a
+        restart in whatever bucket DDP puts it. With find_unused_parameters (and no
+        static_graph) DDP's first-step buckets depend on bucket_cap_mb: restart with the same
+        one (a numbering that differs is refused where the shapes tell: see load_state_dict).
+        A state loaded and not yet used by a step returns the loaded buckets as they came.
         Waits for the work queued so far. Local, not collective.
         Raises LowrankError (a closed state). After a step that failed (backward raised), it
         still returns what lowrank holds, but the step count includes the failed step: save
@@ -233,48 +242,48 @@ class PowerSGDState:
         self._check_open("state_dict")
         for worker in self._workers.values():
             worker.drain()
-        buckets = []
-        for index in sorted(self._buckets):
-            rec = self._buckets[index]
-            comm = self._comms[rec.device]
-            for seg in rec.segments:
-                data = _save_or_none(comm, seg.ptr)
+        if self._loaded is not None:
+            version, buckets = self._loaded
+        else:
+            version, buckets = _VERSION, []
+            for index, b in sorted(self._buckets.items()):
+                data = _save_or_none(self._comms[b.device], b.ptr)
                 if data is not None:
-                    buckets.append({"params": seg.pkey, "shapes": seg.shapes, "bucket": index,
-                                    "state": data})
-        # loaded and not yet used (no compressed step since): kept as they came
-        buckets += [e.as_dict() for e in self._pending if e.checkpoint]
-        if not buckets and not self._buckets:
-            # Saved when compression starts: no state yet, the buckets' parameters only.
-            buckets = [{"params": pkey, "shapes": shapes, "bucket": index, "state": None}
-                       for index, (pkey, shapes) in sorted(self._warmup_buckets.items())]
+                    buckets.append({"params": b.ids, "shapes": b.shapes, "device": b.device,
+                                    "bucket": index, "state": data})
         rank = world = None
         if dist.is_available() and dist.is_initialized():
             rank, world = dist.get_rank(self.process_group), dist.get_world_size(self.process_group)
-        return {"format": _FORMAT, "version": _VERSION,
+        return {"format": _FORMAT, "version": version,
                 "config": {k: getattr(self, k) for k in _CHECKED},
                 "options": {"compression_stats_logging_frequency":
                             self.compression_stats_logging_frequency,
                             "batch_tensors_with_same_shape": self.batch_tensors_with_same_shape,
                             "timeout": self._timeout, "pipeline": self._pipeline},
                 "iter": self.iter, "next_stats_report": self.next_stats_report,
-                "rank": rank, "world_size": world, "buckets": buckets}
+                "rank": rank, "world_size": world, "buckets": list(buckets)}
 
     def load_state_dict(self, state_dict):
-        """Take the state_dict() this rank saved: the step counters now, each bucket's lowrank
-        state at its first compressed step from now on (on the hook's thread: set_layout,
-        restore_state, then the allreduce). Call it on every rank, each with its own file, before
-        the first step with this state; not collective. What this state held is dropped; a
-        bucket with nothing saved starts afresh; saved buckets that no bucket takes by the end of
-        the first compressed step are logged (WARNING, logger "lowrank.torch") and dropped.
-        A bucket's state is checked across ranks at its first compressed call: a rank that
-        restored it while another did not, or states of different steps, make every rank's
-        backward raise lowrankInvalidUsage.
+        """Take the state_dict() this rank saved (version 2, or version 1 of lowrank before tensor
+        ids): the step counters now; each saved tensor's state is staged in lowrank at the next
+        step (on the hook's thread, before its first allreduce: restore_state into scratch
+        buffers declared with the saved ids, which turns version 1's per-bucket bytes into
+        per-id states too), and installed by whichever bucket holds that parameter, in any
+        bucketing (another bucket_cap_mb, DDP's first step after a restart). Call it on every
+        rank, each with its own file, before the first step with this state; not collective.
+        What this state held is dropped; a parameter with nothing saved starts afresh; saved
+        states that no bucket takes in the first step are logged (WARNING, logger
+        "lowrank.torch") and dropped. A tensor's state is checked across ranks at its first
+        call: a rank that restored it while another did not, or states of different steps, make
+        every rank's backward raise lowrankInvalidUsage.
         Raises ValueError: not a state_dict of this class or version, a malformed entry (its
-        structure: the bytes themselves are checked by lowrank when restored, at the first
-        compressed step, where corrupt bytes raise on every rank), a setting that differs from
-        this state's (each named, with both values), another rank's or another world size's
-        state; nothing is changed then. LowrankError: a closed state.
+        structure: the bytes themselves are checked by lowrank when staged, at the next step,
+        where corrupt bytes raise on every rank), a setting that differs from this state's (each
+        named, with both values), another rank's or another world size's state, saved ids whose
+        shapes are not those of the parameters this state numbered so; nothing is changed then.
+        LowrankError: a closed state; at the next step (every rank), a parameter numbered with a
+        saved id of another shape (DDP's first step handed the parameters in another order than
+        the run that saved: find_unused_parameters with another bucket_cap_mb, another model).
         Thread safety: call it between steps, on the training thread."""
         self._load(state_dict, check_rank=True)
 
@@ -298,32 +307,41 @@ class PowerSGDState:
                 raise ValueError(f"PowerSGDState.load_state_dict: the state of rank {saved[0]} of "
                                  f"{saved[1]}, loaded on rank {here[0]} of {here[1]}: every rank "
                                  "loads the state it saved")
+        expect = {i: s for e in entries for i, s in zip(e.params, e.shapes)}
+        clash = sorted((n, ident[3]) for ident, n in self._param_pos.items()
+                       if n in expect and expect[n] != _declared_shape(ident[3]))
+        if clash:
+            raise ValueError("PowerSGDState.load_state_dict: " + _numbering_message(
+                [(n, shape, expect[n]) for n, shape in clash]))
         for worker in self._workers.values():
             worker.drain()
-        for rec in self._buckets.values():
-            for seg in rec.segments:
-                self._comms[rec.device].release(seg.ptr)
-        self._buckets.clear()
-        self._seen.clear()
-        self._snapshotted = False
-        self._pending = entries
-        self._unused_warning = bool(entries)
+        held = {(b.device, b.ptr) for b in (*self._buckets.values(), *self._step.values())}
+        held |= {(dev, t.data_ptr()) for dev, t in self._scratch}
+        for dev, ptr in held:
+            self._comms[dev].release(ptr)  # the old states go (ids and staged restores alike)
+        self._buckets, self._step, self._scratch = {}, {}, []
+        self._restores = [e for e in entries if e.state is not None]
+        self._loaded = (state_dict["version"], list(state_dict["buckets"]))
+        self._expect, self._unclaimed = expect, set(expect)
         self.iter = int(state_dict["iter"])
         self.next_stats_report = int(state_dict["next_stats_report"])
+        logger.info("lowrank: loaded the state of %d tensors (%d saved buckets, version %d), "
+                    "staged at the next step for whichever bucket holds them", len(expect),
+                    len(self._restores), state_dict["version"])
 
     def __getstate__(self):
         """What pickle saves: everything but the process group, as PyTorch's PowerSGDState (the
         dict of state_dict()); lowrank's communicators and threads are not saved either."""
         logger.warning("NOTE: Process group is not serializable and excluded from a saved state. "
-                       "lowrank's communicators are not saved either: the first compressed step "
-                       "after loading makes them again.")
+                       "lowrank's communicators are not saved either: the first step after "
+                       "loading makes them again.")
         return self.state_dict()
 
     def __setstate__(self, state):
         """The unpickled state: process_group None (the default group; set
-        `state.process_group` before the first compressed step for another), no communicator
-        until the first compressed step makes it (collective over the group, on every rank at
-        that step), the saved buckets staged as by load_state_dict."""
+        `state.process_group` before the first step for another), no communicator until the
+        first step makes it (collective over the group, on every rank at that step), the saved
+        tensors staged as by load_state_dict."""
         _check_state_dict(state)
         logger.warning("NOTE: Process group will be set to a default group (i.e. the world size). "
                        "If a different group is desired, please set `self.process_group` after "
@@ -344,17 +362,11 @@ class PowerSGDState:
             self._workers[device] = Worker(f"lowrank-{device}")
         return self._comms[device]
 
-    def _note_warmup_bucket(self, bucket, pkey):
-        """Records a warm-up step's bucket; the last one completes the step's record."""
-        shapes = tuple(tuple(g.shape) for g in bucket.gradients())
-        self._warmup_seen[bucket.index()] = (pkey, shapes)
-        if bucket.is_last():
-            self._warmup_buckets, self._warmup_seen = self._warmup_seen, {}
-
     def _param_key(self, bucket):
-        """The bucket's key: the numbers of its parameters, each numbered at its first sight in
-        this process (its identity: device, address, shape). Objects without parameters() (and
-        those whose parameters do not match the gradients one to one) are keyed by gradients."""
+        """The ids of the bucket's parameters: each numbered at its first sight in this process
+        (its identity: device, address, shape). Objects without parameters() (and those whose
+        parameters do not match the gradients one to one) are keyed by gradients. A number a
+        loaded state holds with another shape raises LowrankError (the numbering differs)."""
         grads = bucket.gradients()
         params = bucket.parameters() if hasattr(bucket, "parameters") else grads
         if len(params) != len(grads):
@@ -364,183 +376,99 @@ class PowerSGDState:
             ident = (p.device.type, p.device.index, p.data_ptr(), tuple(p.shape))
             n = self._param_pos.get(ident)
             if n is None:
-                n = self._param_pos[ident] = len(self._param_pos)
+                n = len(self._param_pos)
+                want = self._expect.get(n)
+                if want is not None and want != _declared_shape(ident[3]):
+                    raise LowrankError(5, _numbering_message([(n, ident[3], want)]),
+                                       "powerSGD_hook")
+                self._param_pos[ident] = n
             key.append(n)
         return tuple(key)
 
-    def _plan_bucket(self, bucket, buf, device, pkey, errors):
-        """What the worker runs for this bucket: (setup, segments). setup: callables run in
-        order before the allreduce (save the old buckets' states at a rebuild, release stale
-        buffers, set the layout, restore a state; a failed restore goes to `errors`). segments:
-        the lowrank buffers that reduce the bucket. Records the bucket."""
+    def _declare(self, bucket, device, buf):
+        """The bucket as lowrank takes it (_Bucket: its buffer, ids and shapes, the declaration's
+        array, made again only when one of them changes), recorded for this step."""
+        index = bucket.index()
+        pkey = self._param_key(bucket)  # numbers the parameters from DDP's first step on
         shapes = tuple(tuple(g.shape) for g in bucket.gradients())
         if sum(_numel(s) for s in shapes) != buf.numel():
-            raise InvalidArgumentError(4, f"bucket {bucket.index()}: its gradients have "
+            raise InvalidArgumentError(4, f"bucket {index}: its gradients have "
                                           f"{sum(_numel(s) for s in shapes)} elements, its buffer "
                                           f"{buf.numel()}", "powerSGD_hook")
-        index = bucket.index()
-        ident = (device, buf.data_ptr(), shapes, pkey)
-        old = self._buckets.get(index)
-        if index in self._seen and (old is None or old.ident != ident):
+        ptr = buf.data_ptr()
+        now = self._step.get(index)
+        if now is not None and (now.device, now.ptr) != (device, ptr):
             raise LowrankError(5, f"bucket {index} came twice in one step with other buffers: one "
                                   "PowerSGDState serves one DDP model (make one per model)",
                                "powerSGD_hook")
-        if old is not None and old.ident == ident:
-            self._seen.add(index)
-            return [], old.segments
-        actions = []
-        if not self._snapshotted:
-            # DDP rebuilt its buckets (or this is the first step): before any layout changes,
-            # the old buckets' states are saved, for a new bucket of the same parameters.
-            actions += self._snapshot(device)
-            self._snapshotted = True
-        self._seen.add(index)
-        if old is not None:
-            actions += self._release_unless_live(old, exclude=index)
-        segments, setup = self._segments(device, buf, shapes, pkey, errors)
-        self._buckets[index] = _Record(ident, segments)
-        return actions + setup, segments
+        b = self._buckets.get(index)
+        if b is None or (b.device, b.ptr, b.pkey, b.grad_shapes) != (device, ptr, pkey, shapes):
+            # zero-element tensors take no room in the buffer: not declared
+            kept = [(n, _declared_shape(s)) for n, s in zip(pkey, shapes) if _numel(s)]
+            b = _Bucket(device, ptr, buf, pkey, shapes, tuple(n for n, _ in kept),
+                        tuple(s for _, s in kept), tensor_array(kept))
+        self._step[index] = b
+        self._unclaimed.difference_update(b.ids)
+        return b
 
-    def _snapshot(self, device):
-        """Entries for the states of the buckets recorded before this step (on `device`, not yet
-        seen in this step), filled by the returned action on the worker."""
-        comm = self._comms[device]
-        pairs = [(_Entry(seg.pkey, seg.shapes, None, checkpoint=False, device=device), seg)
-                 for i, rec in self._buckets.items() if i not in self._seen and rec.device == device
-                 for seg in rec.segments]
-        if not pairs:
+    def _take_restores(self, device):
+        """Actions for the next job on `device`: stage the loaded states meant for it (format 2:
+        saved there; format 1: any device) in lowrank, each through a scratch buffer of its own
+        declared with the saved ids (restore_state; a failure goes to the `errors` list each
+        action takes)."""
+        mine = [e for e in self._restores if e.device in (None, device)]
+        if not mine:
             return []
-        self._pending += [e for e, _ in pairs]
-
-        def save():
-            for e, seg in pairs:
-                e.state = _save_or_none(comm, seg.ptr)
-        return [save]
-
-    def _segments(self, device, buf, shapes, pkey, errors):
-        """The lowrank buffers of a new bucket and their setup. A pending state of exactly this
-        bucket's parameters: restored into the bucket's buffer. Else saved buckets of the
-        checkpoint whose parameters all lie in this bucket (DDP's first step after a restart
-        has other buckets than the step that saved: one bucket of every parameter): each gets a
-        buffer of its own, filled from the bucket's gradients in the saved order, and the rest
-        of the bucket another (a fresh state). Else the bucket's buffer, fresh."""
-        comm = self._comms[device]
-        usable = [e for e in self._pending if e.device in (None, device)]
-        exact = next((e for e in usable if e.pkey == pkey and e.shapes == shapes), None)
-        if exact is not None:
-            self._pending.remove(exact)
-            seg = _Segment(buf, shapes, pkey, None)
-            return [seg], [_set_layout(comm, seg), _restore(comm, seg, exact, errors)]
-        where = {p: j for j, p in enumerate(pkey)}
-        chosen, taken = [], set()
-        for e in usable:
-            idx = tuple(where.get(p, -1) for p in e.pkey)
-            if (not e.checkpoint or -1 in idx or len(set(idx)) != len(idx) or taken & set(idx)
-                    or tuple(shapes[j] for j in idx) != e.shapes):
-                continue
-            chosen.append((e, idx))
-            taken |= set(idx)
-        if not chosen:
-            seg = _Segment(buf, shapes, pkey, None)
-            return [seg], [_set_layout(comm, seg)]
-        rest = tuple(j for j in range(len(pkey)) if j not in taken)
-        starts = [0]
-        for shape in shapes:
-            starts.append(starts[-1] + _numel(shape))
-        segments, setup = [], []
-        for e, idx in chosen + ([(None, rest)] if rest else []):
-            scratch = torch.empty(sum(_numel(shapes[j]) for j in idx), dtype=buf.dtype,
-                                  device=buf.device)
-            seg = _Segment(scratch, tuple(shapes[j] for j in idx), tuple(pkey[j] for j in idx),
-                           tuple((starts[j], _numel(shapes[j])) for j in idx))
-            segments.append(seg)
-            setup.append(_set_layout(comm, seg))
-            if e is not None:
-                self._pending.remove(e)
-                setup.append(_restore(comm, seg, e, errors))
-        logger.info("lowrank: a bucket of %d parameters takes the state of %d saved buckets (and "
-                    "%d parameters afresh): reduced as %d buffers until DDP rebuilds it",
-                    len(pkey), len(chosen), len(rest), len(segments))
-        return segments, setup
-
-    def _release_unless_live(self, rec, exclude):
-        """Release rec's buffers unless another live bucket now uses that address."""
-        live = {(r.device, seg.ptr) for i, r in self._buckets.items() if i != exclude
-                for seg in r.segments}
-        comm = self._comms[rec.device]
-        return [_release(comm, seg) for seg in rec.segments if (rec.device, seg.ptr) not in live]
-
-    def _end_of_step(self):
-        """After the last bucket: release the buffers of buckets DDP no longer has, drop the
-        states no bucket took (a checkpoint's: with a warning)."""
-        actions = []
-        for index in [i for i in self._buckets if i not in self._seen]:
-            rec = self._buckets.pop(index)
-            actions += self._release_unless_live(rec, exclude=index)
-        left = [e for e in self._pending if e.checkpoint]
-        if self._unused_warning and left:
-            logger.warning("lowrank: %d saved bucket states were not used by the first compressed "
-                           "step after loading (no bucket of those parameters: another model or "
-                           "other DDP arguments?); those parameters started afresh. Unused: %s",
-                           len(left), ", ".join(f"bucket {e.bucket} ({len(e.pkey)} parameters)"
-                                                for e in left))
-        self._unused_warning = False
-        self._pending = []
-        self._seen.clear()
-        self._snapshotted = False
+        self._restores = [e for e in self._restores if e.device not in (None, device)]
+        comm, actions = self._comms[device], []
+        for e in mine:
+            scratch = torch.empty(1)  # an address of its own, never allreduced
+            self._scratch.append((device, scratch))
+            actions.append(functools.partial(_stage, comm, scratch, e))
         return actions
 
+    def _end_of_step(self):
+        """After the last bucket's job: release, on each device's worker, the buffers of buckets
+        DDP no longer has (their ids went to this step's buffers) and the scratch buffers of a
+        load (dropping what no bucket took, with a warning)."""
+        live = {(b.device, b.ptr) for b in self._step.values()}
+        stale = {(b.device, b.ptr): b.buf for b in self._buckets.values()
+                 if (b.device, b.ptr) not in live}
+        stale.update({(dev, t.data_ptr()): t for dev, t in self._scratch})
+        if self._unclaimed:
+            logger.warning("lowrank: the saved states of %d tensors were not used by the first "
+                           "step after loading (no bucket has those parameters: another model or "
+                           "other DDP arguments?); those parameters started afresh. Unused ids: "
+                           "%s", len(self._unclaimed), _ids_text(self._unclaimed))
+        self._buckets, self._step, self._scratch = self._step, {}, []
+        self._loaded, self._expect, self._unclaimed = None, {}, set()
+        for dev in {dev for dev, _ in stale}:
+            comm = self._comms[dev]
+            bufs = [(ptr, buf) for (d, ptr), buf in stale.items() if d == dev]
+            self._workers[dev].submit(functools.partial(_release, comm, bufs))
 
-_FORMAT, _VERSION = "lowrank.torch.PowerSGDState", 1
+
+_FORMAT, _VERSION = "lowrank.torch.PowerSGDState", 2
 _CHECKED = ("matrix_approximation_rank", "start_powerSGD_iter", "min_compression_rate",
             "use_error_feedback", "warm_start", "orthogonalization_epsilon", "random_seed")
 _OPTIONS = ("compression_stats_logging_frequency", "batch_tensors_with_same_shape", "timeout",
             "pipeline")
 
-
-class _Segment:
-    """One lowrank buffer reducing a bucket, or a part of it: the bucket's own buffer (gather
-    None), or a tensor of its own that the job fills from the bucket's gradients, `gather` giving
-    (start in the bucket's buffer, elements) of each, in this buffer's order, and copies back
-    after the allreduce."""
-    __slots__ = ("buf", "ptr", "shapes", "pkey", "gather")
-
-    def __init__(self, buf, shapes, pkey, gather):
-        self.buf, self.ptr, self.shapes, self.pkey, self.gather = (buf, buf.data_ptr(), shapes,
-                                                                   pkey, gather)
-
-
-class _Record:
-    """A bucket as lowrank last saw it: ident (device, buffer address, shapes, parameter key)
-    and its segments."""
-    __slots__ = ("ident", "device", "segments")
-
-    def __init__(self, ident, segments):
-        self.ident, self.device, self.segments = ident, ident[0], segments
-
-
-class _Entry:
-    """A state waiting for its bucket: from a checkpoint (device None, bucket: its index when
-    saved), or saved at a rebuild (state filled by the worker; None: nothing to restore)."""
-    __slots__ = ("pkey", "shapes", "state", "checkpoint", "device", "bucket")
-
-    def __init__(self, pkey, shapes, state, checkpoint, device=None, bucket=None):
-        self.pkey, self.shapes, self.state = pkey, shapes, state
-        self.checkpoint, self.device, self.bucket = checkpoint, device, bucket
-
-    def as_dict(self):
-        return {"params": self.pkey, "shapes": self.shapes, "bucket": self.bucket,
-                "state": self.state}
+# A bucket as lowrank last took it: pkey and grad_shapes as DDP gave them, ids and shapes as
+# declared (array: the declaration, lowrank.tensor_array), buf held until its release.
+_Bucket = collections.namedtuple("_Bucket", "device ptr buf pkey grad_shapes ids shapes array")
+# A saved bucket of a state_dict: device None for version 1 (saved before devices were recorded).
+_Saved = collections.namedtuple("_Saved", "params shapes state device array")
 
 
 def _check_state_dict(sd):
-    """The checkpoint entries of a state_dict(); ValueError if it is not one."""
+    """The saved buckets (_Saved) of a state_dict(); ValueError if it is not one."""
     if not isinstance(sd, dict) or sd.get("format") != _FORMAT:
         raise ValueError("PowerSGDState.load_state_dict: not a state_dict() of "
                          "lowrank.torch.PowerSGDState")
-    if sd.get("version") != _VERSION:
+    if sd.get("version") not in (1, _VERSION):
         raise ValueError(f"PowerSGDState.load_state_dict: format version {sd.get('version')!r}, "
-                         f"this lowrank reads version {_VERSION}")
+                         f"this lowrank reads versions 1 and {_VERSION}")
     missing = [k for k in ("config", "options", "iter", "next_stats_report", "rank",
                            "world_size", "buckets") if k not in sd]
     missing += [f"config.{k}" for k in _CHECKED if k not in sd.get("config", {})]
@@ -553,28 +481,65 @@ def _check_state_dict(sd):
     if bad:  # checked here, before load_state_dict changes anything
         raise ValueError("PowerSGDState.load_state_dict: malformed "
                          + ", ".join(f"{k} ({sd[k]!r})" for k in bad))
-    entries = []
+    entries, ids = [], set()
     for n, b in enumerate(sd["buckets"]):
         try:
-            pkey = tuple(int(p) for p in b["params"])
+            params = tuple(int(p) for p in b["params"])
             shapes = tuple(tuple(int(d) for d in s) for s in b["shapes"])
-            state = b["state"]  # None: saved when compression started, no lowrank state yet
+            state = b["state"]  # None: nothing saved (version 1's warm-up checkpoints)
+            device = b["device"] if sd["version"] >= 2 else None
             ok = (state is None or isinstance(state, (bytes, bytearray))) and \
-                len(pkey) == len(shapes) > 0
-        except (TypeError, ValueError, KeyError):
+                len(params) == len(shapes) > 0 and device in (None, "cpu", "cuda") and \
+                not ids & set(params)
+            array = tensor_array(zip(params, shapes)) if ok else None
+        except (TypeError, ValueError, KeyError, InvalidArgumentError):
             ok = False
         if not ok:
             raise ValueError(f"PowerSGDState.load_state_dict: buckets[{n}] is not a saved bucket "
-                             "(params, shapes, state bytes)")
-        entries.append(_Entry(pkey, shapes, None if state is None else bytes(state),
-                              checkpoint=True, bucket=b.get("bucket")))
+                             "(params, shapes, state bytes; each id once)")
+        ids |= set(params)
+        if state is not None:
+            state = bytes(state)
+            if sd["version"] == 1:
+                state = _v1_calls_with_warmup(state, sd["config"]["start_powerSGD_iter"])
+        entries.append(_Saved(params, shapes, state, device, array))
     return entries
+
+
+def _v1_calls_with_warmup(data, start):
+    """Version 1's bytes (format 1) count the calls since compression started: that hook did its
+    warm-up over the process group. lowrank's per-id warm-up counts every call: the saved count
+    plus the warm-up's `start` steps (the u64 at byte 48, little-endian), under a new CRC-32
+    (zlib's, the last 4 bytes). Bytes that are not whole format-1 ones are left to lowrank's
+    restore to refuse."""
+    if (len(data) < 60 or data[:8] != b"LRSTATE\0" or data[8:12] != (1).to_bytes(4, "little")
+            or zlib.crc32(data[:-4]) != int.from_bytes(data[-4:], "little") or not start):
+        return data
+    calls = int.from_bytes(data[48:56], "little") + int(start)
+    body = data[:48] + calls.to_bytes(8, "little") + data[56:-4]
+    return body + zlib.crc32(body).to_bytes(4, "little")
 
 
 def _same(a, b):
     if isinstance(a, (int, float)) and isinstance(b, (int, float)):
         return float(a) == float(b) or (math.isnan(float(a)) and math.isnan(float(b)))
     return a == b
+
+
+def _numbering_message(clashes):
+    """clashes: (id, this parameter's shape, the saved shape)."""
+    what = "; ".join(f"id {n}: this model's parameter {tuple(s)}, saved {tuple(w)}"
+                     for n, s, w in clashes[:5])
+    return (f"the parameters are numbered otherwise than in the run that saved ({what}): DDP's "
+            "first step handed them in another order (find_unused_parameters with another "
+            "bucket_cap_mb, or another model); resume with the DDP arguments that saved, or "
+            "without the hook's state")
+
+
+def _ids_text(ids):
+    ids = sorted(ids)
+    return ", ".join(str(i) for i in ids[:20]) + (f", ... ({len(ids)} in all)" if len(ids) > 20
+                                                  else "")
 
 
 def _save_or_none(comm, ptr):
@@ -587,24 +552,23 @@ def _save_or_none(comm, ptr):
         raise
 
 
-def _set_layout(comm, seg):
-    return lambda: comm.set_layout(seg.ptr, seg.shapes)
+def _stage(comm, scratch, saved, errors):
+    """Stage a saved bucket's states in lowrank (on the worker): the scratch buffer declared with
+    its ids, then restore_state (format 2: each id's state; format 1: converted into them)."""
+    try:
+        comm.set_tensors(scratch, saved.array)
+        comm.restore_state(scratch, saved.state)
+    except LowrankError as e:  # the allreduce still runs: the other ranks' check fails too
+        errors.append(e)
 
 
-def _restore(comm, seg, entry, errors):
-    def act():
-        if entry.state is None:
-            return
+def _release(comm, bufs):
+    """A worker job: release the buffers (held until now, so no other buffer took the address)."""
+    for ptr, _ in bufs:
         try:
-            comm.restore_state(seg.ptr, entry.state)
-        except LowrankError as e:  # the allreduce still runs: the other ranks' check fails too
-            errors.append(e)
-    return act
-
-
-def _release(comm, seg):
-    buf = seg.buf  # held until the release ran: no other buffer takes the address before
-    return lambda: (comm.release(seg.ptr), buf)
+            comm.release(ptr)
+        except LowrankError as e:  # a failed communicator: the next call says so
+            logger.debug("lowrank: release of %#x: %s", ptr, e)
 
 
 def _numel(shape):
@@ -614,61 +578,56 @@ def _numel(shape):
     return n
 
 
-def _exact_allreduce(state, buf):
-    """Warm-up: DDP's own exact average over process_group, as PyTorch's hook does."""
-    group = state.process_group if state.process_group is not None else dist.group.WORLD
-    buf.div_(dist.get_world_size(group))
-    fut = dist.all_reduce(buf, group=group, async_op=True).get_future()
-    return fut.then(lambda f: f.value()[0])
+def _declared_shape(shape):
+    """A gradient's shape as declared to lowrank: a 0-dim tensor as (1,), more than 8 dimensions
+    as (shape[0], the rest) (the same matrix view)."""
+    shape = tuple(shape)
+    if not shape:
+        return (1,)
+    return shape if len(shape) <= 8 else (shape[0], _numel(shape[1:]))
 
 
 def powerSGD_hook(state, bucket):
     """DDP communication hook: the bucket's gradients averaged over the process group's ranks,
-    compressed by lowrank's PowerSGD (per tensor, the bucket's layout from its gradients' shapes).
+    compressed by lowrank's PowerSGD (per tensor; the bucket's buffer declared with its
+    parameters' ids and its gradients' shapes at every call, lowrank.Communicator.set_tensors),
+    exact during each parameter's warm-up.
 
     state: a PowerSGDState. bucket: DDP's GradBucket (or any object with index(), buffer(),
     gradients() and is_last(); parameters() if it has it). Returns a torch.futures.Future of the
     bucket's buffer, reduced in place: completed by the communicator's own thread, so backward
     goes on meanwhile; for CUDA buckets the call is queued on the current stream and the future
     carries that dependency.
-    Raises InvalidArgumentError (a non-contiguous or mixed-device bucket, an unsupported dtype);
-    the future completes with LowrankError when lowrank fails (a dead peer, ranks whose buckets
-    differ, a restored state that does not fit or that not every rank restored:
-    lowrankInvalidUsage on every rank)."""
+    Raises InvalidArgumentError (a non-contiguous or mixed-device bucket, an unsupported dtype),
+    LowrankError (a closed state; a bucket index twice in a step with other buffers; a numbering
+    that differs from a loaded state's); the future completes with LowrankError when lowrank fails
+    (a dead peer, ranks whose buckets differ, a restored state that does not fit or that not
+    every rank restored: lowrankInvalidUsage on every rank)."""
     buf = bucket.buffer()
     info = describe(buf, f"bucket {bucket.index()}'s buffer", "powerSGD_hook")
     for g in bucket.gradients():
         if g.device != buf.device:
             raise InvalidArgumentError(4, f"bucket {bucket.index()} mixes devices: a gradient on "
                                           f"{g.device}, the buffer on {buf.device}", "powerSGD_hook")
-    pkey = state._param_key(bucket)  # numbers the parameters from DDP's first step on
-    if state.iter < state.start_powerSGD_iter:
-        state._note_warmup_bucket(bucket, pkey)
-        state.maybe_increase_iter(bucket)
-        return _exact_allreduce(state, buf)
-
     device = info.device
     comm = state._comm(device)
-    errors = []  # restores that failed (raised after the allreduce, which every rank runs)
-    setup, segments = state._plan_bucket(bucket, buf, device, pkey, errors)
-    # After the last bucket, the buffers of buckets DDP no longer has (a rebuild) are released.
-    after = state._end_of_step() if bucket.is_last() else []
+    decl = state._declare(bucket, device, buf)
+    setup = state._take_restores(device)
     state.maybe_increase_iter(bucket)
     stream = torch.cuda.current_stream(buf.device) if device == "cuda" else None
     fut = torch.futures.Future(devices=[buf.device]) if device == "cuda" else torch.futures.Future()
 
     def job():
+        errors = []  # stagings that failed (raised after the allreduce, which every rank runs)
         for act in setup:
-            act()
+            act(errors)
         try:
-            for seg in segments:
-                _reduce(comm, buf, seg, stream)
+            comm.set_tensors(buf, decl.array)
+            comm.allreduce(buf, op="avg", stream=stream)
         except LowrankError as e:
             if errors:  # this rank's restore failed: the cause of the others' failure too
                 raise errors[0] from e
             raise
-        for act in after:
-            act()
         if errors:
             raise errors[0]
         return buf
@@ -677,28 +636,13 @@ def powerSGD_hook(state, bucket):
     # bucket's device, so that DDP's later kernels wait for lowrank's (the host does not).
     context = (lambda: _on_stream(buf.device, stream)) if stream is not None else None
     state._workers[device].submit(job, fut, context)
+    if bucket.is_last():
+        state._end_of_step()  # queued after this step's jobs
     _maybe_log_stats(state)
     # torch's Future.set_exception stores the exception as the value (a Python-side unwrap), which
     # DDP's C++ reads as "Unable to cast ... to Tensor"; re-raised inside then(), it becomes the
     # child future's error, and backward raises RuntimeError with lowrank's message.
     return fut.then(_value)
-
-
-def _reduce(comm, buf, seg, stream):
-    """The allreduce of one segment of the bucket `buf` (on the worker, the hook's stream
-    current for CUDA): in place, or through the segment's own buffer."""
-    if seg.gather is None:
-        comm.allreduce(buf, op="avg", stream=stream)
-        return
-    views, off = [], 0
-    for start, n in seg.gather:
-        views.append((seg.buf[off:off + n], buf[start:start + n]))
-        off += n
-    for mine, theirs in views:
-        mine.copy_(theirs)
-    comm.allreduce(seg.buf, op="avg", stream=stream)
-    for mine, theirs in views:
-        theirs.copy_(mine)
 
 
 @contextlib.contextmanager
