@@ -2,7 +2,10 @@
 # Instructions (Ir) of one compressed lowrankAllReduce call, counted by valgrind's callgrind: a
 # measure of the engine's CPU cost that, unlike time, is the same from run to run, so that two
 # builds (before and after an engine change) can be compared on a shared 2-core machine.
-#   perf/callgrind_call.sh BUILD_DIR [ITERS]
+#   perf/callgrind_call.sh BUILD_DIR [ITERS [PERF_OPTION...]]
+# PERF_OPTIONs are added to the perf's command line, e.g. `--ids` (the tensors declared with ids)
+# or `--ids --move` (recvbuff at a new address every call, the ids declared on it each call):
+#   perf/callgrind_call.sh build 3 --ids --move
 # Workload: lowrank_allreduce_perf, world 1 (one thread), ResNet-50's 161 tensors (perf/gradsets.py
 # resnet50, one synthetic gradient file, made once under $LOWRANK_GRADSETS, default
 # /tmp/lowrank-gradsets; needs numpy), per-tensor layout, k 4, the library's defaults otherwise.
@@ -17,9 +20,11 @@
 # Takes about a minute on 2 cores (the rest of the perf's run, in-place loop and relerr_opt, too).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-[ $# -ge 1 ] || { echo "usage: $0 BUILD_DIR [ITERS (>= 2, default 3)]" >&2; exit 2; }
+[ $# -ge 1 ] ||
+  { echo "usage: $0 BUILD_DIR [ITERS (>= 2, default 3) [PERF_OPTION...]]" >&2; exit 2; }
 build=$(cd "$1" && pwd)
 iters=${2:-3}
+shift $(($# >= 2 ? 2 : 1))
 perf=$build/perf/lowrank_allreduce_perf
 grads=${LOWRANK_GRADSETS:-/tmp/lowrank-gradsets}/resnet50_w1
 [ -f "$grads/synth_worker0.safetensors" ] || /usr/bin/python3 "$root/perf/gradsets.py" resnet50 "$grads" 1 >&2
@@ -28,9 +33,9 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 LD_LIBRARY_PATH="$build${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" valgrind --tool=callgrind \
   --dump-after=lowrankAllReduce --callgrind-out-file="$tmp/cg" "$perf" -t 1 --gradients "$grads" \
-  -k 4 -w 0 -n "$iters" --rounds 1 --phases 0 --triad-mib 0 > "$tmp/perf.log" 2> "$tmp/valgrind.log" ||
+  -k 4 -w 0 -n "$iters" --rounds 1 --phases 0 --triad-mib 0 "$@" > "$tmp/perf.log" 2> "$tmp/valgrind.log" ||
   { tail -5 "$tmp/valgrind.log" "$tmp/perf.log" >&2; exit 1; }
-echo "# $perf: ResNet-50 shapes, world 1, per-tensor, k 4; Ir per steady compressed call"
+echo "# $perf${*:+ $*}: ResNet-50 shapes, world 1, per-tensor, k 4; Ir per steady compressed call"
 for ((p = 3; p <= iters + 1; ++p)); do
   total=$(sed -n 's/^summary: //p' "$tmp/cg.$p")
   lib=$(callgrind_annotate --inclusive=no --threshold=100 "$tmp/cg.$p" |

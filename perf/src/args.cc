@@ -70,6 +70,10 @@ namespace {
       "      --phases <0/1>        measure compute_us and comm_us, each alone (default 1)\n"
       "      --digest              after each row, a '# digest' line per comm rank: FNV-1a 64 of\n"
       "                            recvbuff after each of the row's calls (bit-exactness checks)\n"
+      "      --ids                 with --gradients: declare the tensors with ids 0..n-1\n"
+      "                            (lowrankBufferSetTensors) instead of a layout\n"
+      "      --move                with --ids: recvbuff alternates between two allocations, a new\n"
+      "                            address at every call, the ids declared on it each call (FSDP)\n"
       "  -h, --help                this help\n");
   std::exit(status);
 }
@@ -112,7 +116,7 @@ std::string flagName(char** argv, int opt) {
   return w.substr(0, w.find('='));
 }
 
-enum LongOnly { kGradients = 1000, kStep, kRounds, kSeed, kTriadMib, kPhases, kDigest };
+enum LongOnly { kGradients = 1000, kStep, kRounds, kSeed, kTriadMib, kPhases, kDigest, kIds, kMove };
 
 }  // namespace
 
@@ -143,6 +147,8 @@ Args parseArgs(int argc, char** argv) {
       {"triad-mib", required_argument, nullptr, kTriadMib},
       {"phases", required_argument, nullptr, kPhases},
       {"digest", no_argument, nullptr, kDigest},
+      {"ids", no_argument, nullptr, kIds},
+      {"move", no_argument, nullptr, kMove},
       {"help", no_argument, nullptr, 'h'},
       // nccl-tests flags accepted and ignored
       {"ngpus", required_argument, nullptr, 'g'},
@@ -235,6 +241,8 @@ Args parseArgs(int argc, char** argv) {
         break;
       case kPhases: a.phases = parseInt("--phases", optarg, 0, 1) != 0; break;
       case kDigest: a.digest = true; break;
+      case kIds: a.ids = true; break;
+      case kMove: a.move = true; break;
       case 'h': usage(stdout, 0);
       case 'g': case 'a': case 'm': case 'p': case 'z': case 'G': case 'C': case 'R': case 'T':
       case 'N': case 'u': case 'y': case 'r': case 'x':
@@ -253,6 +261,8 @@ Args parseArgs(int argc, char** argv) {
   if (!stepFactorSet) a.stepFactor = 1.0;
   if (!stepFactorSet && a.stepBytes == 0) bad("-i must be > 0");
   if (!a.step.empty() && a.gradientsDir.empty()) bad("--step needs --gradients");
+  if (a.ids && a.gradientsDir.empty()) bad("--ids needs --gradients (per-tensor mode)");
+  if (a.move && !a.ids) bad("--move needs --ids");
   return a;
 }
 

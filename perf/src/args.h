@@ -34,6 +34,8 @@ struct Args {
   size_t triadMib = 64;  // MiB per triad array (three arrays); 0: no triad, no bound
   bool phases = true;    // measure compute_us and comm_us (each phase alone) per row
   bool digest = false;   // print each comm rank's FNV-1a 64 of the outputs of each row's calls
+  bool ids = false;      // --gradients: declare the tensors with ids 0..n-1 (lowrankBufferSetTensors)
+  bool move = false;     // --ids: recvbuff alternates between two allocations, ids declared each call
   std::string commandLine;
 };
 

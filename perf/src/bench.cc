@@ -85,6 +85,12 @@ class Bench {
   }
   void* stateBuf(Mode mode) const { return mode == Mode::Fp16 ? tmpRecv_.get() : recv_.get(); }
   lowrankStats_t stats(Mode mode);
+  // recvbuff of the next call: with --move the other of the two allocations (FSDP's fresh output)
+  void* nextRecv() {
+    if (a_.move) std::swap(recv_, recvAlt_);
+    return recv_.get();
+  }
+  void declare(lowrankComm_t comm, const void* buf, const char* what);
   void restoreInPlace(const Case& c) {
     std::memcpy(recv_.get(), send_.get(), c.count * typeSize(c.type));
   }
@@ -97,6 +103,8 @@ class Bench {
   lowrankComm_t commSolo_ = nullptr;  // this comm rank alone (1 rank, approxRank k): compute_us
   TriadResult triad_;
   Buffer send_, recv_, ref_, acc_, tmpSend_, tmpRecv_;
+  Buffer recvAlt_;  // --move: recv_'s other allocation (swapped with it before each call)
+  std::vector<lowrankTensor_t> tensors_;  // --ids: the gradients' tensors, ids 0..n-1
   std::optional<Gradients> grads_;
   int startIter_ = 0;
   double rate_ = 2.0;
@@ -385,10 +393,12 @@ void Bench::measurePhases(const Case& c, Mode mode, Row& row) {
   // compute: the same call on this comm rank's own 1-rank communicator, all comm ranks at once
   lowrankStats_t s0{}, s1{};
   h_.check(lowrankGetStats(commSolo_, &s0), commSolo_, "lowrankGetStats");
+  size_t soloCalls = 0;
   const double computeSec =
       timedLoop(std::max(a_.warmup, startIter_ + 1), a_.iters, [&] {
-        h_.check(lowrankAllReduce(send_.get(), recv_.get(), c.count, c.type, c.op, commSolo_,
-                                  nullptr),
+        void* out = a_.move && soloCalls++ % 2 ? recvAlt_.get() : recv_.get();  // recv_ stays
+        if (a_.move) declare(commSolo_, out, "lowrankBufferSetTensors (1-rank communicator)");
+        h_.check(lowrankAllReduce(send_.get(), out, c.count, c.type, c.op, commSolo_, nullptr),
                  commSolo_, "lowrankAllReduce (1-rank communicator, compute phase)");
       });
   h_.check(lowrankGetStats(commSolo_, &s1), commSolo_, "lowrankGetStats");
@@ -439,7 +449,7 @@ void Bench::allocateFor(size_t maxCount, size_t maxTs) {
   // of this process send, recv and the float64 reference, plus the state of its two compressing
   // communicators (a float32 residual each); one float64 accumulator per process.
   const double ranksHere = std::strcmp(h_.kind(), "threads") == 0 ? h_.nranks() : 1;
-  const double need = ranksHere * double(maxCount) * (2.0 * double(maxTs) + 8 + 8) +
+  const double need = ranksHere * double(maxCount) * ((a_.move ? 3.0 : 2.0) * double(maxTs) + 16) +
                       8.0 * double(maxCount);
   if (const uint64_t avail = memAvailable(); avail && need > 0.9 * double(avail))
     h_.fail("the largest size needs about " + std::to_string(int(need / (1 << 30) + 0.5)) +
@@ -448,6 +458,7 @@ void Bench::allocateFor(size_t maxCount, size_t maxTs) {
             " GiB are available (10% kept spare): lower -e (or -t)");
   send_ = allocate(maxCount * maxTs);
   recv_ = allocate(maxCount * maxTs);
+  if (a_.move) recvAlt_ = allocate(maxCount * maxTs);
   ref_ = allocate(maxCount * sizeof(double));
   if (h_.localRoot()) acc_ = allocate(maxCount * sizeof(double));
   const bool fp16 = std::find(a_.modes.begin(), a_.modes.end(), Mode::Fp16) != a_.modes.end();
@@ -455,25 +466,43 @@ void Bench::allocateFor(size_t maxCount, size_t maxTs) {
     tmpSend_ = allocate(maxCount * sizeof(uint16_t));
     tmpRecv_ = allocate(maxCount * sizeof(uint16_t));
   }
-  if (!send_ || !recv_ || !ref_ || (h_.localRoot() && !acc_) ||
+  if (!send_ || !recv_ || (a_.move && !recvAlt_) || !ref_ || (h_.localRoot() && !acc_) ||
       (fp16 && (!tmpSend_ || !tmpRecv_)))
     h_.fail("out of memory for buffers of " + std::to_string(maxCount) + " elements");
   if (grads_ && commK_) {
     // the layout of the real gradients: per-tensor mode on the PowerSGD comm's recvbuff
-    std::vector<int> ndims;
-    std::vector<const size_t*> shapes;
-    for (const auto& s : grads_->shapes) {
-      ndims.push_back(static_cast<int>(s.size()));
-      shapes.push_back(s.data());
+    for (size_t i = 0; a_.ids && i < grads_->shapes.size(); ++i) {
+      const auto& s = grads_->shapes[i];
+      if (s.size() > LOWRANK_MAX_DIMS) h_.fail("--ids: a tensor has more than LOWRANK_MAX_DIMS dims");
+      lowrankTensor_t t{};
+      t.id = i;
+      t.ndims = static_cast<int>(s.size());
+      std::copy(s.begin(), s.end(), t.shape);
+      t.approxRank = LOWRANK_RANK_DEFAULT;
+      tensors_.push_back(t);
     }
-    h_.check(lowrankBufferSetLayout(commK_, recv_.get(), static_cast<int>(ndims.size()),
-                                    ndims.data(), shapes.data()),
-             commK_, "lowrankBufferSetLayout");
-    if (commSolo_)
-      h_.check(lowrankBufferSetLayout(commSolo_, recv_.get(), static_cast<int>(ndims.size()),
-                                      ndims.data(), shapes.data()),
-               commSolo_, "lowrankBufferSetLayout (1-rank communicator)");
+    declare(commK_, recv_.get(), "lowrankBufferSetLayout");
+    if (commSolo_) declare(commSolo_, recv_.get(), "lowrankBufferSetLayout (1-rank communicator)");
   }
+}
+
+// The gradients' tensors on buf: with ids (--ids), else as an anonymous layout.
+void Bench::declare(lowrankComm_t comm, const void* buf, const char* what) {
+  if (a_.ids) {
+    h_.check(lowrankBufferSetTensors(comm, buf, static_cast<int>(tensors_.size()),
+                                     tensors_.data()),
+             comm, what);
+    return;
+  }
+  std::vector<int> ndims;
+  std::vector<const size_t*> shapes;
+  for (const auto& s : grads_->shapes) {
+    ndims.push_back(static_cast<int>(s.size()));
+    shapes.push_back(s.data());
+  }
+  h_.check(lowrankBufferSetLayout(comm, buf, static_cast<int>(ndims.size()), ndims.data(),
+                                  shapes.data()),
+           comm, what);
 }
 
 void Bench::prepareReference(const Case& c) {
@@ -496,6 +525,8 @@ void Bench::call(Mode mode, const Case& c, const void* send, void* recv) {
     r = lowrankAllReduce(ts, tr, c.count, lowrankFloat16, c.op, commExact_, nullptr);
     halfToFloatN(tr, static_cast<float*>(recv), c.count);
   } else {
+    if (a_.move && mode == Mode::PowerSgd)  // FSDP: the same ids on a fresh output, every call
+      declare(commK_, recv, "lowrankBufferSetTensors");
     r = lowrankAllReduce(send, recv, c.count, c.type, c.op, commOf(mode), nullptr);
   }
   h_.check(r, commOf(mode), "lowrankAllReduce");
@@ -572,7 +603,7 @@ Row Bench::runMode(Case& c, Mode mode) {
   row.k = mode == Mode::PowerSgd ? a_.approxRank : 0;
   digest_ = kFnvOffset;
   void* send = send_.get();
-  void* recv = recv_.get();
+  void* recv = nullptr;  // recv_ at the last call (--move: it changes at every call)
   const double* ref = static_cast<const double*>(ref_.get());
   const double busFactor = n > 1 ? 2.0 * (n - 1) / n : 0.0;
   auto fill = [&](Placement& p, double seconds) {
@@ -582,21 +613,23 @@ Row Bench::runMode(Case& c, Mode mode) {
   };
 
   // ---- timing, out-of-place: the whole loop, after a barrier; max over comm ranks
-  for (int i = 0; i < a_.warmup; ++i) call(mode, c, send, recv);
+  for (int i = 0; i < a_.warmup; ++i) call(mode, c, send, nextRecv());
   h_.barrier();
   auto t0 = Clock::now();
-  for (int i = 0; i < a_.iters; ++i) call(mode, c, send, recv);
+  for (int i = 0; i < a_.iters; ++i) call(mode, c, send, nextRecv());
   fill(row.outOfPlace, h_.maxDouble(secondsSince(t0) / a_.iters));
 
   // ---- timing, in-place (recvbuff as sendbuff): the input is restored before each call (not
   // timed) so that repeated sums cannot overflow into Inf and change what the library does
   for (int i = 0; i < a_.warmup; ++i) {
+    recv = nextRecv();
     restoreInPlace(c);
     call(mode, c, recv, recv);
   }
   h_.barrier();
   double inPlaceSec = 0;
   for (int i = 0; i < a_.iters; ++i) {
+    recv = nextRecv();
     restoreInPlace(c);
     t0 = Clock::now();
     call(mode, c, recv, recv);
@@ -620,7 +653,7 @@ Row Bench::runMode(Case& c, Mode mode) {
   h_.check(lowrankBufferReset(commOf(mode), stateBuf(mode)), commOf(mode), "lowrankBufferReset");
   h_.barrier();
   const lowrankStats_t sw = stats(mode);
-  for (int i = 0; i < startIter_; ++i) call(mode, c, send, recv);  // exact warm-up calls
+  for (int i = 0; i < startIter_; ++i) call(mode, c, send, nextRecv());  // exact warm-up calls
   const lowrankStats_t s0 = stats(mode);
   if (s0.compressedCalls != sw.compressedCalls && root && !startWarned_) {
     std::fprintf(stderr,
@@ -629,7 +662,7 @@ Row Bench::runMode(Case& c, Mode mode) {
                  static_cast<int>(s0.compressedCalls - sw.compressedCalls), startIter_);
     startWarned_ = true;
   }
-  call(mode, c, send, recv);
+  call(mode, c, send, recv = nextRecv());
   const lowrankStats_t s1 = stats(mode);
   const uint64_t elems =
       (s1.compressedElements + s1.exactElements) - (s0.compressedElements + s0.exactElements);
@@ -648,7 +681,7 @@ Row Bench::runMode(Case& c, Mode mode) {
     toDouble(recv, c.type, c.count, acc);
   }
   for (int r = 1; r < a_.rounds; ++r) {
-    call(mode, c, send, recv);
+    call(mode, c, send, recv = nextRecv());
     if (root)
       for (size_t i = 0; i < c.count; ++i) acc[i] += loadAsDouble(recv, c.type, i);
   }
@@ -661,9 +694,11 @@ Row Bench::runMode(Case& c, Mode mode) {
     h_.check(lowrankBufferReset(commOf(mode), stateBuf(mode)), commOf(mode), "lowrankBufferReset");
     h_.barrier();
     for (int i = 0; i < startIter_; ++i) {
+      recv = nextRecv();
       restoreInPlace(c);
       call(mode, c, recv, recv);
     }
+    recv = nextRecv();
     restoreInPlace(c);
     call(mode, c, recv, recv);
     row.inPlace.nwrong = h_.sumU64(countWrong(recv, c.type, ref, c.count, tolAbs));
