@@ -6,7 +6,9 @@
 //     non-finite input on one comm rank and comm ranks that disagree on the op rejected on every
 //     rank without poisoning the state; agreement across ranks (OUTFILE, compared by the script);
 //     mismatched counts refused on every rank; a checkpoint restored into new communicators goes
-//     on bit for bit, and a restore on one rank only is refused on both; exits non-zero on any
+//     on bit for bit, and a restore on one rank only is refused on both; tensors with ids
+//     (lowrankBufferSetTensors) at a new address every call, regrouped, and restored from a
+//     format-2 checkpoint into another bucketing go on bit for bit; exits non-zero on any
 //     failure.
 //   two_rank_worker bench RANK NRANKS IDFILE ELEMENTS K
 //     pipelined time of a compressed allreduce vs compute alone (a one-rank communicator) and
@@ -21,9 +23,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <string>
 #include <vector>
 
+#include "engine/checkpoint.h"
 #include "engine/data.h"
 #include "gpu/device_support.h"
 
@@ -149,6 +153,7 @@ void rejectedThenExact(int rank, lowrankComm_t comm, cudaStream_t s, void* g, lo
 }
 
 void checkpoint(int rank, int nranks, const std::string& idFile);
+void tensorIds(int rank, int nranks, const std::string& idFile);
 
 int check(int rank, int nranks, const std::string& idFile, const std::string& outFile) {
   ncclComm_t nccl = joinNccl(rank, nranks, idFile);
@@ -222,6 +227,7 @@ int check(int rank, int nranks, const std::string& idFile, const std::string& ou
   lowrankCommDestroy(comm);
   ncclCommDestroy(nccl);
   checkpoint(rank, nranks, idFile);
+  tensorIds(rank, nranks, idFile);
   printf("rank %d: check %s\n", rank, failures ? "FAILED" : "ok");
   return failures ? 1 : 0;
 }
@@ -297,6 +303,203 @@ void checkpoint(int rank, int nranks, const std::string& idFile) {
   });
   printf("rank %d: checkpoint across communicators: %zu calls after the restore %s\n", rank,
          resumed.size(), same ? "bit-identical" : "DIFFER");
+}
+
+// Tensor ids across two comm ranks (tests/gpu/test_cuda_tensor_ids.cc has them at one on the
+// emulation): tensors a, b, c (ids 101, 202, 303) in one stable buffer for 6 calls, against
+// 3 calls of [a, b, c] at a new address every call (two streams, no synchronize between calls),
+// then [c, a] and [b]; and against a format-2 checkpoint of those 3 calls restored on new
+// communicators into [b, c] and [a]: every tensor's outputs the same bits (a sum of two is exact
+// in any order), and each id's state after the last call the same; with a fresh state at call 3
+// they differ.
+void tensorIds(int rank, int nranks, const std::string& idFile) {
+  struct T {
+    uint64_t id;
+    std::vector<size_t> shape;
+    size_t numel() const { return shape.size() == 1 ? shape[0] : shape[0] * shape[1]; }
+  };
+  using Group = std::vector<T>;
+  using Outs = std::map<uint64_t, std::vector<float>>;
+  const T a{101, {48, 40}}, b{202, {32, 30}}, c{303, {16}};
+  const Group abc = {a, b, c}, ca = {c, a}, bOnly = {b}, bc = {b, c}, aOnly = {a};
+  const int first = 3, calls = 6;
+  auto countOf = [](const Group& g) {
+    size_t n = 0;
+    for (const T& t : g) n += t.numel();
+    return n;
+  };
+  std::vector<void*> blocks;  // this session's device memory, freed after a synchronize
+  auto input = [&](const Group& g, int call) {
+    std::vector<float> x;
+    for (const T& t : g) {
+      const std::vector<float> v = gaussian(t.numel(), unsigned(t.id * 7919 + 1000 * call + rank));
+      x.insert(x.end(), v.begin(), v.end());
+    }
+    blocks.push_back(toDevice(x, lowrankFloat32));
+    return blocks.back();
+  };
+  auto alloc = [&](size_t n) {
+    void* p = nullptr;
+    cudaMalloc(&p, n * 4);
+    blocks.push_back(p);
+    return p;
+  };
+  // One call of group g on buffer out (declared first), its output copied on s into new memory.
+  auto call = [&](lowrankComm_t comm, const Group& g, int t, void* out, cudaStream_t s) {
+    std::vector<lowrankTensor_t> d;
+    for (const T& x : g) {
+      lowrankTensor_t y{};
+      y.id = x.id;
+      y.ndims = int(x.shape.size());
+      for (size_t i = 0; i < x.shape.size(); ++i) y.shape[i] = x.shape[i];
+      y.approxRank = LOWRANK_RANK_DEFAULT;
+      d.push_back(y);
+    }
+    CHECK(lowrankBufferSetTensors(comm, out, int(d.size()), d.data()) == lowrankSuccess,
+          "ids: declare: %s", lowrankGetLastError(comm));
+    const size_t n = countOf(g);
+    CHECK(lowrankAllReduce(input(g, t), out, n, lowrankFloat32, lowrankAvg, comm, s) == lowrankSuccess,
+          "ids: call %d: %s", t, lowrankGetLastError(comm));
+    void* snap = alloc(n);
+    cudaMemcpyAsync(snap, out, n * 4, cudaMemcpyDeviceToDevice, s);
+    return snap;
+  };
+  // Reads the copies of `calls` (group, copy) into outs[t] by id, after a synchronize.
+  using Copies = std::vector<std::vector<std::pair<const Group*, void*>>>;
+  auto read = [&](const Copies& copies, std::vector<Outs>* outs) {
+    cudaDeviceSynchronize();
+    outs->assign(size_t(calls), Outs());
+    for (size_t t = 0; t < copies.size(); ++t)
+      for (const auto& [g, d] : copies[t]) {
+        const std::vector<float> flat = fromDevice(d, countOf(*g), lowrankFloat32);
+        size_t off = 0;
+        for (const T& x : *g) {
+          (*outs)[t][x.id].assign(flat.begin() + long(off), flat.begin() + long(off + x.numel()));
+          off += x.numel();
+        }
+      }
+  };
+  auto save = [&](lowrankComm_t comm, const void* buf) {
+    size_t size = 0;
+    lowrankBufferSaveState(comm, buf, nullptr, &size);
+    std::vector<unsigned char> bytes(size);
+    CHECK(lowrankBufferSaveState(comm, buf, bytes.data(), &size) == lowrankSuccess, "ids: save: %s",
+          lowrankGetLastError(comm));
+    return bytes;
+  };
+  auto byId = [&](const std::vector<unsigned char>& bytes) {
+    lowrank::SavedTensors st;
+    CHECK(lowrank::decode(bytes.data(), bytes.size(), &st).ok(), "ids: not format-2 bytes");
+    std::map<uint64_t, lowrank::SavedTensor> m;
+    for (auto& x : st.tensors) m[x.id] = x;
+    return m;
+  };
+  // One session: fresh NCCL and lowrank communicators, two non-blocking streams.
+  auto session = [&](const char* tag, auto body) {
+    ncclComm_t nccl = joinNccl(rank, nranks, idFile + tag);
+    lowrankConfig_t cfg = config(3);
+    cfg.seed = 5;
+    cfg.startIter = 0;
+    lowrankComm_t comm = nullptr;
+    CHECK(lowrankCommInitFromNcclConfig(&comm, nccl, &cfg) == lowrankSuccess, "ids: comm: %s",
+          lowrankGetLastError(nullptr));
+    cudaStream_t s[2];
+    for (auto& x : s) cudaStreamCreateWithFlags(&x, cudaStreamNonBlocking);
+    body(comm, s);
+    cudaDeviceSynchronize();
+    for (auto& x : s) cudaStreamDestroy(x);
+    lowrankCommDestroy(comm);  // releases every buffer
+    for (void* p : blocks) cudaFree(p);
+    blocks.clear();
+    ncclCommDestroy(nccl);
+    if (rank == 0) unlink((idFile + tag).c_str());
+  };
+  auto sameBits = [](const std::vector<float>& x, const std::vector<float>& y) {
+    return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * 4) == 0;
+  };
+  auto compare = [&](const std::vector<Outs>& got, const std::vector<Outs>& want, int from,
+                     const char* what) {
+    bool all = true;
+    for (int t = from; t < calls; ++t)
+      for (const T& x : abc) {
+        const Outs& o = got[size_t(t)];
+        const bool ok = o.count(x.id) && sameBits(o.at(x.id), want[size_t(t)].at(x.id));
+        CHECK(ok, "ids, %s: call %d, tensor id %llu differs from the straight run", what, t,
+              (unsigned long long)x.id);
+        all = all && ok;
+      }
+    return all;
+  };
+
+  std::vector<Outs> straight, moved, resumed, fresh;
+  std::vector<unsigned char> straightState, saved;
+  session(".ids0", [&](lowrankComm_t comm, cudaStream_t* s) {
+    void* out = alloc(countOf(abc));
+    Copies copies(static_cast<size_t>(calls));
+    for (int t = 0; t < calls; ++t) copies[size_t(t)].push_back({&abc, call(comm, abc, t, out, s[0])});
+    read(copies, &straight);
+    straightState = save(comm, out);
+  });
+  session(".ids1", [&](lowrankComm_t comm, cudaStream_t* s) {
+    Copies copies(static_cast<size_t>(calls));
+    void* last = nullptr;
+    for (int t = 0; t < first; ++t) {
+      last = alloc(countOf(abc));  // a new address every call
+      copies[size_t(t)].push_back({&abc, call(comm, abc, t, last, s[t % 2])});
+    }
+    saved = save(comm, last);
+    void* bufCa = alloc(countOf(ca));
+    void* bufB = alloc(countOf(bOnly));
+    for (int t = first; t < calls; ++t) {
+      copies[size_t(t)].push_back({&ca, call(comm, ca, t, bufCa, s[0])});
+      copies[size_t(t)].push_back({&bOnly, call(comm, bOnly, t, bufB, s[1])});
+    }
+    read(copies, &moved);
+  });
+  std::map<uint64_t, lowrank::SavedTensor> resumedState;
+  session(".ids2", [&](lowrankComm_t comm, cudaStream_t* s) {
+    void* elsewhere = alloc(16);
+    CHECK(lowrankBufferRestoreState(comm, elsewhere, saved.data(), saved.size()) == lowrankSuccess,
+          "ids: restore: %s", lowrankGetLastError(comm));
+    void* bufBc = alloc(countOf(bc));
+    void* bufA = alloc(countOf(aOnly));
+    Copies copies(static_cast<size_t>(calls));
+    for (int t = first; t < calls; ++t) {
+      copies[size_t(t)].push_back({&bc, call(comm, bc, t, bufBc, s[0])});
+      copies[size_t(t)].push_back({&aOnly, call(comm, aOnly, t, bufA, s[1])});
+    }
+    read(copies, &resumed);
+    resumedState = byId(save(comm, bufBc));
+    for (auto& kv : byId(save(comm, bufA))) resumedState[kv.first] = kv.second;
+  });
+  session(".ids3", [&](lowrankComm_t comm, cudaStream_t* s) {
+    void* bufBc = alloc(countOf(bc));
+    void* bufA = alloc(countOf(aOnly));
+    Copies copies(static_cast<size_t>(calls));
+    copies[size_t(first)].push_back({&bc, call(comm, bc, first, bufBc, s[0])});
+    copies[size_t(first)].push_back({&aOnly, call(comm, aOnly, first, bufA, s[1])});
+    read(copies, &fresh);
+  });
+  const bool movedSame = compare(moved, straight, 0, "new address every call, then regrouped");
+  const bool resumedSame = compare(resumed, straight, first, "format-2 checkpoint into [b, c] and [a]");
+  bool stateSame = resumedState.size() == abc.size();
+  for (const auto& kv : byId(straightState)) {
+    const auto it = resumedState.find(kv.first);
+    const bool ok = it != resumedState.end() && it->second.calls == kv.second.calls &&
+                    it->second.haveQ == kv.second.haveQ && it->second.residual == kv.second.residual &&
+                    it->second.qt == kv.second.qt;
+    CHECK(ok, "ids: tensor id %llu: state after the restored run differs from the straight run's",
+          (unsigned long long)kv.first);
+    stateSame = stateSame && ok;
+  }
+  for (const T* x : {&a, &b})
+    CHECK(fresh[size_t(first)].count(x->id) &&
+              !sameBits(fresh[size_t(first)].at(x->id), straight[size_t(first)].at(x->id)),
+          "ids: tensor id %llu: a fresh state at call %d gives the carried state's output",
+          (unsigned long long)x->id, first);
+  printf("rank %d: tensor ids: moved and regrouped %s, format-2 checkpoint into another bucketing "
+         "%s (state per id %s)\n", rank, movedSame ? "bit-identical" : "DIFFER",
+         resumedSame ? "bit-identical" : "DIFFER", stateSame ? "the same" : "DIFFERS");
 }
 
 // Mean milliseconds of `reps` runs of f on stream s, after `warm` untimed runs.

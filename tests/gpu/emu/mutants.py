@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Mutants of the device schedule (plugin/engine/cuda): bugs a GPU would show, each one edit of a
-copy of one source file, built into its own emulated CUDA backend (tests/gpu/emu/meson.build).
-run_mutants.sh checks that the emulated engine tests fail on every one.
+"""Mutants of the CUDA backend (plugin/engine/cuda: the schedule, the device state, and the entry
+points of backend.cc): bugs a GPU would show, each one edit of a copy of one source file, built
+into its own emulated CUDA backend (tests/gpu/emu/meson.build). run_mutants.sh checks that the
+emulated engine tests fail on every one.
 
   mutants.py list                   one line per mutant: its name and the file it edits
   mutants.py make NAME OUTDIR SOURCE   writes OUTDIR/NAME_<file>: SOURCE with NAME's edit
@@ -44,6 +45,23 @@ MUTANTS = {
         "communication stream instead of the caller's",
         "recv, pl.dtype, checks,\n                                     expectedOp, s));",
         "recv, pl.dtype, checks,\n                                     expectedOp, dc.stream));"),
+    # Caught by test_cuda_tensor_ids.cc (one rank) and two_rank_worker's tensorIds (two), whose
+    # calls are queued unsynchronized on two streams while their state moves between buffers.
+    "no_wait_for_last_call": (
+        "backend.cc",
+        "missing event wait: a compressed call on another stream than the state's last call does "
+        "not wait for it (the same ids at a new address on another stream, FSDP's case)",
+        "    LR_CUDA(cudaStreamWaitEvent(s, b.done, 0));  // the buffer's last call, on whatever "
+        "stream\n",
+        ""),
+    "save_before_last_call": (
+        "backend.cc",
+        "checkpoint copy too early: stateSave copies the residual and Q to the host without "
+        "waiting for the state's last call (a regrouping's copy of each id's state, a save after "
+        "queued calls)",
+        "    LR_CUDA(cudaEventSynchronize(b.done));\n    if (residual && b.e)\n"
+        "      LR_CUDA(cudaMemcpy(residual, b.e,",
+        "    if (residual && b.e)\n      LR_CUDA(cudaMemcpy(residual, b.e,"),
 }
 
 
