@@ -449,7 +449,10 @@ typedef struct {
   double ratio;                /* (compressedElements + exactElements) / payloadElements: input
                                   elements per element handed to the transport; 0 before any */
   uint64_t stateBytes;         /* bytes of per-buffer state held now (residuals, factors) */
-  uint64_t buffers;            /* buffers with state held now */
+  uint64_t buffers;            /* buffers planned now (each holds its tensors' state, if any is
+                                  compressed), and states of tensor ids no buffer holds (ids a
+                                  buffer gave up, kept for the buffer that takes them next); an
+                                  address whose ids moved on holds none */
 } lowrankStats_t;
 
 /* Fills *stats. Errors: lowrankInvalidArgument (null). */

@@ -269,7 +269,7 @@ void Engine::stats(lowrankStats_t* stats) {
                      ? double(c.compressedElements + c.exactElements) / double(c.payloadElements)
                      : 0.0;
   stats->stateBytes = buffers_.stateBytes();
-  stats->buffers = buffers_.size();
+  stats->buffers = buffers_.held();
 }
 
 }  // namespace lowrank

@@ -123,6 +123,12 @@ void BufferRegistry::erase(const void* buf, Counters& k) {
   map_.erase(it);
 }
 
+size_t BufferRegistry::held() const {
+  size_t n = parked_.size();
+  for (const auto& kv : map_) n += kv.second.rec != nullptr;
+  return n;
+}
+
 uint64_t BufferRegistry::stateBytes() const {
   uint64_t n = 0;
   for (const auto& kv : map_)

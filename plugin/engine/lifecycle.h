@@ -128,7 +128,8 @@ class BufferRegistry {
   void reset(const void* buf, Buffer& b, Counters& k);
   // Drops b's record and b itself (restores staged for its ids stay: they belong to the ids).
   void erase(const void* buf, Counters& k);
-  size_t size() const { return map_.size(); }
+  // Buffers holding a record (planned), and records no buffer holds that still hold ids.
+  size_t held() const;
   uint64_t stateBytes() const;
   // Every record of `backend` collects the rejections that have arrived (never blocks).
   void collectArrived(const BufferBackend& backend, Counters& k);

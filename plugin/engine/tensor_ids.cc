@@ -114,9 +114,10 @@ Status BufferRegistry::takeIds(BufferBackend& be, const void* buf, Buffer& b, co
     b.declared = false;
     return Status::Ok();
   }
-  if (!b.declared) {  // its record went to another buffer, or was dropped by a reset
+  if (!b.declared) {  // its record went to another buffer, was dropped by a reset, or no longer
+                      // fits the call (another dtype or count: planned again, the state kept)
     for (uint64_t id : b.ids.ids)
-      if (owners_.count(id))
+      if (auto o = owners_.find(id); o != owners_.end() && o->second.rec != r)
         return Status::Error(lowrankInvalidUsage,
                              "buffer %p: tensor id %llu was taken by another buffer since this "
                              "buffer was declared (lowrankBufferSetTensors): declare it again to "

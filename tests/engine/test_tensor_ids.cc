@@ -210,6 +210,28 @@ TEST(TensorIds, ACallOnABufferWhoseIdsMovedNamesTheId) {
   }, cfg());
 }
 
+// A call of another dtype or count on a buffer whose ids nobody took is no moved id: another dtype
+// is planned again with the state kept; a count other than the declared total names the count.
+TEST(TensorIds, AnotherDtypeOrCountIsNotAMovedId) {
+  withComms(1, [&](int r, lowrankComm_t comm) {
+    std::vector<float> x;
+    ASSERT_EQ(callGroup(comm, r, 0, kTensors, x, nullptr), lowrankSuccess);
+    std::vector<uint16_t> g16(x.size(), 0x3f80), out16(x.size());  // bfloat16 ones, in x's place
+    EXPECT_EQ(lowrankAllReduce(g16.data(), x.data(), x.size() / 2, lowrankBfloat16, lowrankAvg,
+                               comm, nullptr),
+              lowrankInvalidUsage);  // half the count: the layout does not hold it
+    const std::string why = lowrankGetLastError(comm);
+    EXPECT_EQ(why.find("taken by another buffer"), std::string::npos) << why;
+    EXPECT_NE(why.find("count"), std::string::npos) << why;
+    std::vector<float> g(x.size(), 1.f);
+    EXPECT_EQ(lowrankAllReduce(g.data(), x.data(), x.size(), lowrankFloat32, lowrankAvg, comm, nullptr),
+              lowrankSuccess) << lowrankGetLastError(comm);
+    lowrankStats_t st;
+    ASSERT_EQ(lowrankGetStats(comm, &st), lowrankSuccess);
+    EXPECT_EQ(st.buffers, 1u);
+  }, cfg());
+}
+
 // The first Q is drawn from (seed, id): a tensor's output does not depend on its position.
 TEST(TensorIds, FirstQFollowsTheIdNotThePosition) {
   withComms(1, [&](int r, lowrankComm_t comm) {

@@ -636,19 +636,18 @@ TEST_P(DeviceVsHostWithIds, AgreeCallAfterCallThroughMovesAndRegrouping) {
   }
 }
 
-// Bugs found by these tests, each a failing test kept DISABLED_ (run them with
+// Bugs found by these tests, each a failing test kept  (run them with
 // --gtest_also_run_disabled_tests) until the engine is fixed; they fail the same way on host buffers
 // (the rules are plugin/engine/tensor_ids.cc's, for both backends).
 
-// BUG (plugin/engine/tensor_ids.cc, BufferRegistry::takeIds, the `if (!b.declared)` branch, lines
-// 117-124): a buffer declared with ids, called in float32, then called in bfloat16 with the same
+// Was a bug (plugin/engine/tensor_ids.cc, BufferRegistry::takeIds, the `if (!b.declared)` branch): a buffer declared with ids, called in float32, then called in bfloat16 with the same
 // count and no new declaration, is refused with lowrankInvalidUsage "tensor id 101 was taken by
 // another buffer since this buffer was declared", though no other buffer exists: idsFit() fails
 // on the dtype (r->plan.dtype != c.dtype) while owners_ still maps every id to the buffer's own
 // record, and the branch takes any owner for another buffer. An anonymous buffer resets and goes
 // on at such a call (lifecycle.cc, runCall); declared again (lowrankBufferSetTensors), this one
 // goes on too (build() copies each id's residual and Q into the new plan).
-TEST(DeviceTensorIdsBugs, DISABLED_ADtypeChangeWithoutANewDeclarationIsNotAMovedId) {
+TEST(DeviceTensorIdsBugs, ADtypeChangeWithoutANewDeclarationIsNotAMovedId) {
   LR_SKIP_WITHOUT_DEVICE();
   withDeviceComms(ranksHere(), config(3), [&](int r, lowrankComm_t comm) {
     DeviceMemory mem;
@@ -667,11 +666,11 @@ TEST(DeviceTensorIdsBugs, DISABLED_ADtypeChangeWithoutANewDeclarationIsNotAMoved
   });
 }
 
-// BUG (the same branch): a call whose count is not the declared tensors' total, on a buffer that
+// Was a bug (the same branch): a call whose count is not the declared tensors' total, on a buffer that
 // no other buffer took anything from, is refused (rightly) with the wrong reason: "tensor id 101
 // was taken by another buffer ...: declare it again", which a declaration does not cure; the
 // plan's own message names the layout's elements and the call's count (plan.cc, makePlan).
-TEST(DeviceTensorIdsBugs, DISABLED_ACountOtherThanTheDeclaredTotalIsNamedAsSuch) {
+TEST(DeviceTensorIdsBugs, ACountOtherThanTheDeclaredTotalIsNamedAsSuch) {
   LR_SKIP_WITHOUT_DEVICE();
   withDeviceComms(ranksHere(), config(3), [&](int r, lowrankComm_t comm) {
     DeviceMemory mem;
@@ -689,7 +688,7 @@ TEST(DeviceTensorIdsBugs, DISABLED_ACountOtherThanTheDeclaredTotalIsNamedAsSuch)
   });
 }
 
-// BUG (plugin/engine/engine.cc, Engine::stats, line 272: stats->buffers = buffers_.size()):
+// Was a bug (plugin/engine/engine.cc, Engine::stats: stats->buffers was every address known):
 // lowrankStats_t.buffers is documented as "buffers with state held now" (lowrank.h) but counts
 // every address the communicator keeps a record of. With ids the difference grows with every
 // step: FSDP's fresh output at a new address each call leaves 4 addresses after 4 calls, one of
