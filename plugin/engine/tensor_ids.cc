@@ -49,6 +49,14 @@ bool idsFit(const Record& r, const Buffer& b, const Call& c, const BufferBackend
          r.plan.dtype == c.dtype && r.backend == &be;
 }
 
+// The error of a call on a buffer whose id another buffer took since its declaration.
+Status movedId(const void* buf, uint64_t id) {
+  return Status::Error(lowrankInvalidUsage,
+                       "buffer %p: tensor id %llu was taken by another buffer since this buffer "
+                       "was declared (lowrankBufferSetTensors): declare it again to take its "
+                       "tensors back", buf, (unsigned long long)id);
+}
+
 std::string shapeText(const Shape& s) {
   std::string out = "(";
   for (size_t d = 0; d < s.size(); ++d) out += (d ? "," : "") + std::to_string(s[d]);
@@ -99,10 +107,7 @@ Status BufferRegistry::takeIds(BufferBackend& be, const void* buf, Buffer& b, co
           lost = &b.ids.ids[i];
       }
       if (lost && !b.declared && !pending_.count(*lost))
-        return Status::Error(lowrankInvalidUsage,
-                             "buffer %p: tensor id %llu was taken by another buffer since this "
-                             "buffer was declared (lowrankBufferSetTensors): declare it again to "
-                             "take its tensors back", buf, (unsigned long long)*lost);
+        return movedId(buf, *lost);
       if (lost) return build(be, buf, b, c, cfg, rank, k);
       r->verified = generation_;
     }
@@ -118,10 +123,7 @@ Status BufferRegistry::takeIds(BufferBackend& be, const void* buf, Buffer& b, co
                       // fits the call (another dtype or count: planned again, the state kept)
     for (uint64_t id : b.ids.ids)
       if (auto o = owners_.find(id); o != owners_.end() && o->second.rec != r)
-        return Status::Error(lowrankInvalidUsage,
-                             "buffer %p: tensor id %llu was taken by another buffer since this "
-                             "buffer was declared (lowrankBufferSetTensors): declare it again to "
-                             "take its tensors back", buf, (unsigned long long)id);
+        return movedId(buf, id);
     return build(be, buf, b, c, cfg, rank, k);
   }
   // Declared here: another buffer's record of exactly these tensors moves here as is (FSDP
