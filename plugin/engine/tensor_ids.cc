@@ -26,22 +26,29 @@ Status snapshot(const Record& r, bool errorFeedback, Snapshot* out) {
                          out->qt.data());
 }
 
+// Tensor t of a plan as a saved tensor: its slices of the plan's whole residual and Qt (host
+// copies; residual empty without error feedback), the one place a tensor's state is cut out.
+SavedTensor sliceOf(const TensorPlan& t, uint64_t id, const Shape& shape, uint64_t calls,
+                    bool haveQ, const std::vector<float>& residual, const std::vector<float>& qt) {
+  SavedTensor s;
+  s.id = id;
+  s.shape = shape;
+  s.k = t.compressed ? t.k : 0;
+  s.calls = calls;
+  s.haveQ = t.compressed && haveQ;
+  if (!residual.empty())
+    s.residual.assign(residual.begin() + long(t.offset), residual.begin() + long(t.offset + t.numel));
+  if (s.haveQ)
+    s.qt.assign(qt.begin() + long(t.qOffset),
+                qt.begin() + long(t.qOffset + size_t(t.k) * t.view.cols));
+  return s;
+}
+
 // Tensor `index` of record r as a saved tensor, from its snapshot.
 SavedTensor savedTensor(const Record& r, size_t index, const Snapshot& snap) {
   const TensorPlan& t = r.plan.tensors[index];
-  SavedTensor s;
-  s.id = t.id;
-  s.shape = r.layout[index];
-  s.k = t.compressed ? t.k : 0;
-  s.calls = r.tensorCalls[index];
-  s.haveQ = t.compressed && r.haveQ && r.state;
-  if (!snap.residual.empty())
-    s.residual.assign(snap.residual.begin() + long(t.offset),
-                      snap.residual.begin() + long(t.offset + t.numel));
-  if (s.haveQ)
-    s.qt.assign(snap.qt.begin() + long(t.qOffset),
-                snap.qt.begin() + long(t.qOffset + size_t(t.k) * t.view.cols));
-  return s;
+  return sliceOf(t, t.id, r.layout[index], r.tensorCalls[index], r.haveQ && r.state, snap.residual,
+                 snap.qt);
 }
 
 bool idsFit(const Record& r, const Buffer& b, const Call& c, const BufferBackend& be) {
@@ -325,22 +332,9 @@ Status tensorsOfBuffer(const SavedState& s, const Buffer& b, const EngineConfig&
   out->nranks = s.nranks;
   out->rank = s.rank;
   out->errorFeedback = s.errorFeedback;
-  for (size_t i = 0; i < pl.tensors.size(); ++i) {
-    const TensorPlan& t = pl.tensors[i];
-    SavedTensor x;
-    x.id = b.ids.ids[i];
-    x.shape = (*s.layout)[i];
-    x.k = t.compressed ? t.k : 0;
-    x.calls = s.calls;
-    x.haveQ = s.haveQ && t.compressed;
-    if (!s.residual.empty())
-      x.residual.assign(s.residual.begin() + long(t.offset),
-                        s.residual.begin() + long(t.offset + t.numel));
-    if (x.haveQ)
-      x.qt.assign(s.qt.begin() + long(t.qOffset),
-                  s.qt.begin() + long(t.qOffset + size_t(t.k) * t.view.cols));
-    out->tensors.push_back(std::move(x));
-  }
+  for (size_t i = 0; i < pl.tensors.size(); ++i)
+    out->tensors.push_back(sliceOf(pl.tensors[i], b.ids.ids[i], (*s.layout)[i], s.calls, s.haveQ,
+                                   s.residual, s.qt));
   return Status::Ok();
 }
 
