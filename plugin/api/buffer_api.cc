@@ -1,5 +1,6 @@
 // Per-buffer state (layout, view, reset, release) and statistics: argument checks, then the
 // engine (engine/engine.h).
+#include <cstdio>
 #include <unordered_set>
 
 #include "api/errors.h"
@@ -12,22 +13,25 @@ namespace {
 // The checks of one tensor's shape, shared by SetLayout and SetTensors: ndims in [1, 8], sizes > 0,
 // and a total that does not overflow size_t (the plan trusts the layout's sums). Appends the shape.
 lowrankResult_t addShape(lowrankComm_t comm, const char* fn, int t, int ndims, const size_t* dims,
-                         size_t* total, lowrank::Layout* layout) {
+                         size_t* total, lowrank::Layout* layout, const uint64_t* id = nullptr) {
+  char name[64];  // "tensor 3", or "tensor 3 (id 17)" for SetTensors
+  if (id) snprintf(name, sizeof name, "tensor %d (id %llu)", t, (unsigned long long)*id);
+  else snprintf(name, sizeof name, "tensor %d", t);
   if (ndims < 1 || ndims > LOWRANK_MAX_DIMS)
-    return fail(comm, lowrankInvalidArgument, "%s: tensor %d has %d dimensions (1..8 allowed)", fn,
-                t, ndims);
+    return fail(comm, lowrankInvalidArgument, "%s: %s has %d dimensions (1..8 allowed)", fn, name,
+                ndims);
   if (!dims) return fail(comm, lowrankInvalidArgument, "%s: shapes[%d] is NULL", fn, t);
   lowrank::Shape shape;
   size_t numel = 1;
   for (int d = 0; d < ndims; ++d) {
     if (dims[d] == 0)
-      return fail(comm, lowrankInvalidArgument, "%s: tensor %d has size 0 in dimension %d", fn, t, d);
+      return fail(comm, lowrankInvalidArgument, "%s: %s has size 0 in dimension %d", fn, name, d);
     if (__builtin_mul_overflow(numel, dims[d], &numel))
-      return fail(comm, lowrankInvalidArgument, "%s: the elements of tensor %d overflow size_t", fn, t);
+      return fail(comm, lowrankInvalidArgument, "%s: the elements of %s overflow size_t", fn, name);
     shape.push_back(dims[d]);
   }
   if (__builtin_add_overflow(*total, numel, total))
-    return fail(comm, lowrankInvalidArgument, "%s: the elements of tensor %d overflow size_t", fn, t);
+    return fail(comm, lowrankInvalidArgument, "%s: the elements of %s overflow size_t", fn, name);
   layout->push_back(std::move(shape));
   return lowrankSuccess;
 }
@@ -69,7 +73,8 @@ LOWRANK_API lowrankResult_t lowrankBufferSetTensors(lowrankComm_t comm, const vo
     std::unordered_set<uint64_t> seen;
     for (int t = 0; t < ntensors; ++t) {
       const lowrankTensor_t& x = tensors[t];
-      if (lowrankResult_t r = addShape(comm, fn, t, x.ndims, x.shape, &total, &layout)) return r;
+      if (lowrankResult_t r = addShape(comm, fn, t, x.ndims, x.shape, &total, &layout, &x.id))
+        return r;
       if (x.approxRank < LOWRANK_RANK_DEFAULT || x.approxRank > 65536)
         return fail(comm, lowrankInvalidArgument,
                     "%s: tensor %d (id %llu) has approxRank %d (-1 default, 0 exact, or 1..65536)",
@@ -80,8 +85,8 @@ LOWRANK_API lowrankResult_t lowrankBufferSetTensors(lowrankComm_t comm, const vo
       ids.ids.push_back(x.id);
       ids.ranks.push_back(x.approxRank);
     }
-    comm->engine->setTensors(recvbuff, std::move(layout), std::move(ids));
-    return lowrankSuccess;
+    const lowrank::Status st = comm->engine->setTensors(recvbuff, std::move(layout), std::move(ids));
+    return st.ok() ? lowrankSuccess : fail(comm, st);
   });
 }
 

@@ -152,13 +152,37 @@ void Engine::setLayout(const void* buf, Layout layout) {
   b.restored = std::move(restored);
 }
 
-void Engine::setTensors(const void* buf, Layout layout, TensorIds ids) {
+Status Engine::setTensors(const void* buf, Layout layout, TensorIds ids) {
   Buffer& b = buffers_.get(buf);
-  b.declared = true;  // the next call may take these ids from wherever they are
-  if (b.ids == ids && b.layout == layout) return;  // every step's declaration: nothing to change
-  b.restored.reset();  // an anonymous restore does not carry over to ids
+  if (b.ids == ids && b.layout == layout) {  // every step's declaration: nothing to change
+    b.declared = true;                         // the next call may take these ids where they are
+    return Status::Ok();
+  }
+  // A buffer without ids goes on as its tensors: its state (a pending restore, or the state of
+  // its calls) is split into its new ids' states, staged for the next call; a layout that is not
+  // the declared one cannot be split, and drops nothing: refused.
+  if (b.ids.ids.empty() && (b.restored || (b.rec && b.rec->plan.perTensor))) {
+    platform::DeviceGuard guard(device());
+    SavedState saved;
+    Status s = saveBuffer(b, cfg_, rank_, nranks_, &saved);
+    Buffer declared;
+    declared.layout = layout;
+    declared.ids = ids;
+    SavedTensors t;
+    if (s.ok()) s = tensorsOfBuffer(saved, declared, cfg_, &t);
+    if (!s.ok())
+      return Status::Error(s.code,
+                           "lowrankBufferSetTensors: buffer %p holds state of its layout, which "
+                           "these tensors cannot take (%s); lowrankBufferReset it first to start "
+                           "them afresh", buf, s.msg.c_str());
+    buffers_.reset(buf, b, counters_);
+    buffers_.stage(std::move(t));
+  }
+  b.restored.reset();
   b.layout = std::move(layout);
   b.ids = std::move(ids);
+  b.declared = true;
+  return Status::Ok();
 }
 
 void Engine::reset(const void* buf) {

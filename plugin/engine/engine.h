@@ -50,8 +50,10 @@ class Engine {
   // planned here.
   void setLayout(const void* buf, Layout layout);
   // lowrankBufferSetTensors: declares buf's tensors with their ids (arguments checked); changes no
-  // state (the next call takes each id's state, engine/tensor_ids.cc).
-  void setTensors(const void* buf, Layout layout, TensorIds ids);
+  // state (the next call takes each id's state, engine/tensor_ids.cc), but a buffer that had no
+  // ids hands its state to them (staged). Errors: lowrankInvalidUsage when that state does not fit
+  // the tensors (nothing changes then).
+  Status setTensors(const void* buf, Layout layout, TensorIds ids);
   void reset(const void* buf);
   void release(const void* buf);
   void view(const void* buf, lowrankBufferView_t* view) const;

@@ -110,17 +110,27 @@ const Buffer* BufferRegistry::find(const void* buf) const {
 void BufferRegistry::reset(const void* buf, Buffer& b, Counters& k) {
   (void)buf;
   if (b.rec) drop(std::move(b.rec), k);
-  for (uint64_t id : b.ids.ids) generation_ += pending_.erase(id);
+  disown(b.ids.ids, k);  // its tensors start afresh, wherever their state was
   b.restored.reset();
-  b.declared = !b.ids.ids.empty();  // its tensors start afresh wherever their state went
+  b.declared = false;
 }
 
 void BufferRegistry::erase(const void* buf, Counters& k) {
   auto it = map_.find(buf);
   if (it == map_.end()) return;
-  // What the buffer holds goes; restores staged for its ids belong to the ids and stay.
+  // What the buffer holds, and the ids it gave up that no buffer took, go; restores staged for
+  // its ids belong to the ids and stay.
   if (it->second.rec) drop(std::move(it->second.rec), k);
   map_.erase(it);
+  for (size_t i = 0; i < parked_.size();)
+    if (parked_[i]->gaveUp == buf) {
+      std::unique_ptr<Record> r = std::move(parked_[i]);
+      parked_[i] = std::move(parked_.back());
+      parked_.pop_back();
+      drop(std::move(r), k);
+    } else {
+      ++i;
+    }
 }
 
 size_t BufferRegistry::held() const {

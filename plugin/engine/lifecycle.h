@@ -102,6 +102,7 @@ struct Record {
   std::vector<bool> cold;
   size_t held = 0;
   const void* holder = nullptr;
+  const void* gaveUp = nullptr;  // parked: the buffer that held it last (its release frees it)
   uint64_t verified = 0;
 };
 
@@ -122,11 +123,12 @@ class BufferRegistry {
   Buffer& get(const void* buf) { return map_[buf]; }
   Buffer* find(const void* buf);
   const Buffer* find(const void* buf) const;
-  // Drops b's record (with ids: the state of the ids it holds, and the restores staged for its
-  // declared ids) and keeps its declaration: the next call plans afresh. Calls the backend
-  // rejected meanwhile are counted first.
+  // Drops b's record and, with ids, the state of its declared ids wherever it is held and the
+  // restores staged for them; keeps its declaration: the next call plans its tensors afresh.
+  // Calls the backend rejected meanwhile are counted first.
   void reset(const void* buf, Buffer& b, Counters& k);
-  // Drops b's record and b itself (restores staged for its ids stay: they belong to the ids).
+  // Drops b's record, the parked records b held last, and b itself (restores staged for its ids
+  // stay: they belong to the ids).
   void erase(const void* buf, Counters& k);
   // Buffers holding a record (planned), and records no buffer holds that still hold ids.
   size_t held() const;
@@ -157,6 +159,9 @@ class BufferRegistry {
   void drop(std::unique_ptr<Record> r, Counters& k);  // frees r, giving up the ids it holds
   std::unique_ptr<Record> detach(Record* r);        // from its holder or the parked ones
   void dropIfEmpty(Record* r, Counters& k);          // a record that holds no id any more
+  // The ids' state goes: their records give them up (a record left with none is freed; one that
+  // keeps others is planned again at its buffer's next call), and so do restores staged for them.
+  void disown(const std::vector<uint64_t>& ids, Counters& k);
 
   std::unordered_map<const void*, Buffer> map_;
   std::vector<std::unique_ptr<Record>> parked_;  // records no buffer holds, still holding ids

@@ -25,8 +25,12 @@ CallBuffers callBuffers(const Plan& pl, HostState& st, const EngineConfig& cfg,
                      st.qt.data()};
 }
 
-void drawQ(const TensorPlan& t, const EngineConfig& cfg, uint64_t stream, float* q) {
+void drawNormal(const TensorPlan& t, const EngineConfig& cfg, uint64_t stream, float* q) {
   host::fillNormal(q, size_t(t.k) * t.view.cols, cfg.seed, stream);
+}
+
+void drawQ(const TensorPlan& t, const EngineConfig& cfg, uint64_t stream, float* q) {
+  drawNormal(t, cfg, stream, q);
   host::orthonormalize(q, t.view.cols, t.k, 1, t.view.cols, cfg.orthoEpsilon);
 }
 

@@ -36,7 +36,9 @@ CallBuffers callBuffers(const Plan& pl, HostState& st, const EngineConfig& cfg,
 void initialQ(const Plan& pl, const EngineConfig& cfg, uint64_t calls, float* qt,
               const uint64_t* tensorCalls = nullptr);
 uint64_t idStream(uint64_t id, uint64_t calls);
-// One compressed tensor's fresh Qt (k x cols at q) from the given stream, orthonormalized.
+// One compressed tensor's fresh Qt (k x cols at q) from the given stream: N(0, 1) (drawNormal), then
+// orthonormalized (drawQ).
+void drawNormal(const TensorPlan& t, const EngineConfig& cfg, uint64_t stream, float* q);
 void drawQ(const TensorPlan& t, const EngineConfig& cfg, uint64_t stream, float* q);
 
 // Packs the exact tensors of G into payload[0, exactElems) as float32; returns their non-finite count.

@@ -3,6 +3,7 @@
 // record (its own; another buffer's as is; or a new one with each id's state copied in), warm-up
 // per id, and the per-id checkpoint.
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <unordered_map>
 
@@ -102,6 +103,22 @@ void BufferRegistry::dropIfEmpty(Record* r, Counters& k) {
     if (std::unique_ptr<Record> gone = detach(r)) drop(std::move(gone), k);
 }
 
+void BufferRegistry::disown(const std::vector<uint64_t>& ids, Counters& k) {
+  std::vector<Record*> losers;
+  for (uint64_t id : ids) {
+    pending_.erase(id);
+    auto o = owners_.find(id);
+    if (o == owners_.end()) continue;
+    --o->second.rec->held;
+    losers.push_back(o->second.rec);
+    owners_.erase(o);
+  }
+  ++generation_;
+  std::sort(losers.begin(), losers.end());
+  losers.erase(std::unique(losers.begin(), losers.end()), losers.end());
+  for (Record* r : losers) dropIfEmpty(r, k);
+}
+
 Status BufferRegistry::takeIds(BufferBackend& be, const void* buf, Buffer& b, const Call& c,
                                const EngineConfig& cfg, int rank, Counters& k) {
   Record* r = b.rec.get();
@@ -144,6 +161,7 @@ Status BufferRegistry::takeIds(BufferBackend& be, const void* buf, Buffer& b, co
       std::unique_ptr<Record> moved = detach(src);
       if (b.rec) {  // what this buffer held before stays held for its ids
         b.rec->holder = nullptr;
+        b.rec->gaveUp = buf;
         if (b.rec->held) parked_.push_back(std::move(b.rec));
         else drop(std::move(b.rec), k);
       }
@@ -184,12 +202,27 @@ Status BufferRegistry::build(BufferBackend& be, const void* buf, Buffer& b, cons
     }
   Plan pl;
   Status s = makePlan(c.count, c.dtype, c.op, &*b.layout, cfg, &pl, &inForce);
-  for (size_t i = 0; s.ok() && i < n; ++i)
-    if (saved[i] && saved[i]->shape != (*b.layout)[i])
+  if (!s.ok()) {
+    char where[80];
+    snprintf(where, sizeof where, "buffer %p (lowrankBufferSetTensors): ", buf);
+    s.msg = where + s.msg;
+  }
+  // An id's shape is the tensor's: state of another shape is another tensor's, never cut to fit.
+  for (size_t i = 0; s.ok() && i < n; ++i) {
+    const Shape* had = saved[i] ? &saved[i]->shape
+                       : from[i].rec ? &from[i].rec->layout[from[i].index] : nullptr;
+    if (had && *had != (*b.layout)[i])
       s = Status::Error(lowrankInvalidUsage,
-                        "buffer %p: the restored state of tensor id %llu has shape %s, the "
-                        "buffer declares %s", buf, (unsigned long long)b.ids.ids[i],
-                        shapeText(saved[i]->shape).c_str(), shapeText((*b.layout)[i]).c_str());
+                        "buffer %p: tensor id %llu %s shape %s, the buffer declares %s: an id "
+                        "names one tensor (give another tensor another id; %s)",
+                        buf, (unsigned long long)b.ids.ids[i],
+                        saved[i] ? "was restored with" : "holds state of",
+                        shapeText(*had).c_str(), shapeText((*b.layout)[i]).c_str(),
+                        saved[i] ? "or drop the restore: lowrankBufferReset of a buffer "
+                                   "declaring the id"
+                                 : "or drop its state: lowrankBufferReset or Release of the "
+                                   "buffer that holds it");
+  }
   // The records the ids come from, copied to host memory once each.
   std::unordered_map<const Record*, Snapshot> snaps;
   for (size_t i = 0; s.ok() && i < n; ++i)
@@ -225,11 +258,13 @@ Status BufferRegistry::build(BufferBackend& be, const void* buf, Buffer& b, cons
         gotQ[i] = haveQ = true;
       }
     }
-    if (haveQ)  // the other tensors' first Q, drawn now as their first call would
+    if (haveQ)  // the other tensors' first Q, drawn now as their first call would (host: the same
+                // bits; a device orthonormalizes it with its own kernel)
       for (size_t i = 0; i < n; ++i)
         if (pl.tensors[i].compressed && !gotQ[i])
-          phases::drawQ(pl.tensors[i], cfg, phases::idStream(pl.tensors[i].id, calls[i] + 1),
-                        qt.data() + pl.tensors[i].qOffset);
+          // Not orthonormalized: the call's warm start does that, as the fresh path would.
+          phases::drawNormal(pl.tensors[i], cfg, phases::idStream(pl.tensors[i].id, calls[i] + 1),
+                             qt.data() + pl.tensors[i].qOffset);
     if (any || haveQ)
       s = be.load(*state, pl, residual.empty() ? nullptr : residual.data(), qt.data());
   }
@@ -267,6 +302,7 @@ Status BufferRegistry::build(BufferBackend& be, const void* buf, Buffer& b, cons
   if (restoredId) LR_INFO("buffer %p: restored state of its tensor ids installed", buf);
   if (b.rec) {  // what this buffer held before stays held for the ids it still has
     b.rec->holder = nullptr;
+    b.rec->gaveUp = buf;
     parked_.push_back(std::move(b.rec));
     losers.push_back(parked_.back().get());
   }

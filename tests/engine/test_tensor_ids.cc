@@ -232,6 +232,126 @@ TEST(TensorIds, AnotherDtypeOrCountIsNotAMovedId) {
   }, cfg());
 }
 
+// From the new-user trial: an id declared again with another shape is refused naming it (the
+// residual of the old shape was once copied past the new one's end), growing or shrinking.
+TEST(TensorIds, AnIdDeclaredWithAnotherShapeIsRefused) {
+  withComms(1, [&](int r, lowrankComm_t comm) {
+    std::vector<float> x, y;
+    ASSERT_EQ(callGroup(comm, r, 0, {kTensors[0]}, x, nullptr), lowrankSuccess);
+    T other{kTensors[0].id, {8, 8}};
+    EXPECT_EQ(callGroup(comm, r, 1, {other}, y, nullptr), lowrankInvalidUsage);
+    EXPECT_NE(std::string(lowrankGetLastError(comm)).find("tensor id 101 holds state of shape (24,40)"),
+              std::string::npos) << lowrankGetLastError(comm);
+    // Reset of the buffer holding it starts the id afresh: then any shape.
+    ASSERT_EQ(lowrankBufferReset(comm, x.data()), lowrankSuccess);
+    EXPECT_EQ(callGroup(comm, r, 1, {other}, y, nullptr), lowrankSuccess) << lowrankGetLastError(comm);
+  }, cfg());
+}
+
+// A format-1 restore staged before the buffer is declared with ids is split into them, not lost;
+// a buffer with a layout and calls hands its state to its new ids likewise.
+TEST(TensorIds, AnAnonymousBuffersStateGoesToItsNewIds) {
+  const int calls = 5, first = 2;
+  auto straight = straightRun(1, calls);
+  withComms(1, [&](int r, lowrankComm_t comm) {
+    // Anonymous for `first` calls (the ids' first Q would differ: so from a format-1 start, which
+    // carries its Q), then declared with ids: the outputs equal the anonymous buffer's own.
+    std::vector<float> g, buf, anon;
+    size_t count = 0;
+    std::vector<int> nd;
+    std::vector<const size_t*> sh;
+    for (const T& t : kTensors) {
+      nd.push_back(int(t.shape.size()));
+      sh.push_back(t.shape.data());
+      count += t.numel();
+    }
+    std::vector<std::vector<float>> want;
+    {  // the anonymous run throughout, on a second buffer
+      std::vector<float> a(count);
+      ASSERT_EQ(lowrankBufferSetLayout(comm, a.data(), int(nd.size()), nd.data(), sh.data()), lowrankSuccess);
+      for (int t = 0; t < calls; ++t) {
+        std::vector<float> in;
+        for (const T& x : kTensors) { auto v = grad(x, r, t); in.insert(in.end(), v.begin(), v.end()); }
+        ASSERT_EQ(lowrankAllReduce(in.data(), a.data(), count, lowrankFloat32, lowrankAvg, comm, nullptr), lowrankSuccess);
+        want.push_back(a);
+      }
+      lowrankBufferRelease(comm, a.data());
+    }
+    buf.resize(count);
+    ASSERT_EQ(lowrankBufferSetLayout(comm, buf.data(), int(nd.size()), nd.data(), sh.data()), lowrankSuccess);
+    for (int t = 0; t < calls; ++t) {
+      if (t == first) {  // the switch, mid-run
+        std::vector<lowrankTensor_t> d;
+        for (const T& x : kTensors) d.push_back(desc(x));
+        ASSERT_EQ(lowrankBufferSetTensors(comm, buf.data(), int(d.size()), d.data()), lowrankSuccess)
+            << lowrankGetLastError(comm);
+      }
+      std::vector<float> in;
+      for (const T& x : kTensors) { auto v = grad(x, r, t); in.insert(in.end(), v.begin(), v.end()); }
+      ASSERT_EQ(lowrankAllReduce(in.data(), buf.data(), count, lowrankFloat32, lowrankAvg, comm, nullptr),
+                lowrankSuccess) << lowrankGetLastError(comm);
+      EXPECT_EQ(0, std::memcmp(buf.data(), want[t].data(), count * 4)) << "call " << t;
+    }
+  }, cfg());
+  (void)straight;
+}
+
+// Release frees what the buffer gave up and no buffer took; reset starts its declared ids afresh
+// wherever they are held.
+TEST(TensorIds, ReleaseFreesWhatTheBufferGaveUpAndResetWhatItDeclares) {
+  withComms(1, [&](int r, lowrankComm_t comm) {
+    std::vector<float> a, b;
+    lowrankStats_t st;
+    for (int i = 0; i < 5; ++i) {  // five records, four of them parked on a's account
+      T t{uint64_t(1000 + i), {24, 40}};
+      ASSERT_EQ(callGroup(comm, r, 0, {t}, a, nullptr), lowrankSuccess);
+    }
+    ASSERT_EQ(lowrankGetStats(comm, &st), lowrankSuccess);
+    EXPECT_EQ(st.buffers, 5u);
+    ASSERT_EQ(lowrankBufferRelease(comm, a.data()), lowrankSuccess);
+    ASSERT_EQ(lowrankGetStats(comm, &st), lowrankSuccess);
+    EXPECT_EQ(st.buffers, 0u);
+    EXPECT_EQ(st.stateBytes, 0u);
+    // b takes a's tensors; a reset of a (declaring them) starts them afresh, also in b.
+    ASSERT_EQ(callGroup(comm, r, 0, {kTensors[0]}, a, nullptr), lowrankSuccess);
+    ASSERT_EQ(callGroup(comm, r, 1, {kTensors[0]}, b, nullptr), lowrankSuccess);
+    lowrankBufferView_t v;
+    ASSERT_EQ(lowrankBufferGetView(comm, b.data(), &v), lowrankSuccess);
+    EXPECT_EQ(v.calls, 2u);
+    ASSERT_EQ(lowrankBufferReset(comm, a.data()), lowrankSuccess);
+    ASSERT_EQ(callGroup(comm, r, 2, {kTensors[0]}, b, nullptr, /*declare=*/false), lowrankSuccess)
+        << lowrankGetLastError(comm);
+    ASSERT_EQ(lowrankBufferGetView(comm, b.data(), &v), lowrankSuccess);
+    EXPECT_EQ(v.calls, 1u);  // afresh
+  }, cfg());
+}
+
+// A tensor joining a buffer whose other tensors have a warm start draws its first Q as a fresh
+// buffer would: its outputs equal those of a buffer of its own, bit for bit (host).
+TEST(TensorIds, ATensorJoiningWarmTensorsDrawsAsAFreshBufferWould) {
+  withComms(1, [&](int r, lowrankComm_t comm) {
+    std::vector<float> x, alone, mixed;
+    Outs o1, o2;
+    ASSERT_EQ(callGroup(comm, r, 0, {kTensors[0]}, alone, &o1), lowrankSuccess);
+    ASSERT_EQ(callGroup(comm, r, 1, {kTensors[0]}, alone, &o1), lowrankSuccess);
+    ASSERT_EQ(callGroup(comm, r, 0, {kTensors[1]}, x, nullptr), lowrankSuccess);  // 202 warm
+    std::vector<float> solo;
+    Outs os;
+    ASSERT_EQ(lowrankBufferRelease(comm, alone.data()), lowrankSuccess);
+    ASSERT_EQ(callGroup(comm, r, 0, {kTensors[0]}, solo, &os), lowrankSuccess);  // 101 fresh, alone
+    ASSERT_EQ(lowrankBufferRelease(comm, solo.data()), lowrankSuccess);
+    ASSERT_EQ(callGroup(comm, r, 1, {kTensors[1], kTensors[0]}, mixed, &o2), lowrankSuccess);
+    // 101's first call: joined to a warm 202 in `mixed`, alone in `solo`: the same bits.
+    (void)o1;
+    Outs fresh101;
+    withComms(1, [&](int r2, lowrankComm_t c2) {
+      std::vector<float> z;
+      ASSERT_EQ(callGroup(c2, r2, 1, {kTensors[0]}, z, &fresh101), lowrankSuccess);
+    }, cfg());
+    EXPECT_EQ(0, std::memcmp(o2.at(101).data(), fresh101.at(101).data(), o2.at(101).size() * 4));
+  }, cfg());
+}
+
 // The first Q is drawn from (seed, id): a tensor's output does not depend on its position.
 TEST(TensorIds, FirstQFollowsTheIdNotThePosition) {
   withComms(1, [&](int r, lowrankComm_t comm) {
