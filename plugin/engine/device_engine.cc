@@ -144,14 +144,14 @@ Status DeviceBackend::agree(uint64_t words[PlanCheck::kWords]) {
   return fromBackend(be_->planCheck(comm_, words, &err), err);
 }
 
-std::unique_ptr<BackendState> DeviceBackend::allocate(const Plan& plan, const void* buf) {
+std::unique_ptr<BackendState> DeviceBackend::allocate(const Plan& plan, std::string* why) {
   const CudaPlan cp(plan, cfg_, nranks_);
   lowrankCudaError_t err{};
   lowrankCudaState_t* s = nullptr;
   uint64_t bytes = 0;
   const Status st = fromBackend(be_->stateCreate(comm_, &cp.desc, &s, &bytes, &err), err);
   if (!st.ok()) {
-    LR_INFO("device buffer %p: its state could not be allocated: %s", buf, st.msg.c_str());
+    *why = st.msg;
     return nullptr;
   }
   return std::make_unique<DeviceState>(be_, s, bytes, device_);

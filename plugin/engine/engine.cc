@@ -270,6 +270,7 @@ void Engine::stats(lowrankStats_t* stats) {
                      : 0.0;
   stats->stateBytes = buffers_.stateBytes();
   stats->buffers = buffers_.held();
+  stats->exactOnlyPlans = c.exactOnlyPlans;
 }
 
 }  // namespace lowrank
