@@ -108,7 +108,7 @@ Status DeviceBackend::create(void* ncclComm, int nranks, const EngineConfig& cfg
   LR_RETURN_IF_ERROR(nccl::realNccl(&api));
   e->nccl_ = api;
   lowrankCudaError_t err{};
-  if (int r = backend->commCreate(api, ncclComm, nranks, &e->comm_, &e->device_, &err))
+  if (int r = backend->commCreate(api, ncclComm, nranks, cfg.timeoutSec, &e->comm_, &e->device_, &err))
     return e->fromBackend(r, err);
   LR_INFO("CUDA engine for %d comm ranks on device %d", nranks, e->device_);
   *out = std::move(e);
