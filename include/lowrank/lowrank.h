@@ -432,7 +432,10 @@ lowrankResult_t lowrankBufferRestoreState(lowrankComm_t comm, const void* recvbu
 
 /* ---- Statistics -------------------------------------------------------------------------------- */
 
-/* Counters of one communicator since its creation, for this comm rank. */
+/* Counters of one communicator since its creation, for this comm rank. Fields are only ever
+ * appended; lowrankGetStats fills the whole struct of the library's header, so a program built
+ * against an older header (before exactOnlyPlans, 8 bytes shorter) must be rebuilt, and a binding
+ * that mirrors the struct (python/lowrank/_capi.py) must append the field too. */
 typedef struct {
   uint64_t calls;              /* lowrankAllReduce calls that succeeded */
   uint64_t compressedCalls;    /* calls that ran PowerSGD */
@@ -448,11 +451,17 @@ typedef struct {
   uint64_t bytesSent;          /* bytes of elementsSent */
   double ratio;                /* (compressedElements + exactElements) / payloadElements: input
                                   elements per element handed to the transport; 0 before any */
-  uint64_t stateBytes;         /* bytes of per-buffer state held now (residuals, factors) */
+  uint64_t stateBytes;         /* bytes of per-buffer state held now: per buffer, its float32
+                                  residual, payload (exact part, P, checks) and Q twice; host
+                                  memory for host buffers, device memory for device ones */
   uint64_t buffers;            /* buffers planned now (each holds its tensors' state, if any is
                                   compressed), and states of tensor ids no buffer holds (ids a
                                   buffer gave up, kept for the buffer that takes them next); an
                                   address whose ids moved on holds none */
+  uint64_t exactOnlyPlans;     /* plans made exact-only because some comm rank could not allocate
+                                  the buffer's state (counted on every comm rank; that rank logs a
+                                  WARN naming the buffer and the bytes): the buffer is allreduced
+                                  exactly, uncompressed, until it is planned again */
 } lowrankStats_t;
 
 /* Fills *stats. Errors: lowrankInvalidArgument (null). */

@@ -1,7 +1,7 @@
 /* The table between liblowrank and its CUDA backend, liblowrank_cuda.so, which liblowrank loads
  * with dlopen the first time a device buffer appears (plugin/engine/device_backend.cc), so that a
  * CPU-only program loads no CUDA library. Plain C and versioned, as NCCL's plugin tables: the
- * backend exports `lowrankCudaBackendV5`; liblowrank refuses a table whose `version` is not the
+ * backend exports `lowrankCudaBackendV6`; liblowrank refuses a table whose `version` is not the
  * one it was built with (naming the path and both versions).
  *
  * Who does what. liblowrank keeps a device buffer's life (plugin/engine/device_engine.h): exact or
@@ -30,7 +30,7 @@
 extern "C" {
 #endif
 
-#define LOWRANK_CUDA_BACKEND_VERSION 5
+#define LOWRANK_CUDA_BACKEND_VERSION 6 /* 6: commCreate takes the comm's timeout */
 
 /* The code of a compressed call's op in the payload's op element (lowrankSum 0 -> 1, lowrankAvg 4
  * -> 2): allreduced with the factors, it sums to N times one code only if every comm rank used the
@@ -38,7 +38,7 @@ extern "C" {
 static inline float lowrankPayloadOpCode(int op) { return op == 0 ? 1.f : 2.f; }
 /* Words of the plan agreement (liblowrank's PlanCheck, engine/plan.h), max-allreduced as uint64. */
 #define LOWRANK_PLAN_CHECK_WORDS 5
-#define LOWRANK_CUDA_BACKEND_SYMBOL "lowrankCudaBackendV5"
+#define LOWRANK_CUDA_BACKEND_SYMBOL "lowrankCudaBackendV6"
 /* A NUL-terminated line, what the backend was built for, read by `python -m lowrank` without
  * initializing CUDA: "cuda=13000 arch=sm_80,sm_90,compute_90 cudart=static" (cuda: CUDART_VERSION, 1000 * major +
  * 10 * minor; 0 for the CPU emulation). */
@@ -115,8 +115,10 @@ typedef struct lowrankCudaBackend {
   uint32_t size;    /* sizeof(lowrankCudaBackend_t) there */
 
   /* The device side of an NCCL communicator of `nranks` comm ranks, on the calling thread's current
-   * device (returned in *device). `nccl`: the real NCCL, lent by liblowrank for the comm's life. */
-  int (*commCreate)(const lowrankRealNccl_t* nccl, void* ncclComm, int nranks,
+   * device (returned in *device). `nccl`: the real NCCL, lent by liblowrank for the comm's life.
+   * timeoutSec: the communicator's (lowrankConfig_t.timeoutSec), the bound on waiting out an NCCL
+   * call that returned ncclInProgress (abi/nccl_settle.h). */
+  int (*commCreate)(const lowrankRealNccl_t* nccl, void* ncclComm, int nranks, double timeoutSec,
                     lowrankCudaComm_t** comm, int* device, lowrankCudaError_t* error);
   /* Waits for the comm's stream and frees it. Every state made on it is destroyed first. */
   void (*commDestroy)(lowrankCudaComm_t* comm);
@@ -166,7 +168,7 @@ typedef struct lowrankCudaBackend {
 
 /* The table of a liblowrank_cuda.so: its one exported symbol (LOWRANK_CUDA_BACKEND_SYMBOL), looked
  * up with dlsym. */
-extern const lowrankCudaBackend_t lowrankCudaBackendV5;
+extern const lowrankCudaBackend_t lowrankCudaBackendV6;
 
 #ifdef __cplusplus
 }

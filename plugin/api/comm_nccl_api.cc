@@ -75,7 +75,7 @@ LOWRANK_API lowrankResult_t lowrankCommInitNcclRank(lowrankComm_t* comm, int nra
     lowrank::EngineConfig cfg;
     Status s = lowrank::api::resolveConfig(config, &cfg);
     void* ncclComm = nullptr;
-    if (s.ok()) s = lowrank::ncclCommInit(&ncclComm, nranks, &id, rank);
+    if (s.ok()) s = lowrank::ncclCommInit(&ncclComm, nranks, &id, rank, cfg.timeoutSec);
     // From here the NCCL communicator is the engine's: released by it if the rest fails.
     if (s.ok()) s = overNccl(cfg, ncclComm, /*owned=*/true, comm);
     return s.ok() ? lowrankSuccess : failIn("lowrankCommInitNcclRank", std::move(s));

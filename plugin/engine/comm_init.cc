@@ -38,13 +38,14 @@ Status ncclLibrary(const char** path, const char** source, int* version) {
   return nccl::fromNccl(*api, api->getVersion(version), "ncclGetVersion");
 }
 
-Status ncclCommInit(void** ncclComm, int nranks, const void* id, int rank) {
+Status ncclCommInit(void** ncclComm, int nranks, const void* id, int rank, double timeoutSec) {
   const nccl::Api* api = nullptr;
   LR_RETURN_IF_ERROR(nccl::realNccl(&api));
   LR_RETURN_IF_ERROR(nccl::requireEntry(*api, api->commInitRank != nullptr, "ncclCommInitRank"));
   nccl::UniqueId uid;
   std::memcpy(&uid, id, sizeof uid);
-  return nccl::fromNccl(*api, api->commInitRank(ncclComm, nranks, uid, rank), "ncclCommInitRank");
+  const nccl::Result r = api->commInitRank(ncclComm, nranks, uid, rank);
+  return nccl::settle(*api, *ncclComm, r, timeoutSec, "ncclCommInitRank");
 }
 
 bool isDeviceBuffer(const void* p) { return platform::isDevicePointer(p); }

@@ -17,9 +17,10 @@ Status makeUniqueId(lowrankUniqueId* id, double timeoutSec);
 // process of the job derives from them (comm rank 0 serves it).
 Status launcherUniqueId(double timeoutSec, lowrankUniqueId* id, int* rank, int* size);
 
-// ncclGetUniqueId and ncclCommInitRank of the real NCCL (id: an ncclUniqueId, 128 bytes).
+// ncclGetUniqueId and ncclCommInitRank of the real NCCL (id: an ncclUniqueId, 128 bytes); an
+// init NCCL makes nonblocking (NCCL_COMM_BLOCKING=0) is waited for, at most timeoutSec.
 Status ncclUniqueId(void* id);
-Status ncclCommInit(void** ncclComm, int nranks, const void* id, int rank);
+Status ncclCommInit(void** ncclComm, int nranks, const void* id, int rank, double timeoutSec);
 
 // The real NCCL lowrank uses (platform/nccl.h's order; loads it if not yet loaded): its path,
 // where it was found, and ncclGetVersion's code. The strings live as long as the process.

@@ -108,7 +108,7 @@ Status DeviceBackend::create(void* ncclComm, int nranks, const EngineConfig& cfg
   LR_RETURN_IF_ERROR(nccl::realNccl(&api));
   e->nccl_ = api;
   lowrankCudaError_t err{};
-  if (int r = backend->commCreate(api, ncclComm, nranks, &e->comm_, &e->device_, &err))
+  if (int r = backend->commCreate(api, ncclComm, nranks, cfg.timeoutSec, &e->comm_, &e->device_, &err))
     return e->fromBackend(r, err);
   LR_INFO("CUDA engine for %d comm ranks on device %d", nranks, e->device_);
   *out = std::move(e);
@@ -144,14 +144,14 @@ Status DeviceBackend::agree(uint64_t words[PlanCheck::kWords]) {
   return fromBackend(be_->planCheck(comm_, words, &err), err);
 }
 
-std::unique_ptr<BackendState> DeviceBackend::allocate(const Plan& plan, const void* buf) {
+std::unique_ptr<BackendState> DeviceBackend::allocate(const Plan& plan, std::string* why) {
   const CudaPlan cp(plan, cfg_, nranks_);
   lowrankCudaError_t err{};
   lowrankCudaState_t* s = nullptr;
   uint64_t bytes = 0;
   const Status st = fromBackend(be_->stateCreate(comm_, &cp.desc, &s, &bytes, &err), err);
   if (!st.ok()) {
-    LR_INFO("device buffer %p: its state could not be allocated: %s", buf, st.msg.c_str());
+    *why = st.msg;
     return nullptr;
   }
   return std::make_unique<DeviceState>(be_, s, bytes, device_);

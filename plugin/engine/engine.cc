@@ -12,12 +12,13 @@
 namespace lowrank {
 namespace {
 
-// Releases an NCCL communicator the engine owns: the one place one is let go.
+// Releases an NCCL communicator the engine owns: the one place one is let go. Either call frees
+// the communicator, so nothing is polled after it (settle's null comm).
 Status releaseNccl(void* comm, bool abort) {
   const nccl::Api* api = nullptr;
   LR_RETURN_IF_ERROR(nccl::realNccl(&api));  // resolved already: the NCCL comm was made through it
-  return abort ? nccl::fromNccl(*api, api->commAbort(comm), "ncclCommAbort")
-               : nccl::fromNccl(*api, api->commDestroy(comm), "ncclCommDestroy");
+  return abort ? nccl::settle(*api, nullptr, api->commAbort(comm), 0, "ncclCommAbort")
+               : nccl::settle(*api, nullptr, api->commDestroy(comm), 0, "ncclCommDestroy");
 }
 
 }  // namespace
@@ -90,9 +91,9 @@ Status Engine::deviceAllReduce(const Call& c) {
                            "graph", c.recv);
     const nccl::Api* api = nullptr;
     LR_RETURN_IF_ERROR(nccl::realNccl(&api));
-    return nccl::fromNccl(*api, api->allReduce(c.send, c.recv, c.count, c.dtype, c.op, ncclComm_,
-                                               c.stream),
-                          "ncclAllReduce (captured)");
+    return nccl::settle(*api, ncclComm_,
+                        api->allReduce(c.send, c.recv, c.count, c.dtype, c.op, ncclComm_, c.stream),
+                        cfg_.timeoutSec, "ncclAllReduce (captured)");
   }
   if (!device_) LR_RETURN_IF_ERROR(DeviceBackend::create(ncclComm_, nranks_, cfg_, &device_));
   // Work goes to the communicator's device whatever the calling thread's current device is.
@@ -294,6 +295,7 @@ void Engine::stats(lowrankStats_t* stats) {
                      : 0.0;
   stats->stateBytes = buffers_.stateBytes();
   stats->buffers = buffers_.held();
+  stats->exactOnlyPlans = c.exactOnlyPlans;
 }
 
 }  // namespace lowrank

@@ -42,7 +42,7 @@ Status HostBackend::load(BackendState& state, const Plan& plan, const float* res
   return Status::Ok();
 }
 
-std::unique_ptr<BackendState> HostBackend::allocate(const Plan& plan, const void* buf) {
+std::unique_ptr<BackendState> HostBackend::allocate(const Plan& plan, std::string* why) {
   try {
     auto st = std::make_unique<HostState>();
     if (cfg_.errorFeedback) st->error.assign(plan.count, 0.f);
@@ -51,7 +51,7 @@ std::unique_ptr<BackendState> HostBackend::allocate(const Plan& plan, const void
     st->qwire.assign(plan.qElems, 0.f);
     return st;
   } catch (const std::bad_alloc&) {
-    LR_INFO("buffer %p: its state could not be allocated (out of host memory)", buf);
+    *why = "out of host memory";
     return nullptr;
   }
 }

@@ -40,7 +40,7 @@ class HostBackend final : public BufferBackend {
   HostBackend(const EngineConfig& cfg, AsyncTransport& transport) : cfg_(cfg), tr_(transport) {}
   Status exact(const Call& c) override;
   Status agree(uint64_t words[PlanCheck::kWords]) override;
-  std::unique_ptr<BackendState> allocate(const Plan& plan, const void* buf) override;
+  std::unique_ptr<BackendState> allocate(const Plan& plan, std::string* why) override;
   Status compressed(BackendState& state, const Plan& plan, const Call& c, const float* freshQ,
                     bool* fellBack) override;
   Status save(BackendState& state, const Plan& plan, float* residual, float* qt) override;

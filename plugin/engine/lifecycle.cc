@@ -18,8 +18,20 @@ Status exactCall(BufferBackend& be, const Call& c, Counters& k) {
 
 }  // namespace
 
+std::unique_ptr<BackendState> allocateState(BufferBackend& be, const Plan& pl, const void* buf,
+                                            const EngineConfig& cfg, int rank) {
+  std::string why = "LOWRANK_TEST_FAIL_ALLOC";
+  std::unique_ptr<BackendState> state;
+  if (cfg.testFailAllocRank != rank) state = be.allocate(pl, &why);
+  if (!state)
+    LR_WARN("buffer %p: could not allocate %llu bytes of compression state (%s); it is allreduced "
+            "exactly, uncompressed, until it is planned again (lowrankStats_t.exactOnlyPlans)",
+            buf, (unsigned long long)pl.stateBytes(cfg.errorFeedback), why.c_str());
+  return state;
+}
+
 Status agreePlan(BufferBackend& be, const Status& s, const Plan& pl, const Call& c, bool allocated,
-                 uint64_t restoredId, uint64_t restoredCalls, bool* exactOnly) {
+                 uint64_t restoredId, uint64_t restoredCalls, bool* exactOnly, Counters& k) {
   PlanCheck check(s, pl, allocated, restoredId);
   Status x = be.agree(check.words);
   if (!x.ok() && restoredId)
@@ -30,6 +42,7 @@ Status agreePlan(BufferBackend& be, const Status& s, const Plan& pl, const Call&
   *exactOnly = false;
   if (x.ok() && s.ok())
     x = check.read(pl, c.op, c.recv, allocated, restoredId, restoredCalls, exactOnly);
+  if (*exactOnly) ++k.exactOnlyPlans;
   if (!s.ok() && !x.ok())
     // This rank's own mistake (a layout set here only, after the other ranks planned) comes first;
     // the plan check then met another collective, which broke the communicator.
@@ -57,15 +70,16 @@ namespace {
 // allocate. Collective, so every rank must reach it together. If any rank could not allocate,
 // every rank marks the buffer exact-only: the decision is common, so the ranks keep issuing the
 // same collectives.
-Status plan(BufferBackend& be, Buffer& b, const Call& c, const EngineConfig& cfg, int rank) {
+Status plan(BufferBackend& be, Buffer& b, const Call& c, const EngineConfig& cfg, int rank,
+            Counters& k) {
   Plan pl;
   Status s = makePlan(c.count, c.dtype, c.op, b.layout ? &*b.layout : nullptr, cfg, &pl);
   const SavedState* saved = b.restored.get();
   if (s.ok() && saved) s = checkPlan(*saved, pl, b.layout, cfg.errorFeedback);
   std::unique_ptr<BackendState> state;
   bool allocated = s.ok() && !pl.compressedElems;  // nothing to compress: no state
-  if (s.ok() && pl.compressedElems && cfg.testFailAllocRank != rank) {
-    state = be.allocate(pl, c.recv);
+  if (s.ok() && pl.compressedElems) {
+    state = allocateState(be, pl, c.recv, cfg, rank);
     allocated = state != nullptr;
     if (state && saved)
       s = be.load(*state, pl, saved->residual.empty() ? nullptr : saved->residual.data(),
@@ -73,7 +87,7 @@ Status plan(BufferBackend& be, Buffer& b, const Call& c, const EngineConfig& cfg
   }
   bool exactOnly = false;
   LR_RETURN_IF_ERROR(agreePlan(be, s, pl, c, allocated, saved ? agreementId(*saved) : 0,
-                               saved ? saved->calls : 0, &exactOnly));
+                               saved ? saved->calls : 0, &exactOnly, k));
   auto r = std::make_unique<Record>();
   r->plan = std::move(pl);
   r->exactOnly = exactOnly;
@@ -199,7 +213,7 @@ Status runCall(BufferBackend& be, BufferRegistry& buffers, const Call& c, const 
       LR_INFO("buffer %p: count, dtype or memory (host or device) changed, state reset", c.recv);
       buffers.reset(c.recv, b, k);
     }
-    if (!b.rec) LR_RETURN_IF_ERROR(plan(be, b, c, cfg, rank));
+    if (!b.rec) LR_RETURN_IF_ERROR(plan(be, b, c, cfg, rank, k));
   }
   Record& r = *b.rec;
   // Warm-up: an anonymous buffer counts its calls here; tensors with ids were planned exact

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -24,6 +25,7 @@ namespace lowrank {
 struct Counters {
   uint64_t calls = 0, compressedCalls = 0, fallbackCalls = 0;
   uint64_t compressedElements = 0, exactElements = 0, payloadElements = 0;
+  uint64_t exactOnlyPlans = 0;  // plans agreed exact-only (agreePlan)
 };
 
 // One allreduce as the engine sees it, arguments checked by the API layer. stream: a cudaStream_t
@@ -51,9 +53,10 @@ class BufferBackend {
   virtual Status exact(const Call& c) = 0;
   // The plan agreement: words max-allreduced in place over the communicator (PlanCheck).
   virtual Status agree(uint64_t words[PlanCheck::kWords]) = 0;
-  // The state of a plan with compressed tensors, zeroed; null when the memory could not be had
-  // (said why at INFO): the plan agreement then makes the buffer exact-only on every comm rank.
-  virtual std::unique_ptr<BackendState> allocate(const Plan& plan, const void* buf) = 0;
+  // The state of a plan with compressed tensors, zeroed; null when the memory could not be had,
+  // with *why saying what failed (the caller warns: allocateState): the plan agreement then makes
+  // the buffer exact-only on every comm rank.
+  virtual std::unique_ptr<BackendState> allocate(const Plan& plan, std::string* why) = 0;
   // One compressed call of a planned buffer. freshQ: the initial Qt of every compressed tensor
   // (plan.qElems floats, orthonormal; read before the call returns), or null for the warm start
   // (the last call's Qbar, orthonormalized by the backend). *fellBack: some comm rank's input was
@@ -178,11 +181,17 @@ bool compresses(const EngineConfig& cfg, lowrankDataType_t dtype, lowrankRedOp_t
 // caller checks that one of them is there). cfg, rank, nranks: the communicator's.
 Status saveBuffer(const Buffer& b, const EngineConfig& cfg, int rank, int nranks, SavedState* out);
 
+// The state of plan pl (with compressed tensors) for buffer buf, or null with a WARN naming the
+// buffer and the bytes it could not get (the backend's failure, or the test hook
+// EngineConfig::testFailAllocRank for this comm rank). For anonymous buffers and tensors with ids.
+std::unique_ptr<BackendState> allocateState(BufferBackend& be, const Plan& pl, const void* buf,
+                                            const EngineConfig& cfg, int rank);
 // The plan check of a buffer's first call (PlanCheck), for anonymous buffers and tensors with ids:
 // s is this rank's planning status, restoredId its restore's agreement id (0: none). Collective.
-// Errors: this rank's planning error, or lowrankInvalidUsage when the comm ranks differ.
+// A plan made exact-only (some comm rank could not allocate) counts in k.exactOnlyPlans, on every
+// comm rank. Errors: this rank's planning error, or lowrankInvalidUsage when the comm ranks differ.
 Status agreePlan(BufferBackend& be, const Status& s, const Plan& pl, const Call& c, bool allocated,
-                 uint64_t restoredId, uint64_t restoredCalls, bool* exactOnly);
+                 uint64_t restoredId, uint64_t restoredCalls, bool* exactOnly, Counters& k);
 // The INFO line of a record just planned.
 void logPlanned(const Call& c, const Record& r);
 

@@ -65,6 +65,12 @@ struct Plan {
   size_t flagIndex() const { return exactElems + pElems; }
   size_t opIndex() const { return flagIndex() + 1; }
   size_t payloadElems() const { return exactElems + pElems + 2; }
+  // Bytes of a buffer's state under this plan, host or device alike: the float32 residual (error
+  // feedback), the payload, Qt and its wire copy (HostState, cuda's DeviceBuffer). What
+  // lowrankStats_t.stateBytes counts for it, and what a failed allocation says it could not get.
+  uint64_t stateBytes(bool errorFeedback) const {
+    return sizeof(float) * (uint64_t(errorFeedback ? count : 0) + payloadElems() + 2 * uint64_t(qElems));
+  }
 
   bool pipelined = false;
   std::vector<RowBlock> rowBlocks;

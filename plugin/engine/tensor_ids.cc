@@ -231,8 +231,8 @@ Status BufferRegistry::build(BufferBackend& be, const void* buf, Buffer& b, cons
   std::unique_ptr<BackendState> state;
   bool allocated = s.ok() && !pl.compressedElems;
   bool haveQ = false;
-  if (s.ok() && pl.compressedElems && cfg.testFailAllocRank != rank) {
-    state = be.allocate(pl, buf);
+  if (s.ok() && pl.compressedElems) {
+    state = allocateState(be, pl, buf, cfg, rank);
     allocated = state != nullptr;
   }
   if (s.ok() && state) {  // each id's residual and Q where the new plan puts them
@@ -275,7 +275,7 @@ Status BufferRegistry::build(BufferBackend& be, const void* buf, Buffer& b, cons
       restoredCalls = saved[i]->calls;
     }
   bool exactOnly = false;
-  LR_RETURN_IF_ERROR(agreePlan(be, s, pl, c, allocated, restoredId, restoredCalls, &exactOnly));
+  LR_RETURN_IF_ERROR(agreePlan(be, s, pl, c, allocated, restoredId, restoredCalls, &exactOnly, k));
 
   // Agreed: the new record takes the ids from where they were.
   auto r = std::make_unique<Record>();

@@ -186,6 +186,11 @@ Status requireEntry(const Api& api, bool resolved, const char* name) {
 
 Status fromNccl(const Api& api, Result r, const char* what) {
   if (r == kSuccess) return Status::Ok();
+  if (r == kInProgress)
+    return Status::Error(lowrankTimeout,
+                         "%s: still in progress (ncclInProgress, a nonblocking NCCL communicator) "
+                         "when the communicator's timeout ran out (lowrankConfig_t.timeoutSec, "
+                         "LOWRANK_TIMEOUT)", what);
   // ncclUnhandledCudaError 1, ncclSystemError 2, ncclInternalError 3, ncclInvalidArgument 4,
   // ncclInvalidUsage 5, ncclRemoteError 6: the same numbers as lowrankResult_t.
   lowrankResult_t code = r >= 1 && r <= 6 ? lowrankResult_t(r) : lowrankSystemError;

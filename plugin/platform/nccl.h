@@ -24,6 +24,7 @@
 #include <cstddef>
 #include <string>
 
+#include "abi/nccl_settle.h"
 #include "abi/real_nccl.h"
 #include "util/status.h"
 
@@ -31,7 +32,7 @@ namespace lowrank::nccl {
 
 // ncclResult_t values (stable since NCCL 2.0; lowrank's dtype and op enums use NCCL's numbers).
 using Result = int;
-constexpr Result kSuccess = 0, kInProgress = 7;
+constexpr Result kSuccess = 0, kInProgress = LOWRANK_NCCL_IN_PROGRESS;
 
 using UniqueId = lowrankNcclUniqueId_t;
 using Api = lowrankRealNccl_t;
@@ -54,7 +55,15 @@ Status requireEntry(const Api& api, bool resolved, const char* name);
 
 // "ncclAllReduce failed: <NCCL's error string> (<code>)" as a lowrank Status
 // (lowrankRemoteError for ncclRemoteError, lowrankInvalidUsage/InvalidArgument for those, else
-// lowrankSystemError).
+// lowrankSystemError). r is a settled result: ncclInProgress here is a call still in progress when
+// its timeout ran out (lowrankNcclSettle), lowrankTimeout naming the call.
 Status fromNccl(const Api& api, Result r, const char* what);
+
+// The Status of NCCL call `what` on comm that returned r, once it is done: r waited out by
+// lowrankNcclSettle (abi/nccl_settle.h) for at most timeoutSec, then fromNccl. Every NCCL call of
+// liblowrank goes through it (comm null: a call with no comm left to poll).
+inline Status settle(const Api& api, void* comm, Result r, double timeoutSec, const char* what) {
+  return fromNccl(api, lowrankNcclSettle(&api, comm, r, timeoutSec), what);
+}
 
 }  // namespace lowrank::nccl

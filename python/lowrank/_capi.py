@@ -86,7 +86,7 @@ class Stats(ctypes.Structure):
                 ("exactElements", ctypes.c_uint64), ("payloadElements", ctypes.c_uint64),
                 ("elementsSent", ctypes.c_uint64), ("bytesSent", ctypes.c_uint64),
                 ("ratio", ctypes.c_double), ("stateBytes", ctypes.c_uint64),
-                ("buffers", ctypes.c_uint64)]
+                ("buffers", ctypes.c_uint64), ("exactOnlyPlans", ctypes.c_uint64)]
 
 
 class NcclUniqueId(ctypes.Structure):

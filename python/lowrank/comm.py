@@ -293,7 +293,8 @@ class Communicator:
     # ---- queries -------------------------------------------------------------------------------
     def stats(self):
         """lowrankGetStats as a dict: calls, compressedCalls, fallbackCalls, compressedElements,
-        exactElements, payloadElements, elementsSent, bytesSent, ratio, stateBytes, buffers."""
+        exactElements, payloadElements, elementsSent, bytesSent, ratio, stateBytes, buffers,
+        exactOnlyPlans."""
         st = _capi.Stats()
         self._call("lowrankGetStats", ctypes.byref(st))
         return _capi.struct_to_dict(st)

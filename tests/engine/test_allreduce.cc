@@ -5,7 +5,12 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <mutex>
+#include <string>
+
+#include <unistd.h>
 
 #include "engine/data.h"
 #include "util/convert.h"
@@ -291,6 +296,7 @@ TEST(AllReduce, AllocationFailureOnOneRankFallsBackToExactOnEveryRank) {
     EXPECT_EQ(st.compressedCalls, 0u);
     EXPECT_EQ(st.calls, 3u);
     EXPECT_EQ(st.stateBytes, 0u) << "no rank keeps state for a buffer that is allreduced exactly";
+    EXPECT_EQ(st.exactOnlyPlans, 1u) << "every rank counts the plan made exact-only, once";
   });
   unsetenv("LOWRANK_TEST_FAIL_ALLOC");
   // Without the fault the same calls are compressed.
@@ -300,7 +306,66 @@ TEST(AllReduce, AllocationFailureOnOneRankFallsBackToExactOnEveryRank) {
     lowrankStats_t st;
     ASSERT_EQ(lowrankGetStats(comm, &st), lowrankSuccess);
     EXPECT_EQ(st.compressedCalls, 1u);
+    EXPECT_EQ(st.exactOnlyPlans, 0u);
   });
+}
+
+// In a process of its own (the log level is read once per process): comm rank 1 cannot allocate;
+// exits 0 only if every rank counted the exact-only plan and rank 1's log has the WARN naming the
+// buffer and `bytes`.
+void failAllocAndFindWarn(int N, size_t n, size_t m, uint64_t bytes, const std::string& logPattern) {
+  setenv("LOWRANK_TEST_FAIL_ALLOC", "1", 1);
+  std::mutex mu;
+  std::string want;
+  int counted = 0;
+  withComms(N, [&](int r, lowrankComm_t comm) {
+    std::vector<float> g = decayingInput(n, m, r), out(n * m);
+    if (lowrankAllReduce(g.data(), out.data(), n * m, lowrankFloat32, lowrankSum, comm, nullptr) != lowrankSuccess)
+      return;
+    lowrankStats_t st;
+    std::lock_guard<std::mutex> lock(mu);
+    counted += lowrankGetStats(comm, &st) == lowrankSuccess && st.exactOnlyPlans == 1;
+    if (r != 1) return;
+    char line[256];
+    snprintf(line, sizeof line, "LOWRANK WARN buffer %p: could not allocate %llu bytes of compression "
+             "state (LOWRANK_TEST_FAIL_ALLOC)", static_cast<void*>(out.data()), (unsigned long long)bytes);
+    want = line;
+  });
+  std::string path = logPattern;
+  path.replace(path.find("%p"), 2, std::to_string(getpid()));
+  std::ifstream f(path);
+  const std::string log((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const bool found = !want.empty() && log.find(want) != std::string::npos;
+  std::remove(path.c_str());
+  fprintf(stderr, "%d of %d ranks counted the exact-only plan; %s\n", counted, N,
+          found ? "the WARN names the buffer and the bytes" : ("no line \"" + want + "\" in:\n" + log).c_str());
+  fflush(stderr);
+  _exit(found && counted == N ? 0 : 1);
+}
+
+// The failing rank says which buffer lost its compression and how many bytes it could not get:
+// the bytes a rank that could allocate holds for the same buffer (stateBytes).
+TEST(AllReduce, AllocationFailureIsAWarnNamingTheBufferAndTheBytes) {
+  const int N = 2;
+  const size_t n = 64, m = 96;
+  uint64_t held = 0;
+  withComms(N, [&](int r, lowrankComm_t comm) {
+    std::vector<float> g = decayingInput(n, m, r), out(n * m);
+    ASSERT_EQ(lowrankAllReduce(g.data(), out.data(), n * m, lowrankFloat32, lowrankSum, comm, nullptr),
+              lowrankSuccess);
+    lowrankStats_t st;
+    ASSERT_EQ(lowrankGetStats(comm, &st), lowrankSuccess);
+    if (r == 1) held = st.stateBytes;
+  });
+  ASSERT_GT(held, n * m * sizeof(float)) << "a residual at least";
+  GTEST_FLAG_SET(death_test_style, "threadsafe");  // a fresh process, which reads LOWRANK_DEBUG
+  const std::string log = ::testing::TempDir() + "lowrank_failalloc_%p.log";
+  setenv("LOWRANK_DEBUG", "WARN", 1);
+  setenv("LOWRANK_DEBUG_FILE", log.c_str(), 1);
+  EXPECT_EXIT(failAllocAndFindWarn(N, n, m, held, log), ::testing::ExitedWithCode(0),
+              "2 of 2 ranks counted the exact-only plan; the WARN names the buffer and the bytes");
+  unsetenv("LOWRANK_DEBUG");
+  unsetenv("LOWRANK_DEBUG_FILE");
 }
 
 }  // namespace

@@ -7,8 +7,12 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <dlfcn.h>
+
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -331,6 +335,56 @@ TEST(DeviceEngine, MixedHostAndDeviceBuffersAreRefused) {
   EXPECT_EQ(lowrankAllReduce(h.data(), d, h.size(), lowrankFloat32, lowrankSum, one.comm, nullptr),
             lowrankInvalidArgument);
   cudaFree(d);
+}
+
+// A nonblocking NCCL communicator: the double's NCCL_DOUBLE_INPROGRESS=N makes every collective
+// return ncclInProgress and the next N polls of ncclCommGetAsyncError say so too. The device path's
+// NCCL calls (plan check, factor allreduces, exact calls) wait it out: the outputs are those of a
+// blocking communicator, bit for bit. One that never finishes fails the call with lowrankTimeout
+// naming it, within the communicator's timeout.
+TEST(DeviceEngine, NonblockingNcclCommunicatorIsWaitedOut) {
+  LR_SKIP_WITHOUT_DEVICE();
+  if (!dlsym(RTLD_DEFAULT, "ncclDoubleLiveComms"))
+    GTEST_SKIP() << "needs the NCCL test double (NCCL_DOUBLE_INPROGRESS), not a real NCCL";
+  const size_t n = 96, m = 128;
+  const std::vector<float> x = rankKInput(n, m, 4, 0);
+  // Three compressed calls and an exact one (int32) on a comm made with `polls` set.
+  auto run = [&](const char* polls, double timeoutSec, std::string* error) {
+    if (polls) setenv("NCCL_DOUBLE_INPROGRESS", polls, 1);
+    lowrankConfig_t cfg = config(4);
+    cfg.timeoutSec = timeoutSec;
+    OneRankNccl one(cfg);  // the double reads the variable at ncclCommInitAll
+    unsetenv("NCCL_DOUBLE_INPROGRESS");
+    void* g = toDevice(x, lowrankFloat32);
+    void* ints = nullptr;
+    EXPECT_EQ(cudaMalloc(&ints, 64 * sizeof(int)), cudaSuccess);
+    EXPECT_EQ(cudaMemset(ints, 0, 64 * sizeof(int)), cudaSuccess);
+    lowrankResult_t r = lowrankSuccess;
+    for (int call = 0; call < 3 && r == lowrankSuccess; ++call)
+      r = lowrankAllReduce(g, g, n * m, lowrankFloat32, lowrankAvg, one.comm, nullptr);
+    if (r == lowrankSuccess) r = lowrankAllReduce(ints, ints, 64, lowrankInt32, lowrankSum, one.comm, nullptr);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    if (r != lowrankSuccess) *error = lowrankGetErrorString(r) + std::string(": ") + lowrankGetLastError(one.comm);
+    else expectDeviceEngineRan(one.comm, g, 3);
+    std::vector<float> out = fromDevice(g, n * m, lowrankFloat32);
+    cudaFree(g);
+    cudaFree(ints);
+    return out;
+  };
+  std::string error;
+  const std::vector<float> blocking = run(nullptr, 30, &error);
+  ASSERT_EQ(error, "");
+  const std::vector<float> nonblocking = run("3", 30, &error);
+  ASSERT_EQ(error, "") << "ncclInProgress was taken for a failure";
+  EXPECT_EQ(std::memcmp(blocking.data(), nonblocking.data(), blocking.size() * 4), 0);
+
+  const auto start = std::chrono::steady_clock::now();
+  run("1000000000000", 1, &error);  // never done
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_NE(error.find(lowrankGetErrorString(lowrankTimeout)), std::string::npos) << error;
+  EXPECT_NE(error.find("ncclAllReduce (plan check)"), std::string::npos) << error;
+  EXPECT_NE(error.find("ncclInProgress"), std::string::npos) << error;
+  EXPECT_LT(took, 1 + 5) << "bounded by the timeout, not hanging";
 }
 
 }  // namespace

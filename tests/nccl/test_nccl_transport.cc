@@ -5,6 +5,9 @@
 #include <gtest/gtest.h>
 #include <dlfcn.h>
 
+#include <chrono>
+#include <cstdlib>
+#include <string>
 #include <thread>
 #include <type_traits>
 #include <vector>
@@ -164,6 +167,51 @@ TEST(NcclTransport, ErrorsCarryNcclsLastErrorText) {
     EXPECT_NE(s.msg.find("): ncclAllReduce"), std::string::npos) << "NCCL's text missing: " << s.msg;
   }
   EXPECT_GE(failed, 1);
+}
+
+// A nonblocking communicator (the double's NCCL_DOUBLE_INPROGRESS=N: every collective returns
+// ncclInProgress, and the next N polls of ncclCommGetAsyncError still say so): nccl::settle, the
+// one wait every NCCL call of lowrank goes through, waits it out and gives the call's result.
+class InProgress : public ::testing::Test {
+ protected:
+  void TearDown() override { unsetenv("NCCL_DOUBLE_INPROGRESS"); }
+};
+
+TEST_F(InProgress, IsWaitedOutThenTheCallSucceeds) {
+  setenv("NCCL_DOUBLE_INPROGRESS", "3", 1);
+  withTransports(2, [](int rank, NcclTransport& t, void* comm) {
+    std::vector<float> x(64, float(rank + 1));
+    const nccl::Result r = api().allReduce(x.data(), x.data(), x.size(), lowrankFloat32, lowrankSum, comm, nullptr);
+    ASSERT_EQ(r, nccl::kInProgress) << "the double's communicator is nonblocking";
+    const Status s = nccl::settle(api(), comm, r, 30, "ncclAllReduce");
+    EXPECT_TRUE(s.ok()) << s.msg;
+    int async = -1;
+    ASSERT_EQ(api().commGetAsyncError(comm, &async), nccl::kSuccess);
+    EXPECT_EQ(async, nccl::kSuccess) << "settle returned before the call was done";
+    for (float v : x) ASSERT_EQ(v, 3.f);
+    // The transport's calls (ncclAllReduce through settle, then its wait for the stream).
+    std::vector<double> y(301, double(rank + 1));
+    const Status u = t.allreduce(y.data(), y.size(), lowrankFloat64, lowrankSum);
+    ASSERT_TRUE(u.ok()) << u.msg;
+    for (double v : y) ASSERT_EQ(v, 3.0);
+  });
+}
+
+TEST_F(InProgress, PastTheTimeoutIsLowrankTimeoutNamingTheCall) {
+  setenv("NCCL_DOUBLE_INPROGRESS", "1000000000000", 1);  // never done
+  withTransports(1, [](int, NcclTransport&, void* comm) {
+    float x = 1.f;
+    const nccl::Result r = api().allReduce(&x, &x, 1, lowrankFloat32, lowrankSum, comm, nullptr);
+    ASSERT_EQ(r, nccl::kInProgress);
+    const auto start = std::chrono::steady_clock::now();
+    const Status s = nccl::settle(api(), comm, r, 0.3, "ncclAllReduce (plan check)");
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_EQ(s.code, lowrankTimeout) << s.msg;
+    EXPECT_NE(s.msg.find("ncclAllReduce (plan check)"), std::string::npos) << s.msg;
+    EXPECT_NE(s.msg.find("ncclInProgress"), std::string::npos) << s.msg;
+    EXPECT_GE(waited, 0.3);
+    EXPECT_LT(waited, 5.0) << "bounded by the timeout, not hanging";
+  });
 }
 
 }  // namespace

@@ -32,8 +32,8 @@ const lowrankServices_t& pluginServices() { return servicesOrAbort("liblowrank_c
 namespace lowrank::cuda {
 namespace {
 
-int commCreate(const lowrankRealNccl_t* nccl, void* ncclComm, int nranks, lowrankCudaComm_t** out,
-               int* device, lowrankCudaError_t* error) {
+int commCreate(const lowrankRealNccl_t* nccl, void* ncclComm, int nranks, double timeoutSec,
+               lowrankCudaComm_t** out, int* device, lowrankCudaError_t* error) {
   if (!lowrankGetServices(LOWRANK_SERVICES_VERSION))
     return Err::Fail(lowrankSystemError,
                      "the CUDA backend needs liblowrank's services table version %d, which the "
@@ -46,6 +46,7 @@ int commCreate(const lowrankRealNccl_t* nccl, void* ncclComm, int nranks, lowran
   dc.api = nccl;
   dc.comm = ncclComm;
   dc.nranks = nranks;
+  dc.timeoutSec = timeoutSec;
   const Err s = [&]() -> Err {
     LR_CUDA(cudaGetDevice(&dc.device));
     LR_CUDA(cudaStreamCreateWithFlags(&dc.stream, cudaStreamNonBlocking));
@@ -82,8 +83,8 @@ int planCheck(lowrankCudaComm_t* c, uint64_t* words, lowrankCudaError_t* error) 
   const Err s = [&]() -> Err {
     (void)cudaGetLastError();  // an error the application left in the runtime is not ours
     LR_CUDA(cudaMemcpy(dc.planCheck, words, kWords * sizeof(uint64_t), cudaMemcpyHostToDevice));
-    LR_TRY(fromNccl(dc.api->allReduce(dc.planCheck, dc.planCheck, kWords, lowrankUint64, lowrankMax,
-                                      dc.comm, dc.stream),
+    LR_TRY(ncclCall(dc, dc.api->allReduce(dc.planCheck, dc.planCheck, kWords, lowrankUint64, lowrankMax,
+                                          dc.comm, dc.stream),
                     "ncclAllReduce (plan check)"));
     LR_CUDA(cudaStreamSynchronize(dc.stream));
     LR_CUDA(cudaMemcpy(words, dc.planCheck, kWords * sizeof(uint64_t), cudaMemcpyDeviceToHost));
@@ -96,7 +97,7 @@ int exactAllReduce(lowrankCudaComm_t* c, const void* send, void* recv, size_t co
                    int op, void* stream, lowrankCudaError_t* error) {
   const DeviceComm& dc = c->dc;
   (void)cudaGetLastError();  // an error the application left in the runtime is not ours
-  return fromNccl(dc.api->allReduce(send, recv, count, dtype, op, dc.comm, stream), "ncclAllReduce")
+  return ncclCall(dc, dc.api->allReduce(send, recv, count, dtype, op, dc.comm, stream), "ncclAllReduce")
       .report(error);
 }
 
@@ -193,7 +194,7 @@ const char lowrankCudaBuildInfo[] = "cuda=" LOWRANK_STR(CUDART_VERSION) " arch="
                                     " cudart=static";
 
 extern "C" __attribute__((visibility("default")))
-const lowrankCudaBackend_t lowrankCudaBackendV5 = {
+const lowrankCudaBackend_t lowrankCudaBackendV6 = {
     LOWRANK_CUDA_BACKEND_VERSION,
     sizeof(lowrankCudaBackend_t),
     &lowrank::cuda::commCreate,

@@ -9,7 +9,7 @@ namespace {
 Err reduceOn(const DeviceComm& dc, float* x, size_t count, cudaEvent_t ready, cudaEvent_t reduced) {
   LR_CUDA(cudaStreamWaitEvent(dc.stream, ready, 0));
   if (count)
-    LR_TRY(fromNccl(dc.api->allReduce(x, x, count, lowrankFloat32, lowrankSum, dc.comm, dc.stream),
+    LR_TRY(ncclCall(dc, dc.api->allReduce(x, x, count, lowrankFloat32, lowrankSum, dc.comm, dc.stream),
                     "ncclAllReduce of PowerSGD factors"));
   LR_CUDA(cudaEventRecord(reduced, dc.stream));
   return Err::Ok();

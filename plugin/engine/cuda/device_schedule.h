@@ -5,6 +5,7 @@
 #pragma once
 #include <cuda_runtime_api.h>
 
+#include "abi/nccl_settle.h"
 #include "abi/real_nccl.h"
 #include "engine/cuda/device_state.h"
 
@@ -18,7 +19,15 @@ struct DeviceComm {
   int nranks = 1;
   int device = 0;
   uint64_t* planCheck = nullptr;   // device: the plan agreement's three words
+  double timeoutSec = 300;         // the communicator's: bound on waiting out ncclInProgress
 };
+
+// The Err of NCCL call `what` on dc's communicator that returned r, once it is done: ncclInProgress
+// (a nonblocking communicator) waited out by lowrankNcclSettle, at most dc.timeoutSec. Every NCCL
+// call of the backend goes through it.
+inline Err ncclCall(const DeviceComm& dc, int r, const char* what) {
+  return fromNccl(lowrankNcclSettle(dc.api, dc.comm, r, dc.timeoutSec), what);
+}
 
 // Queues one compressed call of a planned buffer on `stream` (G = send, output = recv). freshQ:
 // the initial Qt drawn by liblowrank (qElems floats), or null for the warm start. The non-finite

@@ -31,8 +31,10 @@ Status NcclTransport::create(const nccl::Api* api, void* comm, double timeoutSec
     return Status::Error(lowrankInvalidArgument, "NcclTransport: null %s",
                          !api ? "NCCL library" : !comm ? "NCCL communicator" : "output");
   int rank = -1, size = 0;
-  LR_RETURN_IF_ERROR(nccl::fromNccl(*api, api->commUserRank(comm, &rank), "ncclCommUserRank"));
-  LR_RETURN_IF_ERROR(nccl::fromNccl(*api, api->commCount(comm, &size), "ncclCommCount"));
+  LR_RETURN_IF_ERROR(
+      nccl::settle(*api, comm, api->commUserRank(comm, &rank), timeoutSec, "ncclCommUserRank"));
+  LR_RETURN_IF_ERROR(
+      nccl::settle(*api, comm, api->commCount(comm, &size), timeoutSec, "ncclCommCount"));
   if (size < 1 || rank < 0 || rank >= size)
     return Status::Error(lowrankInvalidArgument, "NCCL communicator reports comm rank %d of %d", rank, size);
   out->reset(new NcclTransport(api, comm, rank, size, commDevice(*api, comm), timeoutSec));
@@ -84,9 +86,9 @@ Status NcclTransport::run(void* buf, size_t count, lowrankDataType_t dtype, lowr
   // lowrank's dtype and op numbers are NCCL's.
   // Any error breaks the transport (Transport::allreduce records it), whatever NCCL's code: the
   // other comm ranks may have entered the collective.
-  nccl::Result r = api_->allReduce(buf, buf, count, int(dtype), int(op), comm_, nullptr);
-  if (r != nccl::kSuccess && r != nccl::kInProgress) return nccl::fromNccl(*api_, r, "ncclAllReduce");
-  LR_RETURN_IF_ERROR(waitDone());
+  const nccl::Result r = api_->allReduce(buf, buf, count, int(dtype), int(op), comm_, nullptr);
+  LR_RETURN_IF_ERROR(nccl::settle(*api_, comm_, r, timeoutSec_, "ncclAllReduce"));
+  LR_RETURN_IF_ERROR(waitDone());  // queued: now the stream
   // What the ring sends: 2 (N-1) steps of count/N elements (no overflow for any count).
   const uint64_t n = uint64_t(size_), c = count, es = dtypeSize(dtype);
   const uint64_t elems = (c / n) * 2 * (n - 1) + (c % n) * 2 * (n - 1) / n;

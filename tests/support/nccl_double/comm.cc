@@ -2,6 +2,7 @@
 #include <chrono>
 #include <cstdarg>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -74,6 +75,12 @@ ncclResult_t injectedFailure(ncclComm_t comm, const char* what) {
 
 int liveComms() { return live.load(); }
 
+ncclResult_t asIssued(ncclComm_t comm, ncclResult_t r) {
+  if (!comm || r != ncclSuccess || comm->inProgressPolls == 0) return r;
+  comm->pendingPolls.store(comm->inProgressPolls);
+  return ncclInProgress;
+}
+
 ncclResult_t getVersion(int* version) {
   if (!version) return fail(ncclInvalidArgument, "ncclGetVersion: version is NULL");
   *version = NCCL_VERSION_CODE;  // the header the double was built against
@@ -106,6 +113,7 @@ ncclResult_t commInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId id, i
   if (r != lowrankSuccess) return fromLowrank(r, nullptr, "ncclCommInitRank");
   c->rank = rank;
   c->nranks = nranks;
+  if (const char* v = getenv("NCCL_DOUBLE_INPROGRESS")) c->inProgressPolls = strtoull(v, nullptr, 10);
   *comm = c.release();
   ++live;
   return ncclSuccess;
@@ -173,7 +181,10 @@ ncclResult_t commCuDevice(const ncclComm_t comm, int* device) {
 ncclResult_t commGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {
   if (!comm || !asyncError)
     return fail(ncclInvalidArgument, "ncclCommGetAsyncError: %s is NULL", comm ? "asyncError" : "comm");
-  *asyncError = ncclResult_t(comm->asyncError.load());
+  unsigned long long n = comm->pendingPolls.load();
+  while (n > 0 && !comm->pendingPolls.compare_exchange_weak(n, n - 1)) {
+  }
+  *asyncError = n > 0 ? ncclInProgress : ncclResult_t(comm->asyncError.load());
   return ncclSuccess;
 }
 

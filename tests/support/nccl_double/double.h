@@ -24,6 +24,13 @@ struct ncclComm {
   int rank = 0, nranks = 1;
   std::atomic<int> asyncError{ncclSuccess};  // the first collective failure, for GetAsyncError
 
+  // NCCL_DOUBLE_INPROGRESS=N at init (0: unset): a nonblocking communicator, as NCCL's with
+  // ncclConfig_t.blocking = 0. Every collective (done at once, or queued on its stream) returns
+  // ncclInProgress, and the next N ncclCommGetAsyncError calls report ncclInProgress before its
+  // result; a huge N is a call that never finishes.
+  unsigned long long inProgressPolls = 0;
+  std::atomic<unsigned long long> pendingPolls{0};
+
   // ncclDoubleFailCollective: the collective call (counted down, 1 = the next) that returns
   // failWith at once; 0: none armed.
   std::mutex injectMu;
@@ -70,6 +77,10 @@ ncclResult_t injectedFailure(ncclComm_t comm, const char* what);
 
 // Communicators made and not yet destroyed or aborted, in this process (ncclDoubleLiveComms).
 int liveComms();
+
+// A collective's result r as a nonblocking comm returns it (NCCL_DOUBLE_INPROGRESS): a success
+// becomes ncclInProgress, with comm's next polls armed; anything else, or a blocking comm, is r.
+ncclResult_t asIssued(ncclComm_t comm, ncclResult_t r);
 
 // The implementations behind both exported names (ncclX and pncclX) of each entry point.
 ncclResult_t getVersion(int* version);

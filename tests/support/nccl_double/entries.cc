@@ -93,14 +93,14 @@ NCCL_ENTRY(ncclResult_t, ncclRedOpDestroy, redOpDestroy, (ncclRedOp_t op, ncclCo
     return call<ncclResult_t>(#name, [&] {                                                 \
       if (ncclResult_t r = nccl_double::injectedFailure(c, #name)) return r;              \
       if (ncclResult_t r = nccl_double::checkDtype(lowrank::cEnumValue(t), #name)) return r; \
-      return NCCL_RUN(#name, impl, args);                                                  \
+      return nccl_double::asIssued(c, NCCL_RUN(#name, impl, args));                        \
     });                                                                                    \
   }                                                                                        \
   NCCL_EXPORT ncclResult_t p##name params {                                                \
     return call<ncclResult_t>("p" #name, [&] {                                             \
       if (ncclResult_t r = nccl_double::injectedFailure(c, "p" #name)) return r;          \
       if (ncclResult_t r = nccl_double::checkDtype(lowrank::cEnumValue(t), "p" #name)) return r; \
-      return NCCL_RUN("p" #name, impl, args);                                              \
+      return nccl_double::asIssued(c, NCCL_RUN("p" #name, impl, args));                    \
     });                                                                                    \
   }
 
