@@ -1,7 +1,7 @@
 /* The table between liblowrank and its CUDA backend, liblowrank_cuda.so, which liblowrank loads
  * with dlopen the first time a device buffer appears (plugin/engine/device_backend.cc), so that a
  * CPU-only program loads no CUDA library. Plain C and versioned, as NCCL's plugin tables: the
- * backend exports `lowrankCudaBackendV5`; liblowrank refuses a table whose `version` is not the
+ * backend exports `lowrankCudaBackendV6`; liblowrank refuses a table whose `version` is not the
  * one it was built with (naming the path and both versions).
  *
  * Who does what. liblowrank keeps a device buffer's life (plugin/engine/device_engine.h): exact or
@@ -17,7 +17,11 @@
  * `message` names what failed; `ncclResult` is the ncclResult_t of the NCCL call that failed, 0 when
  * the failure was not NCCL's (liblowrank then adds NCCL's own text of it). No exception crosses.
  * Device: every entry that touches the device expects the comm's device (`commCreate`'s *device) to
- * be current on the calling thread. Calls on one comm and its states are serialized by the caller. */
+ * be current on the calling thread. Calls on one comm and its states are serialized by the caller,
+ * except commAbort (any thread, any time).
+ * Waits: every host wait on the device is bounded by commCreate's timeoutSec and polls NCCL's
+ * asynchronous error meanwhile (engine/cuda/device_wait.h); its failure is an error naming the
+ * phase ("waiting for the plan check: timed out after 30 s (LOWRANK_TIMEOUT)"). */
 #ifndef LOWRANK_ABI_CUDA_BACKEND_H_
 #define LOWRANK_ABI_CUDA_BACKEND_H_
 
@@ -30,7 +34,7 @@
 extern "C" {
 #endif
 
-#define LOWRANK_CUDA_BACKEND_VERSION 5
+#define LOWRANK_CUDA_BACKEND_VERSION 6
 
 /* The code of a compressed call's op in the payload's op element (lowrankSum 0 -> 1, lowrankAvg 4
  * -> 2): allreduced with the factors, it sums to N times one code only if every comm rank used the
@@ -38,7 +42,7 @@ extern "C" {
 static inline float lowrankPayloadOpCode(int op) { return op == 0 ? 1.f : 2.f; }
 /* Words of the plan agreement (liblowrank's PlanCheck, engine/plan.h), max-allreduced as uint64. */
 #define LOWRANK_PLAN_CHECK_WORDS 5
-#define LOWRANK_CUDA_BACKEND_SYMBOL "lowrankCudaBackendV5"
+#define LOWRANK_CUDA_BACKEND_SYMBOL "lowrankCudaBackendV6"
 /* A NUL-terminated line, what the backend was built for, read by `python -m lowrank` without
  * initializing CUDA: "cuda=13000 arch=sm_80,sm_90,compute_90 cudart=static" (cuda: CUDART_VERSION, 1000 * major +
  * 10 * minor; 0 for the CPU emulation). */
@@ -115,11 +119,18 @@ typedef struct lowrankCudaBackend {
   uint32_t size;    /* sizeof(lowrankCudaBackend_t) there */
 
   /* The device side of an NCCL communicator of `nranks` comm ranks, on the calling thread's current
-   * device (returned in *device). `nccl`: the real NCCL, lent by liblowrank for the comm's life. */
-  int (*commCreate)(const lowrankRealNccl_t* nccl, void* ncclComm, int nranks,
+   * device (returned in *device). `nccl`: the real NCCL, lent by liblowrank for the comm's life.
+   * timeoutSec: the bound of every wait on the device (LOWRANK_TIMEOUT). */
+  int (*commCreate)(const lowrankRealNccl_t* nccl, void* ncclComm, int nranks, double timeoutSec,
                     lowrankCudaComm_t** comm, int* device, lowrankCudaError_t* error);
-  /* Waits for the comm's stream and frees it. Every state made on it is destroyed first. */
+  /* Waits for the comm's stream (bounded) and frees it; a stream that does not finish is left
+   * (not destroyed). Every state made on it is destroyed first. */
   void (*commDestroy)(lowrankCudaComm_t* comm);
+  /* Any thread, any time: a wait in progress returns an error at once, later waits of calls fail
+   * at once, and NCCL is never touched again by the backend's waits (the caller may then
+   * ncclCommAbort the communicator). Teardown after it waits at most a second per state (what
+   * does not finish is left allocated). */
+  void (*commAbort)(lowrankCudaComm_t* comm);
 
   /* The plan agreement: words[0..LOWRANK_PLAN_CHECK_WORDS) max-allreduced in place over the comm
    * (on its stream; the host waits for the result). */
@@ -134,8 +145,9 @@ typedef struct lowrankCudaBackend {
    * allocated. */
   int (*stateCreate)(lowrankCudaComm_t* comm, const lowrankCudaPlan_t* plan,
                      lowrankCudaState_t** state, uint64_t* bytes, lowrankCudaError_t* error);
-  /* Waits for the state's last call, then frees it; checks still pending are dropped (collect them
-   * first to count them). */
+  /* Waits for the state's last call (bounded), then frees it; checks still pending are dropped
+   * (collect them first to count them). A state whose last call does not finish is left
+   * allocated (a WARN says so): freeing memory a kernel may still use would be worse. */
   void (*stateDestroy)(lowrankCudaState_t* state);
 
   /* Queues one compressed call (send = G, recv = output, op lowrankSum or lowrankAvg) on `stream`,
@@ -158,15 +170,17 @@ typedef struct lowrankCudaBackend {
                    lowrankCudaError_t* error);
 
   /* Collects the state's pending checks, oldest first, as `wait` says (lowrankCudaCollect*):
-   * returns how many of the collected calls were rejected on the device (output NaN), of which
+   * *rejected: how many of the collected calls were rejected on the device (output NaN), of which
    * *opMismatches because the comm ranks used different ops (the rest: non-finite or huge input).
-   * A device failure drops the pending checks (their calls report it). */
-  uint32_t (*collectChecks)(lowrankCudaState_t* state, int wait, uint32_t* opMismatches);
+   * A device failure drops the pending checks (their calls report it). Errors: a wait that failed
+   * (timeout, NCCL's asynchronous error, abort); what was collected before it is counted. */
+  int (*collectChecks)(lowrankCudaState_t* state, int wait, uint32_t* rejected,
+                       uint32_t* opMismatches, lowrankCudaError_t* error);
 } lowrankCudaBackend_t;
 
 /* The table of a liblowrank_cuda.so: its one exported symbol (LOWRANK_CUDA_BACKEND_SYMBOL), looked
  * up with dlsym. */
-extern const lowrankCudaBackend_t lowrankCudaBackendV5;
+extern const lowrankCudaBackend_t lowrankCudaBackendV6;
 
 #ifdef __cplusplus
 }

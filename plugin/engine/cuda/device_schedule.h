@@ -5,6 +5,9 @@
 #pragma once
 #include <cuda_runtime_api.h>
 
+#include <atomic>
+#include <mutex>
+
 #include "abi/real_nccl.h"
 #include "engine/cuda/device_state.h"
 
@@ -18,6 +21,11 @@ struct DeviceComm {
   int nranks = 1;
   int device = 0;
   uint64_t* planCheck = nullptr;   // device: the plan agreement's three words
+  // The bounds of every host wait on the device (device_wait.h).
+  double timeoutSec = 0;
+  std::atomic<bool> aborted{false};       // commAbort: waits end, NCCL is not touched again
+  mutable std::atomic<bool> stuck{false}; // a wait timed out: teardown does not wait again
+  mutable std::mutex ncclMu;              // a poll of NCCL against commAbort (the comm may go)
 };
 
 // Queues one compressed call of a planned buffer on `stream` (G = send, output = recv). freshQ:
