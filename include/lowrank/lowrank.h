@@ -208,11 +208,15 @@ lowrankResult_t lowrankCommInitFromEnvConfig(lowrankComm_t* comm, lowrankConfig_
  * the same). */
 lowrankResult_t lowrankCommDestroy(lowrankComm_t comm);
 
-/* Ends the communicator at once, as ncclCommAbort: a call blocked on it (on another thread, e.g.
- * waiting for a dead peer) returns lowrankRemoteError promptly instead of at the timeout; then the
- * communicator is freed as lowrankCommDestroy does (device buffers: after their queued work; the
- * NCCL communicator of lowrankCommInitFromNccl is not aborted, it is the application's; the one
- * lowrankCommInitNcclRank made is aborted last, with ncclCommAbort). The communicator must not be
+/* Ends the communicator at once, as ncclCommAbort, never waiting for a call in flight: it marks
+ * the communicator failed and releases every wait (the host transport's and the device's), and
+ * aborts the NCCL communicator lowrankCommInitNcclRank made (ncclCommAbort) first, which ends its
+ * collectives; a call blocked on it (on another thread, e.g. waiting for a dead peer, on the host
+ * or on the device) returns an error (lowrankRemoteError) promptly instead of at the timeout.
+ * Then the communicator is freed as lowrankCommDestroy does, device memory after its queued work
+ * (waiting at most a second per buffer: memory whose work does not finish, held by an
+ * application's NCCL communicator, is left allocated with a WARN). The NCCL communicator of
+ * lowrankCommInitFromNccl is not aborted: it is the application's. The communicator must not be
  * used afterwards. Errors: lowrankInvalidArgument (null); that ncclCommAbort's error, mapped. */
 lowrankResult_t lowrankCommAbort(lowrankComm_t comm);
 

@@ -26,7 +26,11 @@
  * every comm rank must make its lowrankAllReduce and NCCL calls on that communicator in the same
  * order (as for any NCCL call), and not inside an ncclGroupStart/ncclGroupEnd of its own.
  * Asynchronous NCCL failures (a peer lost mid-collective) surface as NCCL's do: poll
- * ncclCommGetAsyncError and abort the NCCL communicator; lowrankCommAbort does not abort it.
+ * ncclCommGetAsyncError and abort the NCCL communicator; lowrankCommAbort does not abort it. Every
+ * wait of lowrank on the device (the plan check, a checkpoint, room for a call's checks) polls
+ * ncclCommGetAsyncError too and is bounded by LOWRANK_TIMEOUT: an NCCL error or the timeout there
+ * fails the lowrank communicator, its message naming the buffer and the phase ("waiting for the
+ * plan check: timed out after 30 s").
  * An NCCL error in the middle of a compressed call fails the lowrank communicator: any error NCCL
  * returns for one of lowrank's allreduces, of host or device buffers (ncclInvalidUsage and
  * ncclInvalidArgument included, as well as an asynchronous error, a failed stream query or
@@ -85,8 +89,9 @@ lowrankResult_t lowrankNcclGetUniqueId(ncclUniqueId* id);
  * ncclCommInitRank: all `nranks` comm ranks call it with the same `id` (lowrankNcclGetUniqueId)
  * and each its own `rank`, and the call blocks until they all have; every comm rank must use the
  * same configuration.
- * *comm OWNS the NCCL communicator: lowrankCommDestroy destroys it (ncclCommDestroy) and
- * lowrankCommAbort aborts it (ncclCommAbort), in both cases after lowrank's own state is freed;
+ * *comm OWNS the NCCL communicator: lowrankCommDestroy destroys it (ncclCommDestroy) after
+ * lowrank's own state is freed, and lowrankCommAbort aborts it (ncclCommAbort) before, so that
+ * the abort ends a call blocked on one of its collectives;
  * an error of that NCCL call is the result of lowrankCommDestroy / lowrankCommAbort (*comm is
  * freed all the same).
  * Errors: lowrankInvalidArgument (null comm, nranks < 1, rank not in [0, nranks), bad config),

@@ -17,7 +17,11 @@
  * `message` names what failed; `ncclResult` is the ncclResult_t of the NCCL call that failed, 0 when
  * the failure was not NCCL's (liblowrank then adds NCCL's own text of it). No exception crosses.
  * Device: every entry that touches the device expects the comm's device (`commCreate`'s *device) to
- * be current on the calling thread. Calls on one comm and its states are serialized by the caller. */
+ * be current on the calling thread. Calls on one comm and its states are serialized by the caller,
+ * except commAbort (any thread, any time).
+ * Waits: every host wait on the device is bounded by commCreate's timeoutSec and polls NCCL's
+ * asynchronous error meanwhile (engine/cuda/device_wait.h); its failure is an error naming the
+ * phase ("waiting for the plan check: timed out after 30 s (LOWRANK_TIMEOUT)"). */
 #ifndef LOWRANK_ABI_CUDA_BACKEND_H_
 #define LOWRANK_ABI_CUDA_BACKEND_H_
 
@@ -30,7 +34,7 @@
 extern "C" {
 #endif
 
-#define LOWRANK_CUDA_BACKEND_VERSION 6 /* 6: commCreate takes the comm's timeout */
+#define LOWRANK_CUDA_BACKEND_VERSION 6 /* 6: commCreate takes the comm's timeout; commAbort */
 
 /* The code of a compressed call's op in the payload's op element (lowrankSum 0 -> 1, lowrankAvg 4
  * -> 2): allreduced with the factors, it sums to N times one code only if every comm rank used the
@@ -116,12 +120,18 @@ typedef struct lowrankCudaBackend {
 
   /* The device side of an NCCL communicator of `nranks` comm ranks, on the calling thread's current
    * device (returned in *device). `nccl`: the real NCCL, lent by liblowrank for the comm's life.
-   * timeoutSec: the communicator's (lowrankConfig_t.timeoutSec), the bound on waiting out an NCCL
-   * call that returned ncclInProgress (abi/nccl_settle.h). */
+   * timeoutSec: the communicator's (lowrankConfig_t.timeoutSec): the bound of every wait on the
+   * device, and of waiting out an NCCL call that returned ncclInProgress (abi/nccl_settle.h). */
   int (*commCreate)(const lowrankRealNccl_t* nccl, void* ncclComm, int nranks, double timeoutSec,
                     lowrankCudaComm_t** comm, int* device, lowrankCudaError_t* error);
-  /* Waits for the comm's stream and frees it. Every state made on it is destroyed first. */
+  /* Waits for the comm's stream (bounded) and frees it; a stream that does not finish is left
+   * (not destroyed). Every state made on it is destroyed first. */
   void (*commDestroy)(lowrankCudaComm_t* comm);
+  /* Any thread, any time: a wait in progress returns an error at once, later waits of calls fail
+   * at once, and NCCL is never touched again by the backend's waits (the caller may then
+   * ncclCommAbort the communicator). Teardown after it waits at most a second per state (what
+   * does not finish is left allocated). */
+  void (*commAbort)(lowrankCudaComm_t* comm);
 
   /* The plan agreement: words[0..LOWRANK_PLAN_CHECK_WORDS) max-allreduced in place over the comm
    * (on its stream; the host waits for the result). */
@@ -136,8 +146,9 @@ typedef struct lowrankCudaBackend {
    * allocated. */
   int (*stateCreate)(lowrankCudaComm_t* comm, const lowrankCudaPlan_t* plan,
                      lowrankCudaState_t** state, uint64_t* bytes, lowrankCudaError_t* error);
-  /* Waits for the state's last call, then frees it; checks still pending are dropped (collect them
-   * first to count them). */
+  /* Waits for the state's last call (bounded), then frees it; checks still pending are dropped
+   * (collect them first to count them). A state whose last call does not finish is left
+   * allocated (a WARN says so): freeing memory a kernel may still use would be worse. */
   void (*stateDestroy)(lowrankCudaState_t* state);
 
   /* Queues one compressed call (send = G, recv = output, op lowrankSum or lowrankAvg) on `stream`,
@@ -160,10 +171,12 @@ typedef struct lowrankCudaBackend {
                    lowrankCudaError_t* error);
 
   /* Collects the state's pending checks, oldest first, as `wait` says (lowrankCudaCollect*):
-   * returns how many of the collected calls were rejected on the device (output NaN), of which
+   * *rejected: how many of the collected calls were rejected on the device (output NaN), of which
    * *opMismatches because the comm ranks used different ops (the rest: non-finite or huge input).
-   * A device failure drops the pending checks (their calls report it). */
-  uint32_t (*collectChecks)(lowrankCudaState_t* state, int wait, uint32_t* opMismatches);
+   * A device failure drops the pending checks (their calls report it). Errors: a wait that failed
+   * (timeout, NCCL's asynchronous error, abort); what was collected before it is counted. */
+  int (*collectChecks)(lowrankCudaState_t* state, int wait, uint32_t* rejected,
+                       uint32_t* opMismatches, lowrankCudaError_t* error);
 } lowrankCudaBackend_t;
 
 /* The table of a liblowrank_cuda.so: its one exported symbol (LOWRANK_CUDA_BACKEND_SYMBOL), looked

@@ -63,7 +63,7 @@ LOWRANK_API lowrankResult_t lowrankCommInitRank(lowrankComm_t* comm, int nranks,
 namespace {
 
 // Destroy and abort: waits for a running call, then frees the comm (Engine::close, which also
-// destroys or aborts an NCCL communicator the comm owns). `fn` names the entry point.
+// destroys an NCCL communicator the comm owns; abort aborted it already). `fn` names the entry.
 lowrankResult_t destroy(lowrankComm_t comm, const char* fn) {
   return guarded(nullptr, [&]() -> lowrankResult_t {
     {
@@ -91,7 +91,8 @@ LOWRANK_API lowrankResult_t lowrankCommDestroy(lowrankComm_t comm) {
 
 LOWRANK_API lowrankResult_t lowrankCommAbort(lowrankComm_t comm) {
   if (!comm) return fail(nullptr, lowrankInvalidArgument, "lowrankCommAbort: comm is NULL");
-  // Any thread, without the lock: a waiting call returns promptly, then destroy waits for it.
+  // Any thread, without the lock: every wait released and an owned NCCL comm aborted first, so a
+  // call blocked on the host or the device returns promptly; then destroy waits for it.
   if (lowrankResult_t r = guarded(nullptr, [&]() -> lowrankResult_t {
         comm->engine->abort();
         return lowrankSuccess;

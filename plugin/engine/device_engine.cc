@@ -108,7 +108,8 @@ Status DeviceBackend::create(void* ncclComm, int nranks, const EngineConfig& cfg
   LR_RETURN_IF_ERROR(nccl::realNccl(&api));
   e->nccl_ = api;
   lowrankCudaError_t err{};
-  if (int r = backend->commCreate(api, ncclComm, nranks, cfg.timeoutSec, &e->comm_, &e->device_, &err))
+  if (int r = backend->commCreate(api, ncclComm, nranks, cfg.timeoutSec, &e->comm_, &e->device_,
+                                  &err))
     return e->fromBackend(r, err);
   LR_INFO("CUDA engine for %d comm ranks on device %d", nranks, e->device_);
   *out = std::move(e);
@@ -121,6 +122,8 @@ DeviceBackend::~DeviceBackend() {
   platform::DeviceGuard guard(device_);
   be_->commDestroy(comm_);
 }
+
+void DeviceBackend::abort() { be_->commAbort(comm_); }
 
 Status DeviceBackend::fromBackend(int code, const lowrankCudaError_t& error) {
   if (code == lowrankSuccess) return Status::Ok();
@@ -177,15 +180,17 @@ Status DeviceBackend::load(BackendState& state, const Plan&, const float* residu
   return fromBackend(be_->stateLoad(static_cast<DeviceState&>(state).get(), residual, qt, &err), err);
 }
 
-uint64_t DeviceBackend::collect(BackendState& state, const void* buf, int wait) {
-  uint32_t opMismatches = 0;
-  const uint32_t rejected =
-      be_->collectChecks(static_cast<DeviceState&>(state).get(), wait, &opMismatches);
-  for (uint32_t i = 0; i < rejected; ++i)
+Status DeviceBackend::collect(BackendState& state, const void* buf, int wait, uint64_t* rejected) {
+  uint32_t n = 0, opMismatches = 0;
+  lowrankCudaError_t err{};
+  const Status s = fromBackend(
+      be_->collectChecks(static_cast<DeviceState&>(state).get(), wait, &n, &opMismatches, &err), err);
+  for (uint32_t i = 0; i < n; ++i)
     LR_INFO("device buffer %p: a call was rejected on the device (%s); its output is NaN", buf,
             i < opMismatches ? "comm ranks used different ops"
                              : "non-finite or huge input on some comm rank");
-  return rejected;
+  *rejected = n;
+  return s;
 }
 
 }  // namespace lowrank

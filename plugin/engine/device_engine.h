@@ -37,8 +37,11 @@ class DeviceBackend final : public BufferBackend {
   Status save(BackendState& state, const Plan& plan, float* residual, float* qt) override;
   Status load(BackendState& state, const Plan& plan, const float* residual,
               const float* qt) override;
-  uint64_t collect(BackendState& state, const void* buf, int wait) override;
+  Status collect(BackendState& state, const void* buf, int wait, uint64_t* rejected) override;
   bool broken() const override { return ncclFailed_; }
+  // Any thread: the device waits end at once and never touch NCCL again (the engine then may
+  // ncclCommAbort); later calls fail (the engine refuses them first).
+  void abort();
 
  private:
   DeviceBackend(int nranks, const EngineConfig& cfg, const lowrankCudaBackend_t* backend)

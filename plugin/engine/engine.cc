@@ -59,10 +59,10 @@ Engine::~Engine() {
 }
 
 Status Engine::close(std::unique_ptr<Engine> engine) {
-  void* owned = engine->ownsNccl_ ? engine->ncclComm_ : nullptr;
-  const bool abort = engine->aborted_;
+  void* owned = engine->ownsNccl_ && !engine->aborted_ ? engine->ncclComm_ : nullptr;
+  const Status aborted = engine->ncclAbort_;
   engine.reset();  // buffer states, backends and transport: all of them use the NCCL comm
-  return owned ? releaseNccl(owned, abort) : Status::Ok();
+  return owned ? releaseNccl(owned, /*abort=*/false) : aborted;
 }
 
 void Engine::abort() {
@@ -72,7 +72,12 @@ void Engine::abort() {
     if (failure_.empty()) failure_ = "the communicator was aborted";
   }
   failed_ = true;
-  transport_->abort();  // a waiting call returns promptly
+  // Every wait released and out of NCCL first, then NCCL's abort (issue 26: before, abort waited
+  // for a call blocked on the device, which only ncclCommAbort could end).
+  transport_->abort();
+  std::lock_guard<std::mutex> lock(abortMu_);
+  if (device_) device_->abort();
+  if (ownsNccl_ && ncclComm_) ncclAbort_ = releaseNccl(ncclComm_, /*abort=*/true);
 }
 
 // Device buffers: the CUDA backend, made at the first device buffer of the communicator.
@@ -95,7 +100,13 @@ Status Engine::deviceAllReduce(const Call& c) {
                         api->allReduce(c.send, c.recv, c.count, c.dtype, c.op, ncclComm_, c.stream),
                         cfg_.timeoutSec, "ncclAllReduce (captured)");
   }
-  if (!device_) LR_RETURN_IF_ERROR(DeviceBackend::create(ncclComm_, nranks_, cfg_, &device_));
+  if (!device_) {
+    std::unique_ptr<DeviceBackend> made;
+    LR_RETURN_IF_ERROR(DeviceBackend::create(ncclComm_, nranks_, cfg_, &made));
+    std::lock_guard<std::mutex> lock(abortMu_);  // abort() sees it, or it sees the abort
+    if (aborted_) made->abort();
+    device_ = std::move(made);
+  }
   // Work goes to the communicator's device whatever the calling thread's current device is.
   platform::DeviceGuard guard(device_->device());
   setLogDevice(device_->device());

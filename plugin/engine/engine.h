@@ -66,10 +66,14 @@ class Engine {
   // The buffer's record, for tests (null: none).
   const Buffer* find(const void* buf) const { return buffers_.find(buf); }
 
-  // Any thread, any time: marks the communicator failed and makes a waiting call return promptly.
+  // Any thread, any time, never waiting for a call: marks the communicator failed, releases every
+  // wait (the transport's, the device backend's), then aborts an NCCL communicator it owns
+  // (ncclCommAbort), which ends NCCL's kernels; a waiting call returns promptly. An application's
+  // NCCL communicator (lowrankCommInitFromNccl) is not aborted: the released waits suffice.
   void abort();
   // Frees the engine's state; then, when it owns its NCCL communicator, releases that one
-  // (ncclCommAbort after abort(), else ncclCommDestroy). Errors: that NCCL call's.
+  // (ncclCommDestroy; after abort(), which aborted it already, nothing). Errors: abort's
+  // ncclCommAbort or that ncclCommDestroy.
   static Status close(std::unique_ptr<Engine> engine);
 
  private:
@@ -93,6 +97,8 @@ class Engine {
   std::vector<float> scratchQ_;  // a fresh initial Q, while a call draws one
 
   std::atomic<bool> failed_{false}, aborted_{false};
+  std::mutex abortMu_;  // abort() against the device backend's creation
+  Status ncclAbort_;    // abort()'s ncclCommAbort (under abortMu_)
   mutable std::mutex failureMu_;
   std::string failure_;  // why it failed (the first failure)
 };

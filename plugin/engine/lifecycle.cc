@@ -163,14 +163,17 @@ uint64_t BufferRegistry::stateBytes() const {
 }
 
 void BufferRegistry::collectArrived(const BufferBackend& backend, Counters& k) {
+  uint64_t n = 0;  // never waits, so never fails on a wait
   for (auto& kv : map_) {
     Record* r = kv.second.rec.get();
     if (r && r->state && r->backend == &backend)
-      k.fallbackCalls += r->backend->collect(*r->state, kv.first, lowrankCudaCollectArrived);
+      if (r->backend->collect(*r->state, kv.first, lowrankCudaCollectArrived, &n).ok())
+        k.fallbackCalls += n;
   }
   for (auto& r : parked_)
     if (r->state && r->backend == &backend)
-      k.fallbackCalls += r->backend->collect(*r->state, nullptr, lowrankCudaCollectArrived);
+      if (r->backend->collect(*r->state, nullptr, lowrankCudaCollectArrived, &n).ok())
+        k.fallbackCalls += n;
 }
 
 Status saveBuffer(const Buffer& b, const EngineConfig& cfg, int rank, int nranks, SavedState* out) {
@@ -224,7 +227,13 @@ Status runCall(BufferBackend& be, BufferRegistry& buffers, const Call& c, const 
   if (r.plan.compressedElems == 0 || warmup || r.exactOnly) return exactCall(be, c, k);
 
   // This call's checks need room on a device: collect the oldest when every slot is pending.
-  k.fallbackCalls += be.collect(*r.state, c.recv, lowrankCudaCollectForRoom);
+  uint64_t rejected = 0;
+  const Status room = be.collect(*r.state, c.recv, lowrankCudaCollectForRoom, &rejected);
+  k.fallbackCalls += rejected;
+  if (!room.ok()) {
+    buffers.reset(c.recv, b, k);  // its last calls did not finish: the state is not to be trusted
+    return room;
+  }
   const float* freshQ = nullptr;
   if (!r.haveQ || !cfg.warmStart) {
     scratchQ.resize(r.plan.qElems);

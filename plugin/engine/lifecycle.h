@@ -76,11 +76,13 @@ class BufferBackend {
   // the CUDA backend reported.
   virtual bool broken() const = 0;
   // Calls rejected after they returned (the device's non-finite and op checks, which arrive later;
-  // their output is NaN), counted as they arrive. wait: lowrankCudaCollectArrived (only what has
-  // arrived), lowrankCudaCollectForRoom (room for one more call) or lowrankCudaCollectAll.
-  virtual uint64_t collect(BackendState& state, const void* buf, int wait) {
+  // their output is NaN), counted as they arrive, into *rejected. wait: lowrankCudaCollectArrived
+  // (only what has arrived), lowrankCudaCollectForRoom (room for one more call) or
+  // lowrankCudaCollectAll. Errors: a device wait that failed (timeout, NCCL error, abort).
+  virtual Status collect(BackendState& state, const void* buf, int wait, uint64_t* rejected) {
     (void)state, (void)buf, (void)wait;
-    return 0;
+    *rejected = 0;
+    return Status::Ok();
   }
 };
 

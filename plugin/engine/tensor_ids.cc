@@ -89,7 +89,9 @@ std::unique_ptr<Record> BufferRegistry::detach(Record* r) {
 }
 
 void BufferRegistry::drop(std::unique_ptr<Record> r, Counters& k) {
-  if (r->state) k.fallbackCalls += r->backend->collect(*r->state, r->holder, lowrankCudaCollectAll);
+  uint64_t rejected = 0;  // a failed wait counts what arrived; the state goes all the same
+  if (r->state) (void)r->backend->collect(*r->state, r->holder, lowrankCudaCollectAll, &rejected);
+  k.fallbackCalls += rejected;
   if (r->plan.withIds)
     for (const TensorPlan& t : r->plan.tensors) {
       auto it = owners_.find(t.id);

@@ -13,6 +13,7 @@
 #include "engine/cuda/cuda_status.h"
 #include "engine/cuda/device_schedule.h"
 #include "engine/cuda/device_state.h"
+#include "engine/cuda/device_wait.h"
 
 struct lowrankCudaComm {
   lowrank::cuda::DeviceComm dc;
@@ -69,12 +70,22 @@ int commCreate(const lowrankRealNccl_t* nccl, void* ncclComm, int nranks, double
 void commDestroy(lowrankCudaComm_t* c) {
   if (!c) return;
   DeviceComm& dc = c->dc;
-  if (dc.stream) {
-    cudaStreamSynchronize(dc.stream);
-    cudaStreamDestroy(dc.stream);
+  if (dc.stream && !settleDevice(dc, nullptr, dc.stream)) {
+    // A collective that never ends may still use the stream and the plan check's words.
+    LR_WARN("CUDA backend: the communication stream did not finish; it is left as it is");
+    delete c;
+    return;
   }
+  if (dc.stream) cudaStreamDestroy(dc.stream);
   if (dc.planCheck) cudaFree(dc.planCheck);
   delete c;
+}
+
+// Any thread: under ncclMu, so that no wait is inside ncclCommGetAsyncError once this returns.
+void commAbort(lowrankCudaComm_t* c) {
+  if (!c) return;
+  std::lock_guard<std::mutex> lock(c->dc.ncclMu);
+  c->dc.aborted = true;
 }
 
 int planCheck(lowrankCudaComm_t* c, uint64_t* words, lowrankCudaError_t* error) {
@@ -83,10 +94,11 @@ int planCheck(lowrankCudaComm_t* c, uint64_t* words, lowrankCudaError_t* error) 
   const Err s = [&]() -> Err {
     (void)cudaGetLastError();  // an error the application left in the runtime is not ours
     LR_CUDA(cudaMemcpy(dc.planCheck, words, kWords * sizeof(uint64_t), cudaMemcpyHostToDevice));
+    LR_TRY(refuseIfAborted(dc, "ncclAllReduce (plan check)"));
     LR_TRY(ncclCall(dc, dc.api->allReduce(dc.planCheck, dc.planCheck, kWords, lowrankUint64, lowrankMax,
                                           dc.comm, dc.stream),
                     "ncclAllReduce (plan check)"));
-    LR_CUDA(cudaStreamSynchronize(dc.stream));
+    LR_TRY(waitDevice(dc, nullptr, dc.stream, "the plan check"));
     LR_CUDA(cudaMemcpy(words, dc.planCheck, kWords * sizeof(uint64_t), cudaMemcpyDeviceToHost));
     return Err::Ok();
   }();
@@ -97,15 +109,16 @@ int exactAllReduce(lowrankCudaComm_t* c, const void* send, void* recv, size_t co
                    int op, void* stream, lowrankCudaError_t* error) {
   const DeviceComm& dc = c->dc;
   (void)cudaGetLastError();  // an error the application left in the runtime is not ours
+  if (Err a = refuseIfAborted(dc, "ncclAllReduce"); !a.ok()) return a.report(error);
   return ncclCall(dc, dc.api->allReduce(send, recv, count, dtype, op, dc.comm, stream), "ncclAllReduce")
       .report(error);
 }
 
-int stateCreate(lowrankCudaComm_t*, const lowrankCudaPlan_t* plan, lowrankCudaState_t** out,
+int stateCreate(lowrankCudaComm_t* c, const lowrankCudaPlan_t* plan, lowrankCudaState_t** out,
                 uint64_t* bytes, lowrankCudaError_t* error) {
   auto* st = new (std::nothrow) lowrankCudaState();
   if (!st) return Err::Fail(lowrankSystemError, "out of host memory").report(error);
-  const Err s = st->b.allocate(*plan);  // frees what it allocated on failure
+  const Err s = st->b.allocate(*plan, c->dc);  // frees what it allocated on failure
   if (!s.ok()) {
     delete st;
     return s.report(error);
@@ -135,13 +148,13 @@ int runCompressed(lowrankCudaComm_t* c, lowrankCudaState_t* st, const void* send
   return r.report(error);
 }
 
-// Checkpoint copies: after the state's last call (its `done` event), synchronous, so that the
-// host memory may go when they return.
+// Checkpoint copies: after the state's last call (its `done` event, a bounded wait), synchronous,
+// so that the host memory may go when they return.
 int stateSave(lowrankCudaState_t* st, float* residual, float* qt, lowrankCudaError_t* error) {
   const DeviceBuffer& b = st->b;
   const Err s = [&]() -> Err {
     (void)cudaGetLastError();
-    LR_CUDA(cudaEventSynchronize(b.done));
+    LR_TRY(waitDevice(*b.comm, b.done, nullptr, "the state's last call (checkpoint save)"));
     if (residual && b.e)
       LR_CUDA(cudaMemcpy(residual, b.e, b.plan.count * sizeof(float), cudaMemcpyDeviceToHost));
     if (b.plan.qElems)
@@ -156,7 +169,7 @@ int stateLoad(lowrankCudaState_t* st, const float* residual, const float* qt,
   DeviceBuffer& b = st->b;
   const Err s = [&]() -> Err {
     (void)cudaGetLastError();
-    LR_CUDA(cudaEventSynchronize(b.done));
+    LR_TRY(waitDevice(*b.comm, b.done, nullptr, "the state's last call (checkpoint restore)"));
     if (residual && b.e)
       LR_CUDA(cudaMemcpy(b.e, residual, b.plan.count * sizeof(float), cudaMemcpyHostToDevice));
     if (b.plan.qElems)
@@ -166,16 +179,14 @@ int stateLoad(lowrankCudaState_t* st, const float* residual, const float* qt,
   return s.report(error);
 }
 
-uint32_t collectChecks(lowrankCudaState_t* st, int wait, uint32_t* opMismatches) {
+int collectChecks(lowrankCudaState_t* st, int wait, uint32_t* rejected, uint32_t* opMismatches,
+                  lowrankCudaError_t* error) {
   DeviceBuffer& b = st->b;
   const size_t n = wait == lowrankCudaCollectAll ? SIZE_MAX
                    : wait == lowrankCudaCollectForRoom && b.checksPending == DeviceBuffer::kCheckSlots
                        ? 1
                        : 0;
-  uint32_t mismatches = 0;
-  const uint32_t rejected = b.collectChecks(n, &mismatches);
-  if (opMismatches) *opMismatches = mismatches;
-  return rejected;
+  return b.collectChecks(n, rejected, opMismatches).report(error);
 }
 
 }  // namespace
@@ -199,6 +210,7 @@ const lowrankCudaBackend_t lowrankCudaBackendV6 = {
     sizeof(lowrankCudaBackend_t),
     &lowrank::cuda::commCreate,
     &lowrank::cuda::commDestroy,
+    &lowrank::cuda::commAbort,
     &lowrank::cuda::planCheck,
     &lowrank::cuda::exactAllReduce,
     &lowrank::cuda::stateCreate,

@@ -2,12 +2,15 @@
 
 #include <cstring>
 
+#include "engine/cuda/device_wait.h"
+
 namespace lowrank::cuda {
 namespace {
 
 // An NCCL sum allreduce of float32 in place on the communication stream, after `ready`.
 Err reduceOn(const DeviceComm& dc, float* x, size_t count, cudaEvent_t ready, cudaEvent_t reduced) {
   LR_CUDA(cudaStreamWaitEvent(dc.stream, ready, 0));
+  LR_TRY(refuseIfAborted(dc, "ncclAllReduce of PowerSGD factors"));
   if (count)
     LR_TRY(ncclCall(dc, dc.api->allReduce(x, x, count, lowrankFloat32, lowrankSum, dc.comm, dc.stream),
                     "ncclAllReduce of PowerSGD factors"));
@@ -18,13 +21,13 @@ Err reduceOn(const DeviceComm& dc, float* x, size_t count, cudaEvent_t ready, cu
 // Q for this call: a fresh draw (liblowrank's, the same numbers as the host
 // engine, orthonormalized on the host; staged in pinned memory, then copied) or the last call's
 // Qbar orthonormalized on the device (warm start).
-Err prepareQ(DeviceBuffer& b, const float* freshQ, cudaStream_t s) {
+Err prepareQ(DeviceBuffer& b, const DeviceComm& dc, const float* freshQ, cudaStream_t s) {
   const DevicePlan& pl = b.plan;
   if (!freshQ) {
     LR_CUDA(orthonormalize(b.orthoQ, b.qt, pl.orthoEpsilon, s));
     return Err::Ok();
   }
-  LR_CUDA(cudaEventSynchronize(b.qCopied));  // hostQ is free again (rare: a fresh draw)
+  LR_TRY(waitDevice(dc, b.qCopied, nullptr, "the copy of the last fresh Q"));  // hostQ is free
   std::memcpy(b.hostQ, freshQ, pl.qElems * sizeof(float));
   LR_CUDA(cudaMemcpyAsync(b.qt, b.hostQ, pl.qElems * sizeof(float), cudaMemcpyHostToDevice, s));
   LR_CUDA(cudaEventRecord(b.qCopied, s));
@@ -41,7 +44,7 @@ Err runCompressedOnDevice(DeviceBuffer& b, const DeviceComm& dc, const void* sen
   float* checks = b.payload + pl.flagIndex();
   const float opCode = lowrankPayloadOpCode(op);
 
-  LR_TRY(prepareQ(b, freshQ, s));
+  LR_TRY(prepareQ(b, dc, freshQ, s));
   LR_CUDA(cudaMemsetAsync(checks, 0, sizeof(float), s));
   LR_CUDA(setFloat(checks + 1, opCode, s));
 

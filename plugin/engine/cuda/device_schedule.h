@@ -5,6 +5,9 @@
 #pragma once
 #include <cuda_runtime_api.h>
 
+#include <atomic>
+#include <mutex>
+
 #include "abi/nccl_settle.h"
 #include "abi/real_nccl.h"
 #include "engine/cuda/device_state.h"
@@ -19,7 +22,11 @@ struct DeviceComm {
   int nranks = 1;
   int device = 0;
   uint64_t* planCheck = nullptr;   // device: the plan agreement's three words
-  double timeoutSec = 300;         // the communicator's: bound on waiting out ncclInProgress
+  // The bound of every host wait on the device (device_wait.h) and of waiting out ncclInProgress.
+  double timeoutSec = 300;
+  std::atomic<bool> aborted{false};       // commAbort: waits end, NCCL is not touched again
+  mutable std::atomic<bool> stuck{false}; // a wait timed out: teardown does not wait again
+  mutable std::mutex ncclMu;              // a poll of NCCL against commAbort (the comm may go)
 };
 
 // The Err of NCCL call `what` on dc's communicator that returned r, once it is done: ncclInProgress

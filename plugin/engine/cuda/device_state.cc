@@ -4,6 +4,7 @@
 #include <mutex>
 
 #include "abi/plugin_log.h"
+#include "engine/cuda/device_wait.h"
 #include "kernels/cuda/dense_qr.h"
 
 namespace lowrank::cuda {
@@ -61,7 +62,8 @@ OrthoDesc pOrtho(const lowrankCudaTensor_t& t) {
 
 }  // namespace
 
-Err DeviceBuffer::allocate(const lowrankCudaPlan_t& pl) {
+Err DeviceBuffer::allocate(const lowrankCudaPlan_t& pl, const DeviceComm& dc) {
+  comm = &dc;
   plan.count = pl.count;
   plan.dtype = lowrankDataType_t(pl.dtype);
   plan.orthoEpsilon = pl.orthoEpsilon;
@@ -141,7 +143,12 @@ Err DeviceBuffer::allocate(const lowrankCudaPlan_t& pl) {
 }
 
 void DeviceBuffer::release() {
-  if (done) cudaEventSynchronize(done);  // the last call that used this memory has finished
+  if (done && comm && !settleDevice(*comm, done, nullptr)) {
+    LR_WARN("CUDA backend: a buffer's last call did not finish (a dead peer, an NCCL failure or an "
+            "abort); its %zu bytes of device memory are left allocated", bytes);
+    *this = DeviceBuffer();
+    return;
+  }
   for (void* p : {static_cast<void*>(e), static_cast<void*>(payload), static_cast<void*>(qt),
                   static_cast<void*>(wire)})
     if (p) cudaFree(p);
@@ -164,13 +171,13 @@ void DeviceBuffer::release() {
   *this = DeviceBuffer();  // checks still pending are dropped (the engine collects them first)
 }
 
-uint32_t DeviceBuffer::collectChecks(size_t wait, uint32_t* opMismatches) {
-  uint32_t rejected = 0;
+Err DeviceBuffer::collectChecks(size_t wait, uint32_t* rejected, uint32_t* opMismatches) {
+  *rejected = 0;
   *opMismatches = 0;
   for (size_t n = 0; checksPending; ++n) {
     const size_t i = checksFirst;
-    const cudaError_t r =
-        n < wait ? cudaEventSynchronize(checksCopied[i]) : cudaEventQuery(checksCopied[i]);
+    if (n < wait) LR_TRY(waitDevice(*comm, checksCopied[i], nullptr, "a call's device checks"));
+    const cudaError_t r = cudaEventQuery(checksCopied[i]);
     if (r == cudaErrorNotReady) break;
     if (r != cudaSuccess) {  // the device failed: these checks never arrive (the calls say so)
       checksPending = 0;
@@ -180,11 +187,11 @@ uint32_t DeviceBuffer::collectChecks(size_t wait, uint32_t* opMismatches) {
     --checksPending;
     const float* checks = hostChecks + 2 * i;
     if (checks[0] != 0.f || checks[1] != expectedOp[i]) {
-      ++rejected;
+      ++*rejected;
       if (checks[1] != expectedOp[i]) ++*opMismatches;
     }
   }
-  return rejected;
+  return Err::Ok();
 }
 
 }  // namespace lowrank::cuda

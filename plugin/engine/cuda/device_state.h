@@ -14,6 +14,8 @@
 
 namespace lowrank::cuda {
 
+struct DeviceComm;  // device_schedule.h
+
 // The plan's numbers that the calls use (the tensors and blocks serve only to build the tables).
 struct DevicePlan {
   size_t count = 0;
@@ -42,6 +44,7 @@ struct QChunkState {
 
 struct DeviceBuffer {
   DevicePlan plan;
+  const DeviceComm* comm = nullptr;  // whose waits bound this buffer's (device_wait.h)
 
   float* e = nullptr;        // residual E (count floats), null without error feedback
   float* payload = nullptr;  // exact part | P | non-finite count | op
@@ -68,15 +71,16 @@ struct DeviceBuffer {
   size_t checksFirst = 0, checksPending = 0;    // the oldest pending slot; how many are pending
   size_t bytes = 0;                             // device memory held
 
-  // Allocates everything for `plan` and zeroes the residual and factors. On failure frees what
-  // was allocated and returns the error.
-  Err allocate(const lowrankCudaPlan_t& plan);
-  // Frees everything (waits for the buffer's last call first). Checks still pending are dropped.
+  // Allocates everything for `plan` on comm and zeroes the residual and factors. On failure frees
+  // what was allocated and returns the error.
+  Err allocate(const lowrankCudaPlan_t& plan, const DeviceComm& comm);
+  // Frees everything once the buffer's last call has finished (settleDevice); memory a call that
+  // never finishes may still use is left allocated, with a WARN. Checks still pending are dropped.
   void release();
-  // Counts the rejected calls among the checks that have arrived, oldest first; waits for the
-  // oldest `wait` of them (0: never blocks; SIZE_MAX: all). *opMismatches: those rejected because
-  // the comm ranks used different ops.
-  uint32_t collectChecks(size_t wait, uint32_t* opMismatches);
+  // Counts the rejected calls among the checks that have arrived, oldest first, into *rejected;
+  // waits for the oldest `wait` of them (0: never blocks; SIZE_MAX: all). *opMismatches: those
+  // rejected because the comm ranks used different ops. Errors: a failed wait (waitDevice).
+  Err collectChecks(size_t wait, uint32_t* rejected, uint32_t* opMismatches);
 };
 
 }  // namespace lowrank::cuda

@@ -45,8 +45,14 @@ Status NcclTransport::create(const nccl::Api* api, void* comm, double timeoutSec
 Status NcclTransport::waitDone() {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeoutSec_);
   for (;;) {
-    nccl::Result async = nccl::kSuccess;
-    nccl::Result q = api_->commGetAsyncError(comm_, &async);
+    nccl::Result async = nccl::kSuccess, q = nccl::kSuccess;
+    {
+      std::lock_guard<std::mutex> lock(pollMu_);
+      if (broken())  // abort() from another thread: the NCCL comm may be gone
+        return Status::Error(lowrankRemoteError, "nccl allreduce: aborted while waiting (%s)",
+                             failure().c_str());
+      q = api_->commGetAsyncError(comm_, &async);
+    }
     if (q != nccl::kSuccess) return nccl::fromNccl(*api_, q, "ncclCommGetAsyncError");
     if (async != nccl::kSuccess && async != nccl::kInProgress)
       return nccl::fromNccl(*api_, async, "ncclAllReduce (asynchronous error)");

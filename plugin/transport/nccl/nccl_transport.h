@@ -25,6 +25,7 @@
 // 2 (N-1)/N x the buffer, in 2 (N-1) messages.
 #pragma once
 #include <memory>
+#include <mutex>
 
 #include "platform/nccl.h"
 #include "transport/transport.h"
@@ -48,11 +49,14 @@ class NcclTransport final : public Transport {
   NcclTransport(const nccl::Api* api, void* comm, int rank, int size, int device, double timeoutSec)
       : api_(api), comm_(comm), rank_(rank), size_(size), device_(device), timeoutSec_(timeoutSec) {}
   Status waitDone();  // the queued ncclAllReduce has finished, failed, timed out or been aborted
+  // After abort() returns no poll is inside NCCL, nor starts (the engine may ncclCommAbort next).
+  void onAbort() override { std::lock_guard<std::mutex> barrier(pollMu_); }
 
   const nccl::Api* api_;
   void* comm_;
   int rank_, size_, device_;  // device_: ncclCommCuDevice, -1 if unknown
   double timeoutSec_;
+  std::mutex pollMu_;  // ncclCommGetAsyncError against onAbort
 };
 
 }  // namespace lowrank

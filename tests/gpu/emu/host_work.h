@@ -13,5 +13,10 @@ namespace emu {
 // (runtime.h), once per graph launch when the stream is being captured. `what` names it in the
 // emulation's messages. Returns a cudaError_t value (0: queued).
 int enqueueHostWork(CUstream_st* stream, const char* what, std::function<void()> work);
+// As enqueueHostWork, but the work cannot run while ready() returns false (called from any thread
+// that polls or forces the device, under the emulation's lock): a kernel that never ends, such as
+// NCCL's collective waiting for a dead peer, for the tests of bounded waits. Not for capture.
+int enqueueGatedHostWork(CUstream_st* stream, const char* what, std::function<bool()> ready,
+                         std::function<void()> work);
 
 }  // namespace emu

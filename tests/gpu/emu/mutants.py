@@ -59,8 +59,8 @@ MUTANTS = {
         "checkpoint copy too early: stateSave copies the residual and Q to the host without "
         "waiting for the state's last call (a regrouping's copy of each id's state, a save after "
         "queued calls)",
-        "    LR_CUDA(cudaEventSynchronize(b.done));\n    if (residual && b.e)\n"
-        "      LR_CUDA(cudaMemcpy(residual, b.e,",
+        "    LR_TRY(waitDevice(*b.comm, b.done, nullptr, \"the state's last call (checkpoint save)\"));\n"
+        "    if (residual && b.e)\n      LR_CUDA(cudaMemcpy(residual, b.e,",
         "    if (residual && b.e)\n      LR_CUDA(cudaMemcpy(residual, b.e,"),
 }
 

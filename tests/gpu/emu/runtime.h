@@ -32,6 +32,7 @@ struct Op {
   uint64_t seq = 0;                 // issue order over all streams
   std::string what;                 // for the emulation's messages
   std::function<void()> run;        // empty for event records and waits
+  std::function<bool()> gate;       // if set, the operation cannot run while it returns false
   OpPtr prev;                       // the stream's previous operation (cleared once run)
   std::vector<OpPtr> after;         // other operations that must run first (cleared once run)
   bool needed = false, done = false;
@@ -78,7 +79,9 @@ std::vector<CUstream_st*>& streams();  // every live stream, the legacy one firs
 // must run first. *out, if given, receives the operation (null when captured).
 cudaError_t enqueue(cudaStream_t s, std::string what, std::function<void()> run,
                     const OpPtr& waitFor = nullptr, OpPtr* out = nullptr);
-// Runs what `target` needs, then target. Never returns with target pending.
+// Runs what `target` needs, then target. Never returns with target pending: work held by a closed
+// gate (enqueueGatedHostWork) is waited for, as CUDA's synchronous calls wait for a kernel that
+// never ends, but not past 30 s: then the emulation aborts naming the unbounded wait.
 void complete(const OpPtr& target);
 // One step towards target (a poll): true once target has run.
 bool poll(const OpPtr& target);

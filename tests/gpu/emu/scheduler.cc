@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <random>
+#include <thread>
 
 #include "runtime.h"
 
@@ -44,18 +45,27 @@ void need(const OpPtr& target) {
   }
 }
 
+bool gated(const Op& op) { return op.gate && !op.gate(); }
+
 bool ready(const Op& op) {
-  if (!op.needed) return false;
+  if (!op.needed || gated(op)) return false;
   for (const OpPtr& a : op.after)
     if (!a->done) return false;
   return true;  // its stream's earlier work has run: it is the head of the queue
 }
 
-// Runs one needed operation whose dependencies have all run.
-void runOne(const OpPtr& target) {
+// Runs one needed operation whose dependencies have all run; false when only closed gates
+// (enqueueGatedHostWork) hold back what is needed.
+bool runOne(const OpPtr& target) {
   std::vector<CUstream_st*> heads;
-  for (CUstream_st* s : streams())
-    if (!s->queue.empty() && ready(*s->queue.front())) heads.push_back(s);
+  bool held = false;
+  for (CUstream_st* s : streams()) {
+    if (s->queue.empty()) continue;
+    const Op& head = *s->queue.front();
+    if (ready(head)) heads.push_back(s);
+    held = held || (head.needed && gated(head));
+  }
+  if (heads.empty() && held) return false;
   if (heads.empty())
     fail("nothing can run before '%s' (a dependency cycle in the emulation)", target->what.c_str());
   std::sort(heads.begin(), heads.end(), [](CUstream_st* a, CUstream_st* b) {
@@ -73,6 +83,7 @@ void runOne(const OpPtr& target) {
   op->doneAt = std::chrono::steady_clock::now();
   op->prev.reset();
   op->after.clear();
+  return true;
 }
 
 }  // namespace
@@ -135,7 +146,14 @@ void complete(const OpPtr& target) {
   if (!target || target->done) return;
   if (running) fail("queued work ('%s' pending) was forced from inside queued work", target->what.c_str());
   need(target);
-  while (!target->done) runOne(target);
+  const auto start = std::chrono::steady_clock::now();
+  while (!target->done)
+    if (!runOne(target)) {  // a gate holds it: wait, as CUDA would, for whoever opens it
+      if (std::chrono::steady_clock::now() - start > std::chrono::seconds(30))
+        fail("'%s' waited 30 s for work held by a gate (an unbounded host wait on a stalled "
+             "stream)", target->what.c_str());
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
 }
 
 bool poll(const OpPtr& target) {

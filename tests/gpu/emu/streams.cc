@@ -24,6 +24,16 @@ int enqueueHostWork(CUstream_st* s, const char* what, std::function<void()> work
   return enqueue(s, what, std::move(work));
 }
 
+int enqueueGatedHostWork(CUstream_st* s, const char* what, std::function<bool()> ready,
+                         std::function<void()> work) {
+  std::lock_guard<std::recursive_mutex> lock(deviceMutex());
+  OpPtr op;
+  if (cudaError_t e = enqueue(s, what, std::move(work), nullptr, &op)) return e;
+  if (!op) return cudaErrorStreamCaptureUnsupported;  // captured: a gate cannot be replayed
+  op->gate = std::move(ready);
+  return cudaSuccess;
+}
+
 }  // namespace emu
 
 using namespace emu;

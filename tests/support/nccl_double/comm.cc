@@ -18,6 +18,7 @@ namespace {
 thread_local std::string lastError;  // NCCL's last error is not per comm either
 thread_local int groupDepth = 0;
 std::atomic<int> live{0};  // communicators made and not yet destroyed or aborted
+std::atomic<bool> stall{false};  // ncclDoubleStallCollectives
 
 constexpr unsigned int kNcclConfigMagic = 0xcafebeef;  // NCCL_CONFIG_INITIALIZER's magic
 
@@ -74,6 +75,8 @@ ncclResult_t injectedFailure(ncclComm_t comm, const char* what) {
 }
 
 int liveComms() { return live.load(); }
+bool stalled() { return stall.load(); }
+void setStalled(bool on) { stall = on; }
 
 ncclResult_t asIssued(ncclComm_t comm, ncclResult_t r) {
   if (!comm || r != ncclSuccess || comm->inProgressPolls == 0) return r;
@@ -149,10 +152,13 @@ ncclResult_t commAbort(ncclComm_t comm) {
   {
     std::lock_guard<std::mutex> lock(comm->abortMu);
     comm->aborting = true;
+    comm->aborted = true;  // opens the gates of its stalled collectives: they now do nothing
   }
   lowrankResult_t r = lowrankCommAbort(comm->lr);  // a call in progress returns promptly
   while (comm->inflight.load() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  delete comm;
+#ifndef NCCL_DOUBLE_ON_STREAMS
+  delete comm;  // on streams it stays: its queued collectives may still run (and do nothing)
+#endif
   --live;
   return fromLowrank(r, nullptr, "ncclCommAbort");
 }

@@ -42,6 +42,7 @@ struct ncclComm {
   // (which makes the running call return), and frees this struct once `inflight` is back to 0.
   std::mutex abortMu;
   bool aborting = false;
+  std::atomic<bool> aborted{false};  // `aborting`, readable without the lock (stall gates)
   std::atomic<int> inflight{0};
 
   // ncclRedOpCreatePreMulSum: op ncclNumOps + i is preMul[i].
@@ -77,6 +78,10 @@ ncclResult_t injectedFailure(ncclComm_t comm, const char* what);
 
 // Communicators made and not yet destroyed or aborted, in this process (ncclDoubleLiveComms).
 int liveComms();
+// ncclDoubleStallCollectives: whether collectives queued now never complete (until their comm is
+// aborted or the stall lifted).
+bool stalled();
+void setStalled(bool on);
 
 // A collective's result r as a nonblocking comm returns it (NCCL_DOUBLE_INPROGRESS): a success
 // becomes ncclInProgress, with comm's next polls armed; anything else, or a blocking comm, is r.

@@ -125,6 +125,8 @@ NCCL_COLLECTIVE(ncclReduce, reduce,
 
 NCCL_EXPORT int ncclDoubleLiveComms() { return nccl_double::liveComms(); }
 
+NCCL_EXPORT void ncclDoubleStallCollectives(int on) { nccl_double::setStalled(on != 0); }
+
 NCCL_EXPORT void ncclDoubleFailNext(const char* entry, int result) {
   if (!entry) return;
   std::lock_guard<std::mutex> lock(countMu);

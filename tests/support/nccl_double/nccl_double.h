@@ -31,6 +31,12 @@ void ncclDoubleFailNext(const char* entry, int result);
 struct ncclComm;  /* ncclComm_t */
 void ncclDoubleFailCollective(struct ncclComm* comm, unsigned long long nth, int result);
 
+/* A dead peer, for the tests of bounded waits (the build for the CUDA emulation only; elsewhere
+ * nothing changes): while `on`, every collective queued on a stream never completes, as NCCL's
+ * kernels spin for a peer that is gone, until its communicator is aborted (ncclCommAbort, which
+ * ends them: they then do nothing) or the stall is lifted (on = 0: they run normally). */
+void ncclDoubleStallCollectives(int on);
+
 #ifdef __cplusplus
 }
 #endif

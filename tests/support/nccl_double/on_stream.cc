@@ -1,7 +1,9 @@
 // The NCCL test double built for the CUDA emulation (tests/gpu/emu): a collective is queued on its
 // stream and runs there, in order with the kernels around it, when the emulation gets to it, as
 // NCCL's kernels run on the GPU; it has not run when the call returns. An error it meets there
-// becomes the communicator's asynchronous error (ncclCommGetAsyncError), as in NCCL.
+// becomes the communicator's asynchronous error (ncclCommGetAsyncError), as in NCCL. After
+// ncclCommAbort a queued collective does nothing (the comm is kept for it); while stalled
+// (ncclDoubleStallCollectives) it waits behind a gate of the emulation.
 #include <cstdio>
 
 #include "double.h"
@@ -12,13 +14,20 @@ namespace nccl_double {
 ncclResult_t onStream(cudaStream_t stream, ncclComm_t comm, const char* what,
                       std::function<ncclResult_t()> run) {
   if (!comm) return run();  // refused at the call, as NCCL does
-  const int e = emu::enqueueHostWork(stream, what, [comm, what, run] {
+  auto work = [comm, what, run] {
+    {
+      std::lock_guard<std::mutex> lock(comm->abortMu);  // an aborted comm's lr is gone
+      if (comm->aborting) return;
+    }
     const ncclResult_t r = run();
     if (r == ncclSuccess) return;
     int none = ncclSuccess;
     comm->asyncError.compare_exchange_strong(none, r);
     std::fprintf(stderr, "NCCL test double: %s failed on its stream: %s\n", what, getLastError(comm));
-  });
+  };
+  auto ended = [comm] { return !stalled() || comm->aborted.load(); };  // a dead peer's collective
+  const int e = stalled() ? emu::enqueueGatedHostWork(stream, what, ended, work)
+                          : emu::enqueueHostWork(stream, what, work);
   if (e) return fail(ncclUnhandledCudaError, "%s: the CUDA emulation did not queue it (CUDA error %d)", what, e);
   return ncclSuccess;
 }

@@ -1,0 +1,88 @@
+#include "engine/cuda/device_wait.h"
+
+#include <chrono>
+#include <cstdio>
+#include <thread>
+
+namespace lowrank::cuda {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr int kNcclInProgress = 7;  // ncclInProgress: a non-blocking comm's call still queuing
+constexpr double kAbortedGraceSec = 1.0;
+
+cudaError_t query(cudaEvent_t ev, cudaStream_t stream) {
+  return ev ? cudaEventQuery(ev) : cudaStreamQuery(stream);
+}
+
+void nap() { std::this_thread::sleep_for(std::chrono::microseconds(20)); }
+
+}  // namespace
+
+Err waitDevice(const DeviceComm& dc, cudaEvent_t ev, cudaStream_t stream, const char* phase) {
+  const bool stuck = dc.stuck;  // an earlier wait timed out: the comm failed, waiting is over
+  const auto deadline = Clock::now() + std::chrono::duration<double>(stuck ? 0.0 : dc.timeoutSec);
+  auto aborted = [&] {
+    return Err::Fail(lowrankRemoteError, "waiting for %s: the communicator was aborted", phase);
+  };
+  for (;;) {
+    const cudaError_t q = query(ev, stream);
+    // The flag is set before ncclCommAbort, which ends the collectives: done after it is no result.
+    if (q == cudaSuccess) return dc.aborted ? aborted() : Err::Ok();
+    if (q != cudaErrorNotReady)
+      return Err::Fail(q == cudaErrorMemoryAllocation ? lowrankSystemError : lowrankUnhandledCudaError,
+                       "waiting for %s: %s failed: %s (%s)", phase,
+                       ev ? "cudaEventQuery" : "cudaStreamQuery", cudaGetErrorString(q),
+                       cudaGetErrorName(q));
+    int async = 0, r = 0;
+    {
+      std::lock_guard<std::mutex> lock(dc.ncclMu);  // commAbort sets the flag under it
+      if (dc.aborted) return aborted();
+      r = dc.api->commGetAsyncError(dc.comm, &async);
+    }
+    char what[160];
+    if (r) {
+      snprintf(what, sizeof what, "ncclCommGetAsyncError (waiting for %s)", phase);
+      return fromNccl(r, what);
+    }
+    if (async != 0 && async != kNcclInProgress) {
+      snprintf(what, sizeof what, "waiting for %s: NCCL's asynchronous error", phase);
+      return fromNccl(async, what);
+    }
+    if (Clock::now() > deadline) {
+      dc.stuck = true;
+      if (stuck)
+        return Err::Fail(lowrankTimeout, "waiting for %s: an earlier wait of the communicator "
+                         "timed out", phase);
+      return Err::Fail(lowrankTimeout, "waiting for %s: timed out after %g s (LOWRANK_TIMEOUT)",
+                       phase, dc.timeoutSec);
+    }
+    nap();
+  }
+}
+
+Err refuseIfAborted(const DeviceComm& dc, const char* what) {
+  if (!dc.aborted) return Err::Ok();
+  return Err::Fail(lowrankRemoteError, "%s: the communicator was aborted", what);
+}
+
+bool settleDevice(const DeviceComm& dc, cudaEvent_t ev, cudaStream_t stream) {
+  const double limit = dc.aborted ? kAbortedGraceSec : dc.stuck ? 0.0 : dc.timeoutSec;
+  const auto deadline = Clock::now() + std::chrono::duration<double>(limit);
+  for (;;) {
+    // Once a wait failed, the communication stream too: cudaFree waits for the whole device, and
+    // would hang behind a collective that never ends.
+    const bool failed = dc.stuck || dc.aborted;
+    const cudaError_t q = query(ev, stream);
+    const cudaError_t c = failed && ev && dc.stream ? cudaStreamQuery(dc.stream) : cudaSuccess;
+    if (q != cudaErrorNotReady && c != cudaErrorNotReady) return true;  // done, or the device
+                                                                         // failed (nothing runs)
+    if (Clock::now() > deadline) {
+      dc.stuck = true;
+      return false;
+    }
+    nap();
+  }
+}
+
+}  // namespace lowrank::cuda

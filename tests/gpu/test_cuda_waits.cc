@@ -1,0 +1,121 @@
+// Bounded device waits (issue 26, item 2): a dead peer leaves NCCL's collective spinning on the
+// device, here the NCCL test double's stalled collectives (ncclDoubleStallCollectives, a gate of
+// the CPU emulation). A call blocked on the device fails within LOWRANK_TIMEOUT naming the phase,
+// and lowrankCommAbort from another thread ends it promptly, whether lowrank owns the NCCL
+// communicator (it aborts it) or the application does (the released wait suffices). Emulation
+// only: a real GPU has no way to stall a collective on demand.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <future>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/data.h"
+#include "gpu/device_support.h"
+#include "support/ranks.h"
+#ifdef LOWRANK_CUDA_EMULATION
+#include "support/nccl_double/nccl_double.h"
+#endif
+
+using namespace lowrank::testing;
+
+namespace {
+
+#ifdef LOWRANK_CUDA_EMULATION
+
+using Clock = std::chrono::steady_clock;
+
+double since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+lowrankConfig_t configWithTimeout(double sec) {
+  lowrankConfig_t c = config(4);
+  c.timeoutSec = sec;
+  return c;
+}
+
+// Collectives queued while it lives never complete until their comm is aborted; lifted after.
+struct DeadPeer {
+  DeadPeer() { ncclDoubleStallCollectives(1); }
+  ~DeadPeer() { ncclDoubleStallCollectives(0); }
+};
+
+// A compressible device buffer (its first call plans it: the plan check is a collective).
+struct Gradient {
+  std::vector<float> x = decayingInput(64, 48, 0);
+  void* g = toDevice(x, lowrankFloat32);
+  ~Gradient() { cudaFree(g); }
+  lowrankResult_t allReduce(lowrankComm_t comm) {
+    return lowrankAllReduce(g, g, x.size(), lowrankFloat32, lowrankSum, comm, nullptr);
+  }
+};
+
+TEST(DeviceWaits, PlanCheckThatNeverEndsTimesOutNamingThePhase) {
+  LR_SKIP_WITHOUT_DEVICE();
+  OneRankNccl one(configWithTimeout(2));
+  Gradient grad;
+  const auto t0 = Clock::now();
+  {
+    DeadPeer dead;
+    EXPECT_EQ(grad.allReduce(one.comm), lowrankTimeout);
+  }
+  EXPECT_LT(since(t0), 2 + 5.0);
+  const std::string err = lowrankGetLastError(one.comm);
+  EXPECT_NE(err.find("waiting for the plan check: timed out after 2 s"), std::string::npos) << err;
+  EXPECT_NE(err.find("allreduce of buffer"), std::string::npos) << "names the buffer: " << err;
+  // The communicator failed: the next call is refused, naming the first failure.
+  EXPECT_EQ(grad.allReduce(one.comm), lowrankInvalidUsage);
+  EXPECT_NE(std::string(lowrankGetLastError(one.comm)).find("timed out"), std::string::npos);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // the stall lifted: the collective ran
+}
+
+// A call blocked on the device (the plan check) on thread A; lowrankCommAbort on this thread.
+void abortWhileBlocked(lowrankComm_t comm, Gradient& grad) {
+  DeadPeer dead;
+  auto call = std::async(std::launch::async, [&] { return grad.allReduce(comm); });
+  EXPECT_EQ(call.wait_for(std::chrono::milliseconds(500)), std::future_status::timeout)
+      << "the call should be blocked on the stalled collective";
+  const auto t0 = Clock::now();
+  EXPECT_EQ(lowrankCommAbort(comm), lowrankSuccess) << lowrankGetLastError(nullptr);
+  EXPECT_LT(since(t0), 5.0) << "lowrankCommAbort waited for the blocked call";
+  ASSERT_EQ(call.wait_for(std::chrono::seconds(5)), std::future_status::ready);
+  EXPECT_NE(call.get(), lowrankSuccess);
+}
+
+TEST(DeviceWaits, AbortEndsACallBlockedOnTheDeviceOwnedNccl) {
+  LR_SKIP_WITHOUT_DEVICE();
+  ncclUniqueId id;
+  ASSERT_EQ(lowrankNcclGetUniqueId(&id), lowrankSuccess) << lowrankGetLastError(nullptr);
+  const lowrankConfig_t cfg = configWithTimeout(120);
+  lowrankComm_t comm = nullptr;
+  ASSERT_EQ(lowrankCommInitNcclRank(&comm, 1, id, 0, &cfg), lowrankSuccess)
+      << lowrankGetLastError(nullptr);
+  const int live = ncclDoubleLiveComms();
+  Gradient grad;
+  abortWhileBlocked(comm, grad);
+  EXPECT_EQ(ncclDoubleLiveComms(), live - 1) << "the owned NCCL communicator was aborted";
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+}
+
+TEST(DeviceWaits, AbortEndsACallBlockedOnTheDeviceApplicationsNccl) {
+  LR_SKIP_WITHOUT_DEVICE();
+  OneRankNccl one(configWithTimeout(120));
+  Gradient grad;
+  abortWhileBlocked(one.comm, grad);
+  one.comm = nullptr;  // aborted: freed
+  // Not lowrank's to abort: the application's NCCL comm is still there, its collective pending
+  // (now that the stall is lifted, it runs).
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+}
+
+#else
+
+TEST(DeviceWaits, EmulationOnly) { GTEST_SKIP() << "stalled collectives need the NCCL test double"; }
+
+#endif
+
+}  // namespace
