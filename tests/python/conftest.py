@@ -33,7 +33,7 @@ def free_port():
             return port
 
 
-BIND_RACE = "Address already in use"
+BIND_RACE = "address already in use"  # torch 1.13's "Address ...", 2.x's "... EADDRINUSE, message: address ..."
 
 
 def run_ranks(world, *args, timeout=120, env=None, rank_env=None, worker="ddp_worker.py",
@@ -47,7 +47,7 @@ def run_ranks(world, *args, timeout=120, env=None, rank_env=None, worker="ddp_wo
     more on another port (the machine's race, not lowrank's)."""
     once = _run_forked if launch == "fork" else _run_execed
     out = once(world, args, timeout, env, rank_env, worker)
-    if any(res is None and BIND_RACE in text for _, res, text, _ in out):
+    if any(res is None and BIND_RACE in text.lower() for _, res, text, _ in out):
         out = once(world, args, timeout, env, rank_env, worker)
     return out
 
