@@ -132,7 +132,9 @@ Status BufferRegistry::takeIds(BufferBackend& be, const void* buf, Buffer& b, co
         if (it == owners_.end() || it->second.rec != r || pending_.count(b.ids.ids[i]))
           lost = &b.ids.ids[i];
       }
-      if (lost && !b.declared && !pending_.count(*lost))
+      // Taken by another record: refused until declared again. Restored, or reset (held by none):
+      // planned again here.
+      if (lost && !b.declared && !pending_.count(*lost) && owners_.count(*lost))
         return movedId(buf, *lost);
       if (lost) return build(be, buf, b, c, cfg, rank, k);
       r->verified = generation_;
