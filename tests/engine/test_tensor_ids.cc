@@ -323,6 +323,15 @@ TEST(TensorIds, ReleaseFreesWhatTheBufferGaveUpAndResetWhatItDeclares) {
         << lowrankGetLastError(comm);
     ASSERT_EQ(lowrankBufferGetView(comm, b.data(), &v), lowrankSuccess);
     EXPECT_EQ(v.calls, 1u);  // afresh
+    // A reset through another buffer's declaration of one of b's ids: b goes on, that id afresh.
+    std::vector<float> c(kTensors[0].numel());
+    lowrankTensor_t d = desc(kTensors[0]);
+    ASSERT_EQ(lowrankBufferSetTensors(comm, c.data(), 1, &d), lowrankSuccess);
+    ASSERT_EQ(lowrankBufferReset(comm, c.data()), lowrankSuccess);
+    ASSERT_EQ(callGroup(comm, r, 3, {kTensors[0]}, b, nullptr, /*declare=*/false), lowrankSuccess)
+        << lowrankGetLastError(comm);
+    ASSERT_EQ(lowrankBufferGetView(comm, b.data(), &v), lowrankSuccess);
+    EXPECT_EQ(v.calls, 1u);
   }, cfg());
 }
 
