@@ -136,15 +136,10 @@ void BufferRegistry::erase(const void* buf, Counters& k) {
   // its ids belong to the ids and stay.
   if (it->second.rec) drop(std::move(it->second.rec), k);
   map_.erase(it);
-  for (size_t i = 0; i < parked_.size();)
-    if (parked_[i]->gaveUp == buf) {
-      std::unique_ptr<Record> r = std::move(parked_[i]);
-      parked_[i] = std::move(parked_.back());
-      parked_.pop_back();
-      drop(std::move(r), k);
-    } else {
-      ++i;
-    }
+  std::vector<Record*> gaveUp;
+  for (const auto& r : parked_)
+    if (r->gaveUp == buf) gaveUp.push_back(r.get());
+  for (Record* r : gaveUp) drop(detach(r), k);
 }
 
 size_t BufferRegistry::held() const {

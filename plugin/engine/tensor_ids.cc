@@ -312,7 +312,6 @@ Status BufferRegistry::build(BufferBackend& be, const void* buf, Buffer& b, cons
   }
   b.rec = std::move(r);
   ++generation_;
-  b.rec->verified = generation_;
   b.declared = false;
   std::sort(losers.begin(), losers.end());
   losers.erase(std::unique(losers.begin(), losers.end()), losers.end());
