@@ -21,7 +21,8 @@ on computing while the chain runs on gloo's threads, as lowrank's reduction runs
 import torch
 
 
-def _completed(value):
+def completed(value):
+    """A future already holding value."""
     fut = torch.futures.Future()
     fut.set_result(value)
     return fut
@@ -31,7 +32,7 @@ def waited(torch_hook):
     """The hook's future waited inside the call: buckets serialised on the autograd thread, no
     overlap with backward (docs/training.md's `torch-powersgd-waited`)."""
     def hook(state, bucket):
-        return _completed(torch_hook(state, bucket).wait())
+        return completed(torch_hook(state, bucket).wait())
     hook.__name__ = hook.__qualname__ = "waited_" + torch_hook.__name__
     return hook
 
