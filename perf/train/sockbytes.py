@@ -3,7 +3,8 @@ all TCP): what the kernel says was sent, not what a reducer says it sent.
 
 - process(): this process's own TCP sockets, by getsockopt(TCP_INFO) on each of its descriptors:
   tcpi_bytes_sent (payload bytes transmitted, retransmissions included; Linux >= 4.19) and
-  tcpi_bytes_acked (payload bytes the peer acknowledged). No root, no tool, and on loopback it is
+  tcpi_bytes_acked (payload bytes the peer acknowledged), tcpi_bytes_retrans (of the sent, those
+  sent again). No root, no tool, and on loopback it is
   the only count that separates the ranks. A socket closed between two reads drops out.
 - host_ss(): every TCP connection of the network namespace (one per simulated host) as `ss -tin`
   prints them, bytes_sent and bytes_acked summed: the issue's per-host count.
@@ -17,22 +18,23 @@ import struct
 import subprocess
 
 # struct tcp_info (include/uapi/linux/tcp.h): u64 tcpi_bytes_acked at 120, tcpi_bytes_received
-# at 128, tcpi_bytes_sent at 200 (checked by tests/train/test_sockbytes.py on a socket pair).
-_ACKED, _RECEIVED, _SENT, _INFO_LEN = 120, 128, 200, 232
+# at 128, tcpi_bytes_sent at 200, tcpi_bytes_retrans at 208 (checked by tests/train/
+# test_sockbytes.py on a socket pair).
+_ACKED, _RECEIVED, _SENT, _RETRANS, _INFO_LEN = 120, 128, 200, 208, 232
 
 
 def tcp_info_bytes(sock):
-    """(bytes_sent, bytes_acked, bytes_received) of a connected TCP socket."""
+    """(bytes_sent, bytes_acked, bytes_received, bytes_retrans) of a connected TCP socket."""
     info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _INFO_LEN)
-    if len(info) < _SENT + 8:
+    if len(info) < _RETRANS + 8:
         raise OSError("TCP_INFO without tcpi_bytes_sent (Linux < 4.19)")
-    return (struct.unpack_from("=Q", info, _SENT)[0], struct.unpack_from("=Q", info, _ACKED)[0],
-            struct.unpack_from("=Q", info, _RECEIVED)[0])
+    return tuple(struct.unpack_from("=Q", info, off)[0] for off in (_SENT, _ACKED, _RECEIVED, _RETRANS))
 
 
 def process():
-    """{bytes_sent, bytes_acked, bytes_received, sockets} summed over this process's TCP sockets."""
-    out = dict(bytes_sent=0, bytes_acked=0, bytes_received=0, sockets=0)
+    """{bytes_sent, bytes_acked, bytes_received, bytes_retrans, sockets} summed over this
+    process's TCP sockets."""
+    out = dict(bytes_sent=0, bytes_acked=0, bytes_received=0, bytes_retrans=0, sockets=0)
     for name in os.listdir("/proc/self/fd"):
         try:
             if not os.readlink(f"/proc/self/fd/{name}").startswith("socket:"):
@@ -44,7 +46,7 @@ def process():
         try:
             if s.family not in (socket.AF_INET, socket.AF_INET6) or s.type != socket.SOCK_STREAM:
                 continue
-            sent, acked, received = tcp_info_bytes(s)
+            sent, acked, received, retrans = tcp_info_bytes(s)
         except OSError:
             continue
         finally:
@@ -52,6 +54,7 @@ def process():
         out["bytes_sent"] += sent
         out["bytes_acked"] += acked
         out["bytes_received"] += received
+        out["bytes_retrans"] += retrans
         out["sockets"] += 1
     return out
 

@@ -187,6 +187,8 @@ def parse(argv=None):
     ap.add_argument("--reducers", default=",".join(switch_hook.NAMES),
                     help="comma-separated, from " + ", ".join(switch_hook.NAMES))
     ap.add_argument("--run-index", type=int, default=0, help="selects the Latin square's row")
+    ap.add_argument("--setting", default="unlabelled",
+                    help="the network setting's label, for the analysis (e.g. 100mbit, loopback)")
     ap.add_argument("--rounds", type=int, default=1, help="row + mirror, this many times")
     ap.add_argument("--block-steps", type=int, default=40)
     ap.add_argument("--drop-steps", type=int, default=10,

@@ -1,10 +1,12 @@
 """Smoke run of the switching driver (perf/train/switch.py, issue 27 item 2): 2 ranks over gloo,
 the five reducers, 3 steps a block. Checks what a switching run must get right whatever the
 machine's load (no time is judged): the blocks in switch_design's order on every rank, replicas
-identical at the end, each step's records, and the socket bytes of each reducer's measured
-blocks within 5% of its model once the floor (`local`'s bytes: DDP's broadcast of the BatchNorm
-buffers, the barrier) is taken off. At 2 ranks every allreduce algorithm sends each buffer once,
-so the ring model is exact there.
+identical at the end, each step's records, and the socket payload of each reducer's measured
+blocks (bytes sent less TCP's retransmissions, which a loaded loopback does make) within 5% of its
+model once the floor (`local`'s bytes: DDP's broadcast of the BatchNorm buffers) is taken off.
+At 2 ranks every allreduce algorithm sends each buffer once, so the model is exact there but for
+gloo's framing, about 0.6 KB per allreduce here: 4% of PyTorch's PowerSGD's bytes for the CNN,
+whose six allreduces a step (three per bucket) carry 84 KB.
 """
 import json
 import os
@@ -68,11 +70,13 @@ def test_trains(result):
 def test_socket_bytes_match_models(result):
     for r in result["ranks"]:
         measured = [b for b in r["blocks"] if not b["warmup"]]
-        floor = max(b["bytes"]["process"]["bytes_sent"] for b in measured if b["reducer"] == "local") / BLOCK
+        def payload(b):
+            return (b["bytes"]["process"]["bytes_sent"] - b["bytes"]["process"]["bytes_retrans"]) / BLOCK
+        floor = max(payload(b) for b in measured if b["reducer"] == "local")
         for b in measured:
             if b["reducer"] == "local":
                 continue
-            per_step = b["bytes"]["process"]["bytes_sent"] / BLOCK - floor
+            per_step = payload(b) - floor
             model = b["model_bytes_per_step"]
             assert abs(per_step - model) <= 0.05 * model, (r["rank"], b["reducer"], per_step, model)
             if b["reducer"] == "lowrank":  # lowrank's own counter, against the sockets
