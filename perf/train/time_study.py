@@ -6,8 +6,9 @@ loopback. Then perf/train/time_report.py makes the table.
 
 Every reducer (allreduce, lowrank-exact, fp16, torch-powersgd and lowrank at each rank, local) is
 run interleaved: each repetition runs every configuration once, in turn, the order reversed on odd
-repetitions so that no configuration always follows the same one; settings alternate within a
-repetition, so a slow drift of the machine spreads over every configuration.
+repetitions so that no configuration always follows the same one. Within a repetition the settings
+come one after another (all of the first setting's configurations, then the next setting's).
+Superseded by perf/train/switch.py (issue 27): reducers compared inside one run.
 
 Each host runs one `train.py --serve` for the whole study, which forks a worker per run after its
 imports (a fresh interpreter with torch 2.x costs ~30 s of the 2 cores). Transports: gloo and
