@@ -72,3 +72,17 @@ def test_identical_across_ranks(results):
 def test_chained_equals_waited(results):
     for pc, pw in zip(results["chained"][0]["params"], results["waited"][0]["params"]):
         torch.testing.assert_close(pc, pw, rtol=1e-5, atol=1e-6)
+
+
+def test_same_issue_order_on_every_rank(results):
+    """The chained hook's point: both ranks issue the hook's allreduces in one order: the warm-up's
+    one per bucket, then per compressed step U, P, Q of each bucket in bucket order, the same
+    sequence every step."""
+    for kind, ranks in results.items():
+        seqs = [r["issued"] for r in ranks]
+        assert seqs[0] == seqs[1], kind
+        per_step, compressed = 3 * ranks[0]["buckets"], STEPS - START_ITER
+        warm = len(seqs[0]) - per_step * compressed
+        assert START_ITER <= warm <= START_ITER * ranks[0]["buckets"], (kind, warm)
+        tail = seqs[0][warm:]
+        assert tail == tail[:per_step] * compressed, kind
