@@ -30,7 +30,7 @@ def result(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("switch") / "run.json")
     cmd = [sys.executable, os.path.join(ROOT, "perf", "train", "switch.py"), "--spawn", "2",
            "--run-index", str(RUN_INDEX), "--block-steps", str(BLOCK), "--drop-steps", "1",
-           "--warmup-steps", str(WARMUP), "--start-iter", "2", "--batch", "32",
+           "--warmup-steps", str(WARMUP), "--start-iter", "2", "--batch", "16",
            "--timeout", "60", "--out", out]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                          start_new_session=True)
