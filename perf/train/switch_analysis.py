@@ -140,7 +140,9 @@ def run_summary(result, drop=None):
     step: every rank's socket payload (bytes_sent - bytes_retrans: TCP's retransmissions are
     counted apart, they come with load, even on loopback) summed, over the measured blocks' steps
     (drop not applied: the counters are read per block); model and lowrank's counter summed over
-    ranks likewise."""
+    ranks likewise. ss_bytes_per_step (`ss -tin` bytes_sent over each rank's namespace) and
+    link_bytes_per_step (the interface's tx bytes, headers and ACKs included), summed over ranks:
+    None where the run did not count them (on loopback both see every rank: not per host)."""
     drop = result["config"]["drop_steps"] if drop is None else drop
     out = {}
     for r in result["ranks"]:
@@ -148,7 +150,7 @@ def run_summary(result, drop=None):
             if b["warmup"]:
                 continue
             s = out.setdefault(b["reducer"], dict(times=[], cpu=[], delay=[], sent=0, retrans=0,
-                                                  steps=0, model=0.0, lowrank=0))
+                                                  steps=0, model=0.0, lowrank=0, ss=None, link=None))
             if r["rank"] == 0:
                 s["times"] += b["batch_ms"][drop:]
             s["cpu"] += b["cpu_ms"][drop:]
@@ -156,6 +158,11 @@ def run_summary(result, drop=None):
             proc = (b.get("bytes") or {}).get("process") or {}
             s["sent"] += proc.get("bytes_sent", 0) - proc.get("bytes_retrans", 0)
             s["retrans"] += proc.get("bytes_retrans", 0)
+            host, link = (b.get("bytes") or {}).get("host_ss"), (b.get("bytes") or {}).get("link")
+            if host is not None:
+                s["ss"] = (s["ss"] or 0) + host["bytes_sent"]
+            if link is not None:
+                s["link"] = (s["link"] or 0) + link["tx_bytes"]
             s["model"] += b["model_bytes_per_step"] * len(b["batch_ms"])
             s["lowrank"] += b.get("lowrank_bytes_sent", 0)
             if r["rank"] == 0:
@@ -166,7 +173,9 @@ def run_summary(result, drop=None):
                        bytes_per_step=s["sent"] / s["steps"],
                        retrans_per_step=s["retrans"] / s["steps"],
                        model_bytes_per_step=s["model"] / s["steps"],
-                       lowrank_bytes_per_step=s["lowrank"] / s["steps"])
+                       lowrank_bytes_per_step=s["lowrank"] / s["steps"],
+                       ss_bytes_per_step=None if s["ss"] is None else s["ss"] / s["steps"],
+                       link_bytes_per_step=None if s["link"] is None else s["link"] / s["steps"])
             for name, s in out.items()}
 
 
@@ -196,7 +205,11 @@ def compare(summaries):
         payload = [s[name]["bytes_per_step"] - f for s, f in zip(rs, floor)]
         model = [s[name]["model_bytes_per_step"] for s in rs]
         row["bytes_per_step"] = st.mean(payload)
+        row["raw_bytes_per_step"] = st.mean(s[name]["bytes_per_step"] for s in rs)
         row["retrans_per_step"] = st.mean(s[name]["retrans_per_step"] for s in rs)
+        for key in ("ss_bytes_per_step", "link_bytes_per_step"):  # beside: not floor-corrected
+            vals = [s[name].get(key) for s in rs]
+            row[key] = st.mean(vals) if vals and all(v is not None for v in vals) else None
         row["model_bytes_per_step"] = st.mean(model)
         if name != "local":
             row["bytes_vs_model"] = [p / m - 1 for p, m in zip(payload, model) if m > 0]

@@ -87,6 +87,17 @@ def report(files, allow_dirty=False):
                          f"{row['bytes_per_step']:.0f} | {row['model_bytes_per_step']:.0f} | "
                          f"{100 * worst:+.1f}%{flag if name != 'local' else ''} | "
                          f"{row['retrans_per_step']:.0f} |")
+        if any(row.get("ss_bytes_per_step") is not None or row.get("link_bytes_per_step") is not None
+               for row in table.values()):
+            lines += ["", "The other two byte counts per step, all ranks, as counted (nothing taken "
+                      "off): `ss -tin`'s bytes_sent per host, and the link's tx bytes (headers and "
+                      "ACKs included; on loopback every rank's count is the same shared `lo`).", "",
+                      "| reducer | sockets (process) | ss -tin (host) | link tx |", "|---|---|---|---|"]
+            for name, row in table.items():
+                def fmt(v):
+                    return "—" if v is None else f"{v:.0f}"
+                lines.append(f"| {name} | {fmt(row['raw_bytes_per_step'])} | "
+                             f"{fmt(row.get('ss_bytes_per_step'))} | {fmt(row.get('link_bytes_per_step'))} |")
         lines.append("")
         for t in tg:
             a, b = t["pair"]

@@ -193,3 +193,21 @@ def test_report(tmp_path):
     # Overhead ratios built in: 3/30 = 0.1 against <= 1/3 (met); 3/200 = 0.015 against <= 1/10.
     assert verdicts == {("lowrank", "torch-powersgd"): "MET", ("lowrank", "allreduce"): "MET"}
     assert "**MET**" in text
+
+
+def test_ss_and_link_counts_beside():
+    rng = random.Random(9)
+    run = make_run({"local": 50.0, "lowrank": 55.0}, rng)
+    steps = {}
+    for r in run["ranks"]:
+        for b in r["blocks"]:
+            n = len(b["batch_ms"])
+            b["bytes"]["host_ss"] = dict(bytes_sent=1000 * n, bytes_acked=1000 * n, connections=0)
+            b["bytes"]["link"] = dict(tx_bytes=1500 * n, tx_packets=n, rx_bytes=0, rx_packets=0)
+            steps[r["rank"]] = n
+    table = sa.compare([sa.run_summary(run)])
+    world = len(run["ranks"])
+    assert table["lowrank"]["ss_bytes_per_step"] == pytest.approx(1000 * world)
+    assert table["lowrank"]["link_bytes_per_step"] == pytest.approx(1500 * world)
+    plain = sa.compare([sa.run_summary(make_run({"local": 50.0}, rng))])
+    assert plain["local"]["ss_bytes_per_step"] is None and plain["local"]["link_bytes_per_step"] is None
