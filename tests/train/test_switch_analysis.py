@@ -198,13 +198,11 @@ def test_report(tmp_path):
 def test_ss_and_link_counts_beside():
     rng = random.Random(9)
     run = make_run({"local": 50.0, "lowrank": 55.0}, rng)
-    steps = {}
     for r in run["ranks"]:
         for b in r["blocks"]:
             n = len(b["batch_ms"])
             b["bytes"]["host_ss"] = dict(bytes_sent=1000 * n, bytes_acked=1000 * n, connections=0)
             b["bytes"]["link"] = dict(tx_bytes=1500 * n, tx_packets=n, rx_bytes=0, rx_packets=0)
-            steps[r["rank"]] = n
     table = sa.compare([sa.run_summary(run)])
     world = len(run["ranks"])
     assert table["lowrank"]["ss_bytes_per_step"] == pytest.approx(1000 * world)
