@@ -17,6 +17,9 @@ called only once bucket i-1's future has completed, from that future's callback.
 three allreduces are issued one after the other by the hook itself, so every rank issues
 (U0, P0, Q0, U1, P1, Q1, ...) in that order. Nothing waits on the autograd thread: backward goes
 on computing while the chain runs on gloo's threads, as lowrank's reduction runs on its worker.
+The hook's callbacks block the gloo thread running them until P's and Q's allreduces complete
+(`.wait()` inside the callback); chained, one bucket at a time does so, and gloo's other worker
+thread (ProcessGroupGloo starts 2) runs the collective it waits for.
 """
 import torch
 
