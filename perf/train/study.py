@@ -35,6 +35,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 DRIVER = os.path.join(HERE, "train.py")
+sys.path.insert(0, HERE)
+import runlabel  # noqa: E402
 RESULTS = os.path.join(ROOT, "perf", "results", "train")  # --results
 IMG = os.path.join(ROOT, "docs", "img")                    # --img
 # Seconds per run measured with 16 workers (torch 2.11, 2 cores shared with other work), for the
@@ -135,8 +137,9 @@ def load_runs():
         with open(path) as f:
             d = json.load(f)
         c = d["config"]
-        k = c["rank"] if c["reducer"] in ("torch-powersgd", "lowrank") else None
-        runs.setdefault((c["model"], c["reducer"], k), []).append(d)
+        reducer = runlabel.reducer(c)
+        k = c["rank"] if runlabel.has_rank(reducer) else None
+        runs.setdefault((c["model"], reducer, k), []).append(d)
     return runs
 
 
@@ -179,7 +182,10 @@ def summarize(ranks):
     for model in ("cnn", "transformer"):
         full = row(model, "allreduce")
         for k in ranks:
-            low, tor = row(model, "lowrank", k), row(model, "torch-powersgd", k)
+            # PyTorch's hook's accuracy: chained or waited, the same arithmetic (bit for bit in
+            # tests/train/test_torch_baseline.py), so the waited runs stand in for it.
+            low = row(model, "lowrank", k)
+            tor = row(model, "torch-powersgd", k) or row(model, "torch-powersgd-waited", k)
             if full and low and k in (2, 4):
                 d = low["mean"] - full["mean"]
                 if model == "cnn":
@@ -230,7 +236,11 @@ def time_table(rows):
                 f"| Full precision | {cell('allreduce')} (DDP allreduce) | {cell('lowrank-exact')} (lowrank-exact) |",
                 f"| Float16 | {cell('fp16')} (fp16_compress_hook) | — |"]
         ks = sorted({r["rank"] for r in rows if r["model"] == model and r["rank"]})
-        out += [f"| Rank {k} | {cell('torch-powersgd', k)} | {cell('lowrank', k)} |" for k in ks]
+        for k in ks:
+            out.append(f"| Rank {k} | {cell('torch-powersgd', k)} | {cell('lowrank', k)} |")
+            if cell("torch-powersgd-waited", k) != "—":
+                out.append(f"| Rank {k}, PyTorch's hook waited per bucket | "
+                           f"{cell('torch-powersgd-waited', k)} | — |")
     return out
 
 
@@ -289,7 +299,9 @@ def plot(ranks):
         if not any(m == model for m, _, _ in runs):
             continue
         fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
-        for ax, (impl, reducer, exact) in zip(axes, (("PyTorch", "torch-powersgd", "allreduce"),
+        torch_hook = "torch-powersgd" if any(r == "torch-powersgd" and m == model
+                                             for m, r, _ in runs) else "torch-powersgd-waited"
+        for ax, (impl, reducer, exact) in zip(axes, (("PyTorch", torch_hook, "allreduce"),
                                                      ("lowrank", "lowrank", "lowrank-exact"))):
             for label, rk, style, colour in ((f"full precision ({exact})", (model, exact, None), "-", "black"),
                                              *(((f"rank {k}", (model, reducer, k), "-", colours.get(k)))
@@ -327,9 +339,9 @@ def plot(ranks):
             _, y, _, _ = curve(ds, key)
             _, bits, _, _ = curve(ds, "bits_cumulative")
             marker = {"allreduce": "s", "lowrank-exact": "D", "fp16": "^", "torch-powersgd": "o",
-                      "lowrank": "x"}[reducer]
+                      "torch-powersgd-waited": "o", "lowrank": "x"}[reducer]
             colour = colours.get(k, "black") if k else {"fp16": "tab:blue"}.get(reducer, "black")
-            style = ":" if reducer in ("torch-powersgd", "lowrank-exact") else "-"
+            style = ":" if reducer in ("torch-powersgd", "torch-powersgd-waited", "lowrank-exact") else "-"
             ax.plot(bits, y, style, marker=marker, color=colour, markersize=4,
                     label=reducer + (f" rank {k}" if k else "") + f" ({len(ds)} seeds)")
         ax.set_title(f"{model}, {world} workers: seeds' mean, per epoch", fontsize=10)

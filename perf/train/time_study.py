@@ -6,8 +6,9 @@ loopback. Then perf/train/time_report.py makes the table.
 
 Every reducer (allreduce, lowrank-exact, fp16, torch-powersgd and lowrank at each rank, local) is
 run interleaved: each repetition runs every configuration once, in turn, the order reversed on odd
-repetitions so that no configuration always follows the same one; settings alternate within a
-repetition, so a slow drift of the machine spreads over every configuration.
+repetitions so that no configuration always follows the same one. Within a repetition the settings
+come one after another (all of the first setting's configurations, then the next setting's).
+Superseded by perf/train/switch.py (issue 27): reducers compared inside one run.
 
 Each host runs one `train.py --serve` for the whole study, which forks a worker per run after its
 imports (a fresh interpreter with torch 2.x costs ~30 s of the 2 cores). Transports: gloo and
@@ -62,10 +63,12 @@ def plan(args):
 
 
 class Hosts:
-    """The namespaces of perf/netns_hosts.sh, driven through bash."""
+    """n namespaces of perf/netns_hosts.sh, driven through bash (perf/train/switch_study.py makes
+    one set per host count: `tag` apart)."""
 
-    def __init__(self):
-        self.env = dict(os.environ, HOSTS_TAG=f"lrt{os.getpid()}", HOSTS_N=str(N))
+    def __init__(self, n=N, tag=None):
+        self.n = n
+        self.env = dict(os.environ, HOSTS_TAG=tag or f"lrt{os.getpid()}", HOSTS_N=str(n))
         self.up = False
 
     def _sh(self, call):
@@ -74,7 +77,7 @@ class Hosts:
 
     def make(self):
         self.up = True
-        self._sh(f"hosts_up {N}")
+        self._sh(f"hosts_up {self.n}")
 
     def shape(self, rate):
         return int(self._sh(f"hosts_shape {rate}"))
@@ -89,10 +92,13 @@ class Hosts:
 
 
 class Servers:
-    """One `train.py --serve` per host (and one set for loopback), started on first use."""
+    """One `DRIVER --serve` per host (and one set for loopback), started on first use. driver:
+    another script with train.py's --serve (perf/train/switch.py); pin: worker i on core i (taskset),
+    for as many hosts as cores."""
 
-    def __init__(self, python, hosts):
+    def __init__(self, python, hosts, driver=DRIVER, pin=False):
         self.python, self.hosts, self.sets = python, hosts, {}
+        self.n, self.driver, self.pin = hosts.n, driver, pin
 
     def get(self, setting):
         net = "loopback" if setting == "loopback" else "hosts"
@@ -102,15 +108,16 @@ class Servers:
                        UCX_TLS="tcp,self", UCX_NET_DEVICES=ifname, OMP_NUM_THREADS="1")
             self.sets[net] = [subprocess.Popen(
                 (self.hosts.prefix(i) if net == "hosts" else [])
-                + ["nice", "-n", "-20", self.python, DRIVER, "--serve"],
+                + (["taskset", "-c", str(i)] if self.pin else [])
+                + ["nice", "-n", "-20", self.python, self.driver, "--serve"],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
-                for i in range(N)]
+                for i in range(self.n)]
         return self.sets[net], ("127.0.0.1" if net == "loopback" else "10.77.0.1")
 
     def run(self, setting, argv, log, port):
         procs, addr = self.get(setting)
         for i, p in enumerate(procs):
-            env = dict(RANK=str(i), WORLD_SIZE=str(N), LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+            env = dict(RANK=str(i), WORLD_SIZE=str(self.n), LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
                        MASTER_ADDR=addr, MASTER_PORT=str(port))
             p.stdin.write(json.dumps(dict(argv=argv, env=env, log=log if i == 0 else None)) + "\n")
             p.stdin.flush()

@@ -9,8 +9,11 @@ Reducers (--reducer):
   lowrank-exact   lowrank's hook with matrix_approximation_rank=0: every step an exact allreduce by
                   lowrank (start_powerSGD_iter=0, so every step goes through lowrank)
   fp16            PyTorch's fp16_compress_hook
-  torch-powersgd  PyTorch's powerSGD_hook at rank --rank, each bucket waited before the hook returns
-                  (unwrapped it aborts over gloo with more than one bucket: see _torch_powersgd)
+  torch-powersgd  PyTorch's powerSGD_hook at rank --rank, each bucket's call chained on the previous
+                  bucket's future (unwrapped it aborts over gloo with more than one bucket; the
+                  fair baseline: see torch_baseline.py)
+  torch-powersgd-waited  the same hook, each bucket waited before the hook returns (all its work
+                  on the autograd thread, no overlap: the old baseline, a labelled second row)
   lowrank         lowrank's powerSGD_hook at rank --rank
   local           no reduction: the bucket comes back as it is (compute-only floor, timing only;
                   the workers' models drift apart, so its accuracy means nothing)
@@ -47,8 +50,11 @@ sys.path.insert(0, HERE)                          # digits.py, charlm.py
 sys.path.insert(0, os.path.join(REPO, "python"))  # lowrank, when not installed
 import charlm  # noqa: E402
 import digits  # noqa: E402
+import torch_baseline  # noqa: E402
 
-REDUCERS = ["allreduce", "lowrank-exact", "fp16", "torch-powersgd", "lowrank", "local"]
+REDUCERS = ["allreduce", "lowrank-exact", "fp16", "torch-powersgd", "torch-powersgd-waited",
+            "lowrank", "local"]
+TORCH_POWERSGD = ("torch-powersgd", "torch-powersgd-waited")
 # Per model: epochs, per-worker batch, learning rate; chosen with allreduce (full precision) and
 # used for every reducer. Schedule for both: linear warm-up over the first 10% of the steps, then
 # cosine decay to 0 at the end of the last epoch. Optimizer: SGD momentum 0.9 (CNN), AdamW without
@@ -79,27 +85,28 @@ def _preload():
         pass
 
 
-def spawn(n, argv, fresh=False):
+def spawn(n, argv, fresh=False, script=__file__, parse_fn=None, run_fn=None):
     """Starts n workers with torchrun's variables on a free local port: forked from this process
-    after the imports (default), or with fresh=True new interpreters running this script (as
+    after the imports (default), or with fresh=True new interpreters running `script` (as
     torchrun would). If one exits with an error, the others are terminated. Returns the worst exit
-    status."""
+    status. parse_fn, run_fn: another driver's (perf/train/switch.py), default this one's."""
+    parse_fn, run_fn = parse_fn or parse, run_fn or run
     port = _free_port()
     if fresh:
-        procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__)] + argv,
+        procs = [subprocess.Popen([sys.executable, os.path.abspath(script)] + argv,
                                   env=dict(os.environ, **_worker_env(r, n, port)))
                  for r in range(n)]
         poll, stop = (lambda p: p.poll()), (lambda p: p.terminate())
     else:
         _preload()
-        args = parse(argv)
+        args = parse_fn(argv)
         sys.stdout.flush()
         sys.stderr.flush()
         procs = []
         for r in range(n):
             pid = os.fork()
             if pid == 0:
-                _child(args, _worker_env(r, n, port))
+                _child(args, _worker_env(r, n, port), run_fn=run_fn)
             procs.append(pid)
 
         def poll(pid):
@@ -127,9 +134,10 @@ def spawn(n, argv, fresh=False):
     return worst
 
 
-def _child(args, env, log=None):
-    """In a forked worker: set the launcher's variables, run, then leave by os._exit, without the
-    interpreter's slow teardown. log: a file for the worker's stdout and stderr."""
+def _child(args, env, log=None, run_fn=None):
+    """In a forked worker: set the launcher's variables, run (run_fn, default run), then leave by
+    os._exit, without the interpreter's slow teardown. log: a file for the worker's stdout and
+    stderr."""
     code = 1
     try:
         if log:
@@ -137,7 +145,7 @@ def _child(args, env, log=None):
             os.dup2(fd, 1)
             os.dup2(fd, 2)
         os.environ.update(env)
-        run(args)
+        (run_fn or run)(args)
         code = 0
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else 1
@@ -150,54 +158,33 @@ def _child(args, env, log=None):
         os._exit(code)
 
 
-def serve():
+def serve(parse_fn=None, run_fn=None):
     """--serve: one worker's runs, one after another, each forked from this process after the
     imports (starting a fresh interpreter with torch 2.x costs ~30 s of 2 cores with 4 at once).
     Reads one JSON object per line on stdin, {"argv": [...], "env": {...}, "log": path or null},
     and answers each with {"rc": exit status} on stdout once that run has ended. For drivers that
-    start one server per host (perf/train/time_study.py)."""
+    start one server per host (perf/train/time_study.py). parse_fn, run_fn: as spawn()'s."""
     _preload()
     for line in sys.stdin:
         job = json.loads(line)
-        args = parse(job["argv"])
+        args = (parse_fn or parse)(job["argv"])
         sys.stdout.flush()
         pid = os.fork()
         if pid == 0:
-            _child(args, job.get("env", {}), job.get("log") or os.devnull)
+            _child(args, job.get("env", {}), job.get("log") or os.devnull, run_fn=run_fn)
         _, status = os.waitpid(pid, 0)
         print(json.dumps({"rc": os.waitstatus_to_exitcode(status)}), flush=True)
 
 
 # ---- hooks ---------------------------------------------------------------------------------------
-def _completed(value):
-    fut = torch.futures.Future()
-    fut.set_result(value)
-    return fut
-
-
 def _local_hook(_state, bucket):
     """No reduction: each worker keeps its own gradient (timing floor only)."""
-    return _completed(bucket.buffer())
-
-
-def _torch_powersgd(torch_hook):
-    """PyTorch's powerSGD_hook, its future waited before returning.
-
-    Why: PyTorch's hook issues the allreduce of Q (and of the uncompressed tensors' result use) from
-    completion callbacks (fut.then) of the previous allreduce, which gloo runs on its own threads.
-    With more than one bucket, those callbacks fire in an order that differs from rank to rank, so
-    one rank's allreduce of bucket 0's Q meets another rank's allreduce of bucket 1's P: gloo aborts
-    with a size mismatch. Waiting for each bucket's result inside the hook serialises the buckets
-    (the same order on every rank) at the price of overlap: the hook returns an already-completed
-    future holding the reduced buffer."""
-    def hook(state, bucket):
-        return _completed(torch_hook(state, bucket).wait())
-    return hook
+    return torch_baseline.completed(bucket.buffer())
 
 
 class HookTimer:
-    """Wall time spent inside the hook's call (on DDP's autograd thread, during backward): for the
-    waited torch-powersgd that is the whole reduction; for lowrank the set-up and hand-off to its
+    """Wall time spent inside the hook's call (on DDP's autograd thread, during backward): for
+    torch-powersgd-waited that is the whole reduction; for lowrank the set-up and hand-off to its
     worker thread; for fp16 the cast and the launch. Also the time the last call returned, from
     which run() takes the tail: backward's end minus the last bucket's hand-off, the reduction
     left to wait for once every gradient is computed (DDP waits for each bucket's future before
@@ -261,7 +248,7 @@ def model_bits_per_step(reducer, shapes, k, world, compressed_step):
         return 0.0
     if reducer == "fp16":
         return 16.0 * grad * r
-    if reducer in ("torch-powersgd", "lowrank") and compressed_step:
+    if reducer in TORCH_POWERSGD + ("lowrank",) and compressed_step:
         pq, exact, _, _ = powersgd_split(shapes, k)
         return 32.0 * (pq + exact) * r
     return 32.0 * grad * r
@@ -395,11 +382,10 @@ def run(args):
         state = lowrank_state = PowerSGDState(process_group=None, matrix_approximation_rank=k,
                                               start_powerSGD_iter=start_iter, random_seed=args.seed)
         timer = HookTimer(powerSGD_hook)
-    elif args.reducer == "torch-powersgd":
-        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as tp
-        state = tp.PowerSGDState(process_group=None, matrix_approximation_rank=args.rank,
-                                 start_powerSGD_iter=start_iter, random_seed=args.seed)
-        timer = HookTimer(_torch_powersgd(tp.powerSGD_hook))
+    elif args.reducer in TORCH_POWERSGD:
+        state, hook = torch_baseline.make("waited" if args.reducer.endswith("waited") else "chained",
+                                          None, args.rank, start_iter, args.seed)
+        timer = HookTimer(hook)
     elif args.reducer == "fp16":
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
         timer = HookTimer(default_hooks.fp16_compress_hook)
@@ -420,6 +406,8 @@ def run(args):
                   powersgd_rule=dict(rank=args.rank, pq_elements=pq, exact_elements=exact,
                                      compressed_tensors=ncomp, ratio=grad / max(1, pq + exact)),
                   ring_factor=ring_factor(world))
+    if args.reducer in TORCH_POWERSGD:  # runs without this field were waited (runlabel.py)
+        config["torch_powersgd_wrapper"] = "waited" if args.reducer.endswith("waited") else "chained"
     for key in ("spawn", "fresh"):
         config.pop(key, None)
     info = machine_info() if rank == 0 else None
@@ -514,7 +502,7 @@ def run(args):
                                           if args.reducer == "lowrank" else 0,
                                           view=lowrank_state.view(i)))
         lowrank_state.close()
-    elif args.reducer == "torch-powersgd":
+    elif args.reducer in TORCH_POWERSGD:
         rate, before, after = state.compression_stats()
         result["torch_powersgd_stats"] = dict(compress_rate=rate, numel_before=before,
                                               numel_after=after)
@@ -559,8 +547,8 @@ def parse(argv=None):
     for key, val in DEFAULTS[args.model].items():
         if getattr(args, key) is None:
             setattr(args, key, val)
-    if args.reducer == "torch-powersgd" and args.start_iter <= 1:
-        ap.error("--start-iter must be > 1 for torch-powersgd (PyTorch's hook requires it with error "
+    if args.reducer in TORCH_POWERSGD and args.start_iter <= 1:
+        ap.error(f"--start-iter must be > 1 for {args.reducer} (PyTorch's hook requires it with error "
                  "feedback and warm start); use the same value for lowrank to compare")
     return args
 

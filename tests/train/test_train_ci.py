@@ -2,7 +2,7 @@
 gloo of the digits CNN for 3 epochs with DDP's exact allreduce and with lowrank's hook at rank 4,
 in the same test session: lowrank's final test accuracy at least allreduce's minus 3 points, every
 compressible bucket compressed, compression ratio above 10. Plus a 1-epoch run of PyTorch's hook
-through the driver's wrapper (two buckets over gloo) and a short transformer run.
+through the driver's chained wrapper (two buckets over gloo) and a short transformer run.
 
 Run by meson (tests/train/meson.build) under the configured torch Python, or by hand:
   /usr/bin/python3 -m pytest -q tests/train
@@ -121,10 +121,12 @@ def test_powersgd_rule_matches_pytorch():
 
 
 def test_torch_powersgd_wrapped_two_buckets(tmp_path):
-    """PyTorch's hook through the driver's wrapper, over gloo with the CNN's two buckets."""
+    """PyTorch's hook through the driver's chained wrapper (torch_baseline.py), over gloo with the
+    CNN's two buckets."""
     res = drive(str(tmp_path), "torch-powersgd", "--spawn", "2", "--model", "cnn", "--batch", "32",
                 "--epochs", "1", "--start-iter", "2", "--reducer", "torch-powersgd", "--rank", "4",
                 "--timeout", "60")
+    assert res["config"]["torch_powersgd_wrapper"] == "chained"
     assert res["torch_powersgd_stats"]["compress_rate"] > 10
     assert res["epochs"][0]["test_accuracy"] > 0.5
 

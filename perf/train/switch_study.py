@@ -1,0 +1,131 @@
+#!/usr/bin/env python3
+"""Issue 27's time study: switching runs (perf/train/switch.py) over every setting, the run as the
+unit. Settings "HOSTS:RATE": HOSTS workers, one per network namespace of perf/netns_hosts.sh on
+links shaped to RATE (tc's syntax), or RATE "loopback" (plain processes over lo). With as many
+hosts as cores, worker i is pinned to core i. Run i of every setting takes Latin-square row i
+(--run-index i); runs go round the settings (run 0 of each, then run 1 of each, ...), the order of
+settings rotated from one round to the next, so a slow change of the machine spreads over them.
+
+Protocol guards: a tree with uncommitted changes runs nothing (every JSON must name a committed
+revision); a run does not start while the 1-minute load average exceeds --max-load (the machine
+must be quiet: nothing else running). Resumable: a run whose JSON exists is not rerun; stops
+before a run that would start past --budget-min. Then perf/train/switch_report.py makes the table.
+
+  sudo /usr/bin/python3 perf/train/switch_study.py --python /work/venv2/bin/python
+  /usr/bin/python3 perf/train/switch_study.py --dry-run          # the plan, nothing run
+
+Writes perf/results/train/switch/<hosts>h_<rate>/run<i>.json (and .log, rank 0's output). Needs
+root (namespaces, tc, nice -20) unless every setting is loopback.
+"""
+import argparse
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import time_study  # noqa: E402  (Hosts, Servers: the namespaces and the per-host servers)
+
+ROOT = time_study.ROOT
+DRIVER = os.path.join(HERE, "switch.py")
+
+
+def parse_settings(text):
+    out = []
+    for item in text.split(","):
+        hosts, _, rate = item.partition(":")
+        if not hosts.isdigit() or int(hosts) < 2 or not rate:
+            raise SystemExit(f"switch_study.py: bad setting {item!r} (HOSTS:RATE, e.g. 4:100mbit)")
+        out.append((int(hosts), rate))
+    return out
+
+
+def plan(settings, runs):
+    """(run index, hosts, rate) in the order run."""
+    out = []
+    for i in range(runs):
+        k = i % len(settings)
+        out += [(i, h, r) for h, r in settings[k:] + settings[:k]]
+    return out
+
+
+def out_path(results, i, hosts, rate):
+    return os.path.join(results, f"{hosts}h_{rate}", f"run{i}.json")
+
+
+def dirty():
+    st = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"],
+                        capture_output=True, text=True)
+    return st.returncode != 0 or bool(st.stdout.strip())
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--settings", default="2:100mbit,4:100mbit,2:1gbit,4:1gbit,4:loopback")
+    ap.add_argument("--runs", type=int, default=6, help="runs per setting (the issue: at least 6)")
+    ap.add_argument("--python", default=sys.executable, help="the Python with torch for the workers")
+    ap.add_argument("--switch-args", default="", help="more arguments for every switch.py run")
+    ap.add_argument("--results", default=os.path.join(ROOT, "perf", "results", "train", "switch"))
+    ap.add_argument("--max-load", type=float, default=0.5, help="1-minute load average to start a run")
+    ap.add_argument("--budget-min", type=float, default=180)
+    ap.add_argument("--timeout", type=float, default=300, help="the process group's timeout (s)")
+    ap.add_argument("--dry-run", action="store_true")
+    args = ap.parse_args()
+    settings = parse_settings(args.settings)
+    todo = [c for c in plan(settings, args.runs) if not os.path.exists(out_path(args.results, *c))]
+    print(f"# switch_study: {len(settings)} settings x {args.runs} runs; {len(todo)} to do",
+          flush=True)
+    if args.dry_run or not todo:
+        for c in todo:
+            print(f"  run {c[0]} {c[1]} hosts {c[2]}")
+        return 0
+    if dirty():
+        raise SystemExit("switch_study.py: the tree has uncommitted changes; commit them first "
+                         "(each run's JSON names its revision)")
+    hosts = {n: time_study.Hosts(n, tag=f"lrs{os.getpid() % 100000}n{n}")
+             for n in sorted({h for h, r in settings if r != "loopback"})}
+    loop = {n: time_study.Hosts(n) for n in sorted({h for h, r in settings if r == "loopback"})}
+    servers, shaped, failed, t0 = {}, {}, 0, time.monotonic()
+    try:
+        for i, n, rate in todo:
+            if time.monotonic() - t0 > 60 * args.budget_min:
+                print("switch_study.py: --budget-min reached; rerun to resume", file=sys.stderr)
+                return 3
+            while os.getloadavg()[0] > args.max_load:
+                print(f"waiting: load {os.getloadavg()[0]:.2f} > --max-load {args.max_load}", flush=True)
+                time.sleep(30)
+            net = "loopback" if rate == "loopback" else "hosts"
+            h = loop[n] if net == "loopback" else hosts[n]
+            if net == "hosts" and not h.up:
+                h.make()
+            if net == "hosts" and shaped.get(n) != rate:
+                h.shape(rate)
+                shaped[n] = rate
+            key = (n, net)
+            if key not in servers:
+                servers[key] = time_study.Servers(args.python, h, driver=DRIVER,
+                                                  pin=n <= (os.cpu_count() or 1))
+            out = out_path(args.results, i, n, rate)
+            os.makedirs(os.path.dirname(out), exist_ok=True)
+            ifname = "lo" if net == "loopback" else "eth0"
+            argv = ["--run-index", str(i), "--setting", rate, "--timeout", str(args.timeout),
+                    "--ifname", ifname, "--out", out] + (["--ss"] if net == "hosts" else []) \
+                + args.switch_args.split()
+            port = 21000 + (os.getpid() % 500) * 40 + todo.index((i, n, rate)) % 40
+            ts = time.monotonic()
+            rcs = servers[key].run(net if net == "loopback" else rate, argv, out[:-5] + ".log", port)
+            ok = all(rc == 0 for rc in rcs) and os.path.exists(out)
+            failed += not ok
+            print(f"{time.strftime('%H:%M:%S')} run {i} {n} hosts {rate}: "
+                  f"{time.monotonic() - ts:.0f} s, {'ok' if ok else f'FAILED {rcs}'}", flush=True)
+    finally:
+        for s in servers.values():
+            s.close()
+        for h in hosts.values():
+            h.down()
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,29 @@
+"""perf/train/switch_study.py's plan: every setting gets run indices 0..R-1 (the Latin square's
+rows), runs go round the settings, and no setting always comes first."""
+import os
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "perf", "train"))
+import switch_study  # noqa: E402
+
+
+def test_plan():
+    settings = switch_study.parse_settings("2:100mbit,4:100mbit,4:loopback")
+    runs = 6
+    p = switch_study.plan(settings, runs)
+    assert len(p) == len(settings) * runs and len(set(p)) == len(p)
+    for h, r in settings:
+        assert [i for i, hh, rr in p if (hh, rr) == (h, r)] == list(range(runs))
+    rounds = [p[k * len(settings):(k + 1) * len(settings)] for k in range(runs)]
+    assert all({c[0] for c in rnd} == {k} for k, rnd in enumerate(rounds))
+    firsts = {rnd[0][1:] for rnd in rounds}
+    assert len(firsts) == len(settings)
+
+
+def test_bad_settings():
+    for bad in ("100mbit", "1:100mbit", "x:1gbit", "4:"):
+        with pytest.raises(SystemExit):
+            switch_study.parse_settings(bad)
