@@ -396,7 +396,10 @@ lowrankResult_t lowrankBufferRelease(lowrankComm_t comm, const void* recvbuff);
  * Errors: lowrankInvalidArgument (null comm, buffer or size; *size too small: *size is then the size
  * needed and nothing is written); lowrankInvalidUsage (the buffer has no state to save: never
  * called with a compressible call on this communicator, or reset since, by lowrankBufferReset,
- * a change of count or dtype, or a call that fell back to exact on non-finite input).
+ * a change of count or dtype, or a call that fell back to exact on non-finite input);
+ * lowrankTimeout, lowrankRemoteError or an NCCL error (device buffers: the bounded wait for the
+ * state's last call failed, a dead peer or an abort): the communicator is then failed, as after a
+ * call that failed so, and refuses further calls naming this failure.
  */
 lowrankResult_t lowrankBufferSaveState(lowrankComm_t comm, const void* recvbuff, void* bytes,
                                        size_t* size);

@@ -21,29 +21,52 @@ extern "C" {
 
 #define LOWRANK_NCCL_IN_PROGRESS 7 /* ncclInProgress */
 
-/* The final result of an NCCL call on `comm` that returned `result`: `result` itself unless it is
- * ncclInProgress; else ncclCommGetAsyncError(comm)'s report (or that call's own failure) once it
- * is no longer ncclInProgress, polled for at most timeoutSec seconds; still ncclInProgress when the
- * time ran out, which the caller reports as lowrankTimeout naming the call (nccl::fromNccl).
- * comm NULL: the call consumed its communicator (ncclCommDestroy, ncclCommAbort) or had none, so
- * there is nothing left to poll: ncclInProgress then means the call was accepted (success). */
-static inline int lowrankNcclSettle(const lowrankRealNccl_t* api, void* comm, int result,
-                                    double timeoutSec) {
+/* How a wait asks NCCL for a communicator's state: ncclCommGetAsyncError(comm, async) itself, or
+ * a caller's guarded version of it (the CUDA backend polls under its abort lock). Returns an
+ * ncclResult_t; *async the communicator's asynchronous error. */
+typedef int (*lowrankNcclPoll_t)(void* ctx, int* async);
+
+/* The final result of an NCCL call that returned `result`: `result` itself unless it is
+ * ncclInProgress; else poll's report (or the poll's own failure) once it is no longer
+ * ncclInProgress, polled for at most timeoutSec seconds; still ncclInProgress when the time ran
+ * out, which the caller reports as lowrankTimeout naming the call (nccl::fromNccl). */
+static inline int lowrankNcclSettlePolled(int result, double timeoutSec, lowrankNcclPoll_t poll,
+                                          void* ctx) {
   struct timespec now, gap = {0, 20000}; /* 20 us between polls, as the transport's wait */
   double deadline;
   if (result != LOWRANK_NCCL_IN_PROGRESS) return result;
-  if (!comm) return 0;
   clock_gettime(CLOCK_MONOTONIC, &now);
   deadline = (double)now.tv_sec + 1e-9 * (double)now.tv_nsec + timeoutSec;
   for (;;) {
     int async = LOWRANK_NCCL_IN_PROGRESS;
-    const int q = api->commGetAsyncError(comm, &async);
+    const int q = poll(ctx, &async);
     if (q != 0) return q;
     if (async != LOWRANK_NCCL_IN_PROGRESS) return async;
     clock_gettime(CLOCK_MONOTONIC, &now);
     if ((double)now.tv_sec + 1e-9 * (double)now.tv_nsec > deadline) return LOWRANK_NCCL_IN_PROGRESS;
     nanosleep(&gap, NULL);
   }
+}
+
+struct lowrankNcclPollArgs {
+  const lowrankRealNccl_t* api;
+  void* comm;
+};
+static inline int lowrankNcclPollComm(void* ctx, int* async) {
+  const struct lowrankNcclPollArgs* a = (const struct lowrankNcclPollArgs*)ctx;
+  return a->api->commGetAsyncError(a->comm, async);
+}
+
+/* lowrankNcclSettlePolled with ncclCommGetAsyncError(comm) as the poll. comm NULL: the call
+ * consumed its communicator (ncclCommDestroy, ncclCommAbort) or had none, so there is nothing left
+ * to poll: ncclInProgress then means the call was accepted (success). */
+static inline int lowrankNcclSettle(const lowrankRealNccl_t* api, void* comm, int result,
+                                    double timeoutSec) {
+  struct lowrankNcclPollArgs a;
+  if (result == LOWRANK_NCCL_IN_PROGRESS && !comm) return 0;
+  a.api = api;
+  a.comm = comm;
+  return lowrankNcclSettlePolled(result, timeoutSec, lowrankNcclPollComm, &a);
 }
 
 #ifdef __cplusplus

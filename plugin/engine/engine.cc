@@ -133,22 +133,23 @@ Status Engine::allReduce(const void* send, void* recv, size_t count, lowrankData
   const BufferBackend* be = device ? static_cast<const BufferBackend*>(device_.get()) : host_.get();
   if (s.ok()) {
     ++counters_.calls;
-  } else if ((s.code != lowrankInvalidArgument && s.code != lowrankInvalidUsage) ||
-             (be && be->broken())) {
-    // A collective broke midway: the ranks may now be at different points of the call sequence,
-    // so refuse further calls. (Usage errors found at plan time are agreed by all ranks and leave
-    // the communicator usable; one the transport found midway, such as counts that differ after
-    // the plan, does not.) Name the buffer: a rank that skipped a call shows up here as a timeout
-    // on the others.
+  } else if (breaks(s) || (be && be->broken())) {
+    // (A usage error the transport found midway, such as counts that differ after the plan,
+    // breaks the sequence too.) Name the buffer: a rank that skipped a call shows up here as a
+    // timeout on the others.
     char what[160];
     snprintf(what, sizeof what, "allreduce of buffer %p (count %zu, %s, %s), call %llu: ", recv,
              count, dtypeName(dtype), opName(op), (unsigned long long)counters_.calls + 1);
     s.msg = what + s.msg;
-    std::lock_guard<std::mutex> lock(failureMu_);
-    if (failure_.empty()) failure_ = s.msg;
-    failed_ = true;
+    markFailed(s.msg);
   }
   return s;
+}
+
+void Engine::markFailed(const std::string& why) {
+  std::lock_guard<std::mutex> lock(failureMu_);
+  if (failure_.empty()) failure_ = why;
+  failed_ = true;
 }
 
 void Engine::setLayout(const void* buf, Layout layout) {
@@ -236,6 +237,17 @@ Status writeSaved(const Saved& s, const void* buf, void* out, size_t* size) {
 }  // namespace
 
 Status Engine::saveState(const void* buf, void* out, size_t* size) {
+  Status s = saveStateOf(buf, out, size);
+  if (breaks(s)) {  // a device wait for the state's copies failed (a dead peer, a timeout)
+    char what[96];
+    snprintf(what, sizeof what, "lowrankBufferSaveState of buffer %p: ", buf);
+    s.msg = what + s.msg;
+    markFailed(s.msg);
+  }
+  return s;
+}
+
+Status Engine::saveStateOf(const void* buf, void* out, size_t* size) {
   const Buffer* b = buffers_.find(buf);
   platform::DeviceGuard guard(device());
   if (b && !b->ids.ids.empty()) {  // the state of its tensor ids, wherever it is held

@@ -96,6 +96,15 @@ class Engine {
   Counters counters_;            // host and device buffers alike
   std::vector<float> scratchQ_;  // a fresh initial Q, while a call draws one
 
+  // A collective or a device wait that broke midway (a timeout, NCCL's or the transport's error):
+  // the ranks may be at different points of the call sequence, so every later call is refused,
+  // naming `why` (the first failure). Usage errors are agreed by all ranks and fail nothing.
+  static bool breaks(const Status& s) {
+    return !s.ok() && s.code != lowrankInvalidArgument && s.code != lowrankInvalidUsage;
+  }
+  void markFailed(const std::string& why);
+  Status saveStateOf(const void* buf, void* out, size_t* size);  // saveState, before markFailed
+
   std::atomic<bool> failed_{false}, aborted_{false};
   std::mutex abortMu_;  // abort() against the device backend's creation
   Status ncclAbort_;    // abort()'s ncclCommAbort (under abortMu_)

@@ -132,6 +132,36 @@ TEST(DeviceWaits, AbortEndsACallBlockedOnTheDeviceApplicationsNccl) {
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 }
 
+// A checkpoint save waits for the state's last call, whose collectives never end: the save fails
+// with lowrankTimeout naming the phase and the buffer, and the communicator refuses the next call
+// naming that failure (the ranks may now be at different points of their call sequences).
+TEST(DeviceWaits, SaveThatNeverEndsTimesOutAndFailsTheCommunicator) {
+  LeftAllocated deliberately;
+  LR_SKIP_WITHOUT_DEVICE();
+  OneRankNccl one(configWithTimeout(2));
+  Gradient grad;
+  ASSERT_EQ(grad.allReduce(one.comm), lowrankSuccess) << lowrankGetLastError(one.comm);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  {
+    DeadPeer dead;
+    ASSERT_EQ(grad.allReduce(one.comm), lowrankSuccess) << "queued: " << lowrankGetLastError(one.comm);
+    std::vector<char> bytes(1 << 20);
+    size_t size = bytes.size();
+    const auto t0 = Clock::now();
+    EXPECT_EQ(lowrankBufferSaveState(one.comm, grad.g, bytes.data(), &size), lowrankTimeout);
+    EXPECT_LT(since(t0), 2 + 5.0);
+    const std::string err = lowrankGetLastError(one.comm);
+    EXPECT_NE(err.find("checkpoint save"), std::string::npos) << err;
+    EXPECT_NE(err.find("timed out after 2 s"), std::string::npos) << err;
+    EXPECT_NE(err.find("lowrankBufferSaveState of buffer"), std::string::npos) << err;
+    EXPECT_EQ(grad.allReduce(one.comm), lowrankInvalidUsage);
+    const std::string refused = lowrankGetLastError(one.comm);
+    EXPECT_NE(refused.find("failed at an earlier call"), std::string::npos) << refused;
+    EXPECT_NE(refused.find("checkpoint save"), std::string::npos) << refused;
+  }
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // the stall lifted: the collectives ran
+}
+
 #else
 
 TEST(DeviceWaits, EmulationOnly) { GTEST_SKIP() << "stalled collectives need the NCCL test double"; }

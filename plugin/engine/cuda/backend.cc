@@ -103,10 +103,10 @@ int planCheck(lowrankCudaComm_t* c, uint64_t* words, lowrankCudaError_t* error) 
     // copy may return before its data lands, and the non-blocking stream is not ordered with it).
     std::memcpy(dc.hostPlanCheck, words, kBytes);
     LR_CUDA(cudaMemcpyAsync(dc.planCheck, dc.hostPlanCheck, kBytes, cudaMemcpyHostToDevice, dc.stream));
-    LR_TRY(refuseIfAborted(dc, "ncclAllReduce (plan check)"));
-    LR_TRY(ncclCall(dc, dc.api->allReduce(dc.planCheck, dc.planCheck, LOWRANK_PLAN_CHECK_WORDS,
-                                          lowrankUint64, lowrankMax, dc.comm, dc.stream),
-                    "ncclAllReduce (plan check)"));
+    LR_TRY(ncclIssue(dc, "ncclAllReduce (plan check)", [&] {
+      return dc.api->allReduce(dc.planCheck, dc.planCheck, LOWRANK_PLAN_CHECK_WORDS, lowrankUint64,
+                               lowrankMax, dc.comm, dc.stream);
+    }));
     LR_CUDA(cudaMemcpyAsync(dc.hostPlanCheck, dc.planCheck, kBytes, cudaMemcpyDeviceToHost, dc.stream));
     LR_TRY(waitDevice(dc, nullptr, dc.stream, "the plan check"));
     std::memcpy(words, dc.hostPlanCheck, kBytes);
@@ -119,9 +119,9 @@ int exactAllReduce(lowrankCudaComm_t* c, const void* send, void* recv, size_t co
                    int op, void* stream, lowrankCudaError_t* error) {
   const DeviceComm& dc = c->dc;
   (void)cudaGetLastError();  // an error the application left in the runtime is not ours
-  if (Err a = refuseIfAborted(dc, "ncclAllReduce"); !a.ok()) return a.report(error);
-  return ncclCall(dc, dc.api->allReduce(send, recv, count, dtype, op, dc.comm, stream), "ncclAllReduce")
-      .report(error);
+  return ncclIssue(dc, "ncclAllReduce", [&] {
+           return dc.api->allReduce(send, recv, count, dtype, op, dc.comm, stream);
+         }).report(error);
 }
 
 int stateCreate(lowrankCudaComm_t* c, const lowrankCudaPlan_t* plan, lowrankCudaState_t** out,
@@ -166,12 +166,16 @@ int runCompressed(lowrankCudaComm_t* c, lowrankCudaState_t* st, const void* send
   return r.report(error);
 }
 
-// Checkpoint copies: queued on the state's stream after its last call, then one bounded wait (a
-// documented synchronous point: the host memory may go when they return).
+// Checkpoint copies (a documented synchronous point: the host memory may go when they return):
+// a bounded wait for the state's last call first, since a copy to pageable memory blocks the host
+// until the stream reaches it, and a copy queued behind a collective that never ends would write
+// into host memory freed after a timeout; then the copies, ordered on the state's stream, and
+// their own bounded wait.
 int stateSave(lowrankCudaState_t* st, float* residual, float* qt, lowrankCudaError_t* error) {
   const DeviceBuffer& b = st->b;
   const Err s = [&]() -> Err {
     (void)cudaGetLastError();
+    LR_TRY(waitDevice(*b.comm, b.done, nullptr, "the state's last call (checkpoint save)"));
     if (residual && b.e)
       LR_CUDA(cudaMemcpyAsync(residual, b.e, b.plan.count * sizeof(float), cudaMemcpyDeviceToHost,
                               b.compute));
@@ -189,6 +193,7 @@ int stateLoad(lowrankCudaState_t* st, const float* residual, const float* qt,
   DeviceBuffer& b = st->b;
   const Err s = [&]() -> Err {
     (void)cudaGetLastError();
+    LR_TRY(waitDevice(*b.comm, b.done, nullptr, "the state's last call (checkpoint restore)"));
     if (residual && b.e)
       LR_CUDA(cudaMemcpyAsync(b.e, residual, b.plan.count * sizeof(float), cudaMemcpyHostToDevice,
                               b.compute));

@@ -10,10 +10,10 @@ namespace {
 // An NCCL sum allreduce of float32 in place on the communication stream, after `ready`.
 Err reduceOn(const DeviceComm& dc, float* x, size_t count, cudaEvent_t ready, cudaEvent_t reduced) {
   LR_CUDA(cudaStreamWaitEvent(dc.stream, ready, 0));
-  LR_TRY(refuseIfAborted(dc, "ncclAllReduce of PowerSGD factors"));
   if (count)
-    LR_TRY(ncclCall(dc, dc.api->allReduce(x, x, count, lowrankFloat32, lowrankSum, dc.comm, dc.stream),
-                    "ncclAllReduce of PowerSGD factors"));
+    LR_TRY(ncclIssue(dc, "ncclAllReduce of PowerSGD factors", [&] {
+      return dc.api->allReduce(x, x, count, lowrankFloat32, lowrankSum, dc.comm, dc.stream);
+    }));
   LR_CUDA(cudaEventRecord(reduced, dc.stream));
   return Err::Ok();
 }

@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 
 #include <atomic>
+#include <functional>
 #include <mutex>
 
 #include "abi/nccl_settle.h"
@@ -31,12 +32,12 @@ struct DeviceComm {
   mutable std::mutex ncclMu;              // a poll of NCCL against commAbort (the comm may go)
 };
 
-// The Err of NCCL call `what` on dc's communicator that returned r, once it is done: ncclInProgress
-// (a nonblocking communicator) waited out by lowrankNcclSettle, at most dc.timeoutSec. Every NCCL
-// call of the backend goes through it.
-inline Err ncclCall(const DeviceComm& dc, int r, const char* what) {
-  return fromNccl(lowrankNcclSettle(dc.api, dc.comm, r, dc.timeoutSec), what);
-}
+// Issues NCCL collective `what` on dc's communicator (call() makes it and returns its
+// ncclResult_t) and waits out ncclInProgress (a nonblocking communicator; lowrankNcclSettlePolled,
+// at most dc.timeoutSec). Refused once the comm was aborted: the check, the call and every poll
+// are made under ncclMu, which commAbort takes to set the flag before ncclCommAbort frees the comm,
+// so no NCCL call can slip in between (device_wait.cc). Every NCCL call of the backend goes here.
+Err ncclIssue(const DeviceComm& dc, const char* what, const std::function<int()>& call);
 
 // Queues one compressed call of a planned buffer on `stream` (its compute stream, which the caller
 // has ordered after send's producer; done is recorded on it last) (G = send, output = recv). freshQ:

@@ -61,9 +61,29 @@ Err waitDevice(const DeviceComm& dc, cudaEvent_t ev, cudaStream_t stream, const 
   }
 }
 
-Err refuseIfAborted(const DeviceComm& dc, const char* what) {
-  if (!dc.aborted) return Err::Ok();
-  return Err::Fail(lowrankRemoteError, "%s: the communicator was aborted", what);
+Err ncclIssue(const DeviceComm& dc, const char* what, const std::function<int()>& call) {
+  auto aborted = [&] { return Err::Fail(lowrankRemoteError, "%s: the communicator was aborted", what); };
+  int r = 0;
+  {
+    std::lock_guard<std::mutex> lock(dc.ncclMu);
+    if (dc.aborted) return aborted();
+    r = call();
+  }
+  struct Guarded {
+    const DeviceComm* dc;
+    bool aborted = false;
+  } g{&dc};
+  const int settled = lowrankNcclSettlePolled(r, dc.timeoutSec, [](void* ctx, int* async) {
+    auto* g = static_cast<Guarded*>(ctx);
+    std::lock_guard<std::mutex> lock(g->dc->ncclMu);
+    if (g->dc->aborted) {
+      g->aborted = true;
+      return 1;  // any failure: reported as the abort below
+    }
+    return g->dc->api->commGetAsyncError(g->dc->comm, async);
+  }, &g);
+  if (g.aborted) return aborted();
+  return fromNccl(settled, what);
 }
 
 bool settleDevice(const DeviceComm& dc, cudaEvent_t ev, cudaStream_t stream) {

@@ -16,10 +16,6 @@ namespace lowrank::cuda {
 // once the comm was aborted, a CUDA error of the query.
 Err waitDevice(const DeviceComm& dc, cudaEvent_t ev, cudaStream_t stream, const char* phase);
 
-// An NCCL call of a collective is refused once the comm was aborted (the NCCL comm may be gone; a
-// call already inside NCCL is NCCL's to end).
-Err refuseIfAborted(const DeviceComm& dc, const char* what);
-
 // Teardown's wait before freeing (and, once a wait failed, for the communication stream too): true once done; false when it did not finish within the
 // timeout (none once a wait timed out; a second once aborted: NCCL's abort ends its kernels, an
 // application's own NCCL comm may still hold them). The caller then leaves the memory allocated.

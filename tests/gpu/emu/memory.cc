@@ -102,12 +102,30 @@ cudaError_t cudaFree(void* p) { return release(p, Kind::kDevice); }
 cudaError_t cudaMallocHost(void** p, size_t bytes) { return allocate(p, bytes, Kind::kPinnedHost); }
 cudaError_t cudaFreeHost(void* p) { return release(p, Kind::kPinnedHost); }
 
-// Queued: the bytes are read and written when the copy runs, not when it is issued.
+// Queued, and as CUDA's with pageable host memory ("API synchronization behavior"): from pageable
+// memory to the device the source is staged when the copy is issued (the host may reuse it at
+// once); from the device to pageable memory the call returns once the copy has run (the host
+// waits for the stream to reach it, without bound, as CUDA does). Device and pinned memory are
+// read and written when the copy runs.
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind kind,
                             cudaStream_t s) {
   if (n == 0) return cudaSuccess;
   if (!dst || !src || !rangesValid(dst, src, n, kind)) return setError(cudaErrorInvalidValue);
-  return setError(enqueue(s, "cudaMemcpyAsync", [=] { std::memmove(dst, src, n); }));
+  auto pageable = [](const void* p, size_t bytes) {
+    const std::optional<Allocation> a = find(p, bytes);
+    return !a || a->kind != Kind::kPinnedHost;
+  };
+  if (kind == cudaMemcpyHostToDevice && pageable(src, n) && stream(s)->capture == cudaStreamCaptureStatusNone) {
+    auto staged = std::make_shared<std::vector<char>>(static_cast<const char*>(src),
+                                                      static_cast<const char*>(src) + n);
+    return setError(enqueue(s, "cudaMemcpyAsync (staged from pageable memory)",
+                            [dst, staged] { std::memcpy(dst, staged->data(), staged->size()); }));
+  }
+  OpPtr op;
+  if (cudaError_t e = enqueue(s, "cudaMemcpyAsync", [=] { std::memmove(dst, src, n); }, nullptr, &op))
+    return setError(e);
+  if (kind == cudaMemcpyDeviceToHost && pageable(dst, n) && op) complete(op);
+  return cudaSuccess;
 }
 
 cudaError_t cudaMemsetAsync(void* dst, int v, size_t n, cudaStream_t s) {
