@@ -24,6 +24,7 @@ from .._buffers import describe
 from ..comm import tensor_array
 from ..errors import InvalidArgumentError, LowrankError
 from .process_group import communicator_from_process_group, require_initialized
+from .tensor_ranks import TensorRanks
 from .worker import Worker
 
 logger = logging.getLogger("lowrank.torch")
@@ -76,7 +77,23 @@ class PowerSGDState:
       pipeline: overlap factor allreduces with compression (LOWRANK_PIPELINE; default on).
       device: "cpu" or "cuda", the communicator to make now (default: "cuda" for an NCCL group,
         else "cpu"); a bucket on the other device makes the other one at its first step.
-    Raises LowrankError if torch.distributed is not initialized or lowrank cannot start.
+      exclude: parameters allreduced exactly, never compressed (embeddings, an output head):
+        a collection of parameters (the tensors) and/or their names (str), or a function
+        f(name, parameter) -> bool called once per parameter of `model`. Default: none.
+      rank_of: parameters with an approximation rank of their own: a dict {parameter or name:
+        k} (k an int in [1, 65536]; 0: exact; None: matrix_approximation_rank), or a function
+        f(name, parameter) -> k or None called once per parameter of `model`. Default: none.
+        A parameter's own k still passes the compression-rate test (else it is exact), and 1-D
+        parameters are always exact. exclude wins over rank_of.
+      model: the model whose named_parameters() give the names exclude and rank_of use (a DDP
+        model is unwrapped: "fc.weight", not "module.fc.weight"); needed for names and functions.
+      The settings reach lowrank's declaration of each bucket (lowrankTensor_t.approxRank) from
+      the first step; tensor_ranks() shows each parameter's k in force. They are configuration,
+      like the model: state_dict() does not hold them (give them again to a new state, or
+      set_tensor_ranks after unpickling); the saved tensors carry the k they were made at, and
+      one restored under another k goes on as after set_tensor_ranks.
+    Raises LowrankError if torch.distributed is not initialized or lowrank cannot start;
+    ValueError or TypeError for bad exclude, rank_of or model (each named).
     Thread safety: one state serves one DDP model; its hook is called by DDP's autograd thread.
 
     The ids: every parameter is numbered in the order DDP first hands it to the hook in the
@@ -88,7 +105,9 @@ class PowerSGDState:
                  min_compression_rate=2, use_error_feedback=True, warm_start=True,
                  orthogonalization_epsilon=0, random_seed=0,
                  compression_stats_logging_frequency=10_000, batch_tensors_with_same_shape=False,
-                 *, timeout=None, pipeline=None, device=None):
+                 *, timeout=None, pipeline=None, device=None, exclude=None, rank_of=None,
+                 model=None):
+        ranks = TensorRanks(exclude, rank_of, model)  # checked before anything is made
         require_initialized()
         self._set_settings(process_group, dict(
             matrix_approximation_rank=matrix_approximation_rank,
@@ -98,6 +117,7 @@ class PowerSGDState:
             compression_stats_logging_frequency=compression_stats_logging_frequency,
             batch_tensors_with_same_shape=batch_tensors_with_same_shape,
             timeout=timeout, pipeline=pipeline))
+        self._ranks = ranks
         if device is None:
             backend = str(dist.get_backend(process_group)).lower()
             device = "cuda" if backend == "nccl" else "cpu"
@@ -135,6 +155,10 @@ class PowerSGDState:
         self._buckets = {}  # bucket index -> _Bucket: the last complete step's
         self._step = {}     # bucket index -> _Bucket: the current step's
         self._param_pos = {}  # a parameter's identity -> its id (see _param_key)
+        # Per-parameter treatment (exclude, rank_of): the settings, and resolved at the next
+        # step into each id's approxRank (_rank_by_id: ids numbered so far) and their names.
+        self._ranks = TensorRanks()
+        self._rank_by_id, self._ident_rank, self._warned_unmatched = None, None, False
         # A loaded state_dict: its entries (_Saved) wait for the next job on their device, which
         # stages them in lowrank through scratch buffers (released after the first step);
         # state_dict() returns them as loaded until a step has run; the ids they hold, with their
@@ -182,6 +206,39 @@ class PowerSGDState:
             return None
         self._workers[b.device].drain()
         return self._comms[b.device].view(b.ptr)
+
+    def set_tensor_ranks(self, exclude=None, rank_of=None, model=None):
+        """Replace the per-parameter settings (exclude, rank_of, model: as the constructor's;
+        model None keeps the one given before). From the next step each parameter is declared
+        with its new treatment; a parameter whose k changes keeps its state in lowrank: its
+        residual as it is, its warm-start Q cut to the first k columns or grown with fresh ones
+        drawn alike on every rank (lowrankStats_t.rankChanges counts each change). Call it on
+        every rank between the same two steps: ranks that declare different ks for a tensor make
+        that step's backward raise lowrankInvalidUsage on every rank. Not collective.
+        Raises ValueError, TypeError as the constructor (nothing changes then).
+        Thread safety: between steps, on the training thread."""
+        self._check_open("set_tensor_ranks")
+        if model is None:
+            model = self._ranks.model
+        self._ranks = TensorRanks(exclude, rank_of, model)
+        self._rank_by_id, self._ident_rank, self._warned_unmatched = None, None, False
+
+    def tensor_ranks(self):
+        """Each parameter's approximation rank in force at the last complete step, as lowrank
+        planned it (lowrankBufferGetTensorRanks): {name: k}, keyed by the parameter's id
+        (state_dict, "the ids") where no model was given or the model has no name for it. k is
+        0 for a parameter allreduced exactly then: excluded, 1-D, failing the compression-rate
+        test, or in its warm-up. Parameters of buckets not planned yet are left out. Waits for
+        the work queued so far. Thread safety: between steps, on the training thread."""
+        names = self._ranks.names()
+        name_of = {n: names.get(ident, n) for ident, n in self._param_pos.items()}
+        out = {}
+        for _, b in sorted(self._buckets.items()):
+            self._workers[b.device].drain()
+            ks = self._comms[b.device].tensor_ranks(b.ptr)
+            if len(ks) == len(b.ids):
+                out.update((name_of.get(n, n), k) for n, k in zip(b.ids, ks))
+        return out
 
     def communicator(self, device="cpu"):
         """The lowrank.Communicator this state uses for buckets on `device` (made if needed:
@@ -391,6 +448,7 @@ class PowerSGDState:
         index = bucket.index()
         pkey = self._param_key(bucket)  # numbers the parameters from DDP's first step on
         shapes = tuple(tuple(g.shape) for g in bucket.gradients())
+        ranks = self._ranks_of(pkey)
         if sum(_numel(s) for s in shapes) != buf.numel():
             raise InvalidArgumentError(4, f"bucket {index}: its gradients have "
                                           f"{sum(_numel(s) for s in shapes)} elements, its buffer "
@@ -402,14 +460,28 @@ class PowerSGDState:
                                   "PowerSGDState serves one DDP model (make one per model)",
                                "powerSGD_hook")
         b = self._buckets.get(index)
-        if b is None or (b.device, b.ptr, b.pkey, b.grad_shapes) != (device, ptr, pkey, shapes):
+        if b is None or (b.device, b.ptr, b.pkey, b.grad_shapes, b.ranks) != \
+                (device, ptr, pkey, shapes, ranks):
             # zero-element tensors take no room in the buffer: not declared
-            kept = [(n, _declared_shape(s)) for n, s in zip(pkey, shapes) if _numel(s)]
-            b = _Bucket(device, ptr, buf, pkey, shapes, tuple(n for n, _ in kept),
-                        tuple(s for _, s in kept), tensor_array(kept))
+            kept = [(n, _declared_shape(s), k) for n, s, k in zip(pkey, shapes, ranks) if _numel(s)]
+            b = _Bucket(device, ptr, buf, pkey, shapes, tuple(n for n, _, _ in kept),
+                        tuple(s for _, s, _ in kept), tensor_array(kept), ranks)
         self._step[index] = b
         self._unclaimed.difference_update(b.ids)
         return b
+
+    def _ranks_of(self, pkey):
+        """Each id's approxRank (lowrank's: -1 default, 0 exact, or its own k) for the ids of
+        pkey, from the settings resolved against the parameters as they are at the first step
+        after them (a model moved to its device after the state was made still matches)."""
+        if self._ranks.empty:
+            return (-1,) * len(pkey)
+        if self._ident_rank is None:
+            self._ident_rank = self._ranks.resolve()
+        if self._rank_by_id is None or len(self._rank_by_id) != len(self._param_pos):
+            self._rank_by_id = {n: self._ident_rank.get(ident, -1)
+                                for ident, n in self._param_pos.items()}
+        return tuple(self._rank_by_id[n] for n in pkey)
 
     def _take_restores(self, device):
         """Actions for the next job on `device`: stage the loaded states meant for it (format 2:
@@ -435,6 +507,15 @@ class PowerSGDState:
         stale = {(b.device, b.ptr): b.buf for b in self._buckets.values()
                  if (b.device, b.ptr) not in live}
         stale.update({(dev, t.data_ptr()): t for dev, t in self._scratch})
+        if self._ident_rank and not self._warned_unmatched:
+            self._warned_unmatched = True
+            lost = set(self._ident_rank) - set(self._param_pos)
+            if lost:
+                names = self._ranks.names()
+                logger.warning("lowrank: exclude or rank_of names %d parameters that no bucket "
+                               "holds (frozen, not in this DDP model, or moved since): %s",
+                               len(lost), ", ".join(sorted(names.get(i, f"shape {i[3]}")
+                                                           for i in lost)[:10]))
         if self._unclaimed:
             logger.warning("lowrank: the saved states of %d tensors were not used by the first "
                            "step after loading (no bucket has those parameters: another model or "
@@ -456,7 +537,8 @@ _OPTIONS = ("compression_stats_logging_frequency", "batch_tensors_with_same_shap
 
 # A bucket as lowrank last took it: pkey and grad_shapes as DDP gave them, ids and shapes as
 # declared (array: the declaration, lowrank.tensor_array), buf held until its release.
-_Bucket = collections.namedtuple("_Bucket", "device ptr buf pkey grad_shapes ids shapes array")
+# ranks: each parameter's approxRank as declared (PowerSGDState._ranks_of).
+_Bucket = collections.namedtuple("_Bucket", "device ptr buf pkey grad_shapes ids shapes array ranks")
 # A saved bucket of a state_dict: device None for version 1 (saved before devices were recorded).
 _Saved = collections.namedtuple("_Saved", "params shapes state device array")
 
