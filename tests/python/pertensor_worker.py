@@ -7,6 +7,8 @@ Prints one line "RESULT <json>" at the end; the test asserts on it.
                                 the default 2; phase 2 (set_tensor_ranks): other ranks, the
                                 state kept; phase 3: a new model and state loading phase 2's
                                 state_dict under other ranks again
+    pertensor_worker.py adaptive  AdaptiveRank(low 1, high 4) in three settings (window, lag,
+                                eta, error_max): each parameter's k after every step
 """
 import datetime
 import json
@@ -22,6 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import pkgpath  # noqa: E402
 pkgpath.use()  # the checkout's package, or the installed one (LOWRANK_TEST_INSTALLED=1)
 from lowrank.torch import PowerSGDState, powerSGD_hook  # noqa: E402
+from lowrank.torch.adaptive import AdaptiveRank  # noqa: E402
 
 RANK, WORLD = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 VOCAB, DIM = 64, 32
@@ -139,8 +142,34 @@ def run():
     state3.close()
 
 
+def adaptive():
+    """Each setting on a fresh model: the ks after every step, the changes counted, finite."""
+    settings = {"window2_lag1": dict(window=2, lag=1, eta=1e9, error_max=None),
+                "window1_lag2": dict(window=1, lag=2, eta=1e9, error_max=None),
+                "error_keeps_high": dict(window=1, lag=2, eta=1e9, error_max=1e-12)}
+    out = {}
+    for name, kw in settings.items():
+        torch.manual_seed(1234)
+        model = LM()
+        ddp = nn.parallel.DistributedDataParallel(model)
+        state = PowerSGDState(None, matrix_approximation_rank=1, start_powerSGD_iter=0,
+                              random_seed=3, timeout=30, exclude=["embed.weight"], model=ddp,
+                              adaptive=AdaptiveRank(high=4, **kw))
+        ddp.register_comm_hook(state, powerSGD_hook)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        history, finite = [], True
+        for step in range(7):
+            _, ok = train(ddp, model, opt, 1, step)
+            finite &= ok
+            history.append(state.tensor_ranks())
+        out[name] = {"history": history, "changes": state.stats()["rankChanges"],
+                     "finite": finite}
+        state.close()
+    result(**out)
+
+
 if __name__ == "__main__":
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
-    {"run": run}[sys.argv[1]]()
+    {"run": run, "adaptive": adaptive}[sys.argv[1]]()
     dist.barrier()
     dist.destroy_process_group()

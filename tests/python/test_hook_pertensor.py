@@ -37,6 +37,37 @@ def test_exclude_and_rank_of_under_ddp():
     assert res[0]["checksum"] == res[1]["checksum"]  # the ranks' models stayed identical
 
 
+def _switch_steps(history, name):
+    """(step, k) at each step where the parameter's k differs from the step before."""
+    ks = [h[name] for h in history]
+    return [(t, k) for t, k in enumerate(ks) if t and k != ks[t - 1]]
+
+
+def test_adaptive_rank_under_ddp():
+    """AdaptiveRank(low 1, high 4) with a detector that never fires (eta huge): each matrix starts
+    at high, its first decision is critical (no earlier norm), the next one quiet: low from the
+    step measured step + lag decides on, on every rank alike; an error_max below any error keeps
+    high throughout; the excluded embedding stays exact."""
+    res = results(run_ranks(2, "adaptive", worker="pertensor_worker.py", timeout=180))
+    for r in res:
+        for run in r.values():
+            assert run["finite"]
+            assert all(h["embed.weight"] == 0 for h in run["history"])
+        # window 2, lag 1: measured at steps 1, 3, 5; decided at 2 (critical), 4 (quiet).
+        w = r["window2_lag1"]
+        for name in ("fc1.weight", "fc2.weight", "head.weight"):
+            assert w["history"][0][name] == 4
+            assert _switch_steps(w["history"], name) == [(4, 1)], (name, w["history"])
+        assert w["changes"] == 3
+        # window 1, lag 2: measured every step; decided at 2 (critical), 3 (quiet) on.
+        w = r["window1_lag2"]
+        assert _switch_steps(w["history"], "fc1.weight") == [(3, 1)], w["history"]
+        # error_max below any compression error: high throughout, no change.
+        w = r["error_keeps_high"]
+        assert all(h["fc1.weight"] == 4 for h in w["history"]) and w["changes"] == 0
+    assert res[0] == res[1]  # every rank the same k at every step
+
+
 class _Tiny(nn.Module):
     def __init__(self):
         super().__init__()

@@ -23,7 +23,9 @@ import torch.distributed as dist
 from .._buffers import describe
 from ..comm import tensor_array
 from ..errors import InvalidArgumentError, LowrankError
+from .adaptive import AdaptiveRank
 from .process_group import communicator_from_process_group, require_initialized
+from .signals import measure
 from .tensor_ranks import TensorRanks
 from .worker import Worker
 
@@ -92,6 +94,12 @@ class PowerSGDState:
       like the model: state_dict() does not hold them (give them again to a new state, or
       set_tensor_ranks after unpickling); the saved tensors carry the k they were made at, and
       one restored under another k goes on as after set_tensor_ranks.
+      adaptive: an AdaptiveRank (lowrank.torch.adaptive): each parameter that exclude and
+        rank_of leave to the default (and that has 2 or more dimensions) gets its k from the
+        rule, decided every rule.window steps from allreduced numbers with a lag of rule.lag
+        whole steps, so every rank switches at the same step to the same k. Default: None
+        (every such parameter at matrix_approximation_rank). The rule's memory (last norms,
+        ks) is not in state_dict: after a restart it starts afresh.
     Raises LowrankError if torch.distributed is not initialized or lowrank cannot start;
     ValueError or TypeError for bad exclude, rank_of or model (each named).
     Thread safety: one state serves one DDP model; its hook is called by DDP's autograd thread.
@@ -106,8 +114,13 @@ class PowerSGDState:
                  orthogonalization_epsilon=0, random_seed=0,
                  compression_stats_logging_frequency=10_000, batch_tensors_with_same_shape=False,
                  *, timeout=None, pipeline=None, device=None, exclude=None, rank_of=None,
-                 model=None):
+                 model=None, adaptive=None):
         ranks = TensorRanks(exclude, rank_of, model)  # checked before anything is made
+        if adaptive is not None:
+            if not isinstance(adaptive, AdaptiveRank):
+                raise TypeError(f"adaptive must be a lowrank.torch.adaptive.AdaptiveRank, not "
+                                f"{type(adaptive).__name__}")
+            adaptive.bind(matrix_approximation_rank)
         require_initialized()
         self._set_settings(process_group, dict(
             matrix_approximation_rank=matrix_approximation_rank,
@@ -117,7 +130,7 @@ class PowerSGDState:
             compression_stats_logging_frequency=compression_stats_logging_frequency,
             batch_tensors_with_same_shape=batch_tensors_with_same_shape,
             timeout=timeout, pipeline=pipeline))
-        self._ranks = ranks
+        self._ranks, self._adaptive = ranks, adaptive
         if device is None:
             backend = str(dist.get_backend(process_group)).lower()
             device = "cuda" if backend == "nccl" else "cpu"
@@ -159,6 +172,10 @@ class PowerSGDState:
         # step into each id's approxRank (_rank_by_id: ids numbered so far) and their names.
         self._ranks = TensorRanks()
         self._rank_by_id, self._ident_rank, self._warned_unmatched = None, None, False
+        # The adaptive rank: the rule (None: off), each id's k from its last decision, the
+        # buckets to measure in this step's jobs ((device, address) -> (step, ids, shapes)) and
+        # the numbers measured (step -> {id: (|out|^2, |E|^2, |M|^2)}, filled by the jobs).
+        self._adaptive, self._adaptive_k, self._measure, self._signals = None, {}, {}, {}
         # A loaded state_dict: its entries (_Saved) wait for the next job on their device, which
         # stages them in lowrank through scratch buffers (released after the first step);
         # state_dict() returns them as loaded until a step has run; the ids they hold, with their
@@ -243,7 +260,8 @@ class PowerSGDState:
     def communicator(self, device="cpu"):
         """The lowrank.Communicator this state uses for buckets on `device` (made if needed:
         collective over process_group, as the constructor)."""
-        return self._comm(device)
+        self._comm(device)
+        return self._comms[device]
 
     def close(self, timeout=None):
         """Finish queued work, free every bucket's state and destroy the communicators (not
@@ -412,11 +430,15 @@ class PowerSGDState:
             raise LowrankError(5, "this PowerSGDState was closed: make a new one", what)
 
     def _comm(self, device):
+        """The communicator of `device` for the hook's jobs (made at the first call; with an
+        adaptive rank, one whose allreduce also measures the buckets _declare asked for)."""
         self._check_open("powerSGD_hook")
         if device not in self._comms:
             self._comms[device] = communicator_from_process_group(self.process_group, device,
                                                                   **self._config)
             self._workers[device] = Worker(f"lowrank-{device}")
+        if self._adaptive is not None:
+            return _Measured(self, device, self._comms[device])
         return self._comms[device]
 
     def _param_key(self, bucket):
@@ -448,7 +470,9 @@ class PowerSGDState:
         index = bucket.index()
         pkey = self._param_key(bucket)  # numbers the parameters from DDP's first step on
         shapes = tuple(tuple(g.shape) for g in bucket.gradients())
-        ranks = self._ranks_of(pkey)
+        if self._adaptive is not None and not self._step:  # the step's first bucket
+            self._adapt()
+        ranks = self._ranks_of(pkey, shapes)
         if sum(_numel(s) for s in shapes) != buf.numel():
             raise InvalidArgumentError(4, f"bucket {index}: its gradients have "
                                           f"{sum(_numel(s) for s in shapes)} elements, its buffer "
@@ -468,20 +492,55 @@ class PowerSGDState:
                         tuple(s for _, s, _ in kept), tensor_array(kept), ranks)
         self._step[index] = b
         self._unclaimed.difference_update(b.ids)
+        if self._adaptive is not None and self._adaptive.measures(self.iter):
+            self._measure[(device, ptr)] = (self.iter, b.ids, b.shapes)
         return b
 
-    def _ranks_of(self, pkey):
+    def _ranks_of(self, pkey, shapes):
         """Each id's approxRank (lowrank's: -1 default, 0 exact, or its own k) for the ids of
-        pkey, from the settings resolved against the parameters as they are at the first step
-        after them (a model moved to its device after the state was made still matches)."""
+        pkey (gradient shapes `shapes`), from the settings resolved against the parameters as
+        they are at the first step after them (a model moved to its device after the state was
+        made still matches); with an adaptive rank, the rule's k for the matrices left at -1."""
         if self._ranks.empty:
-            return (-1,) * len(pkey)
-        if self._ident_rank is None:
-            self._ident_rank = self._ranks.resolve()
-        if self._rank_by_id is None or len(self._rank_by_id) != len(self._param_pos):
-            self._rank_by_id = {n: self._ident_rank.get(ident, -1)
-                                for ident, n in self._param_pos.items()}
-        return tuple(self._rank_by_id[n] for n in pkey)
+            ranks = (-1,) * len(pkey)
+        else:
+            if self._ident_rank is None:
+                self._ident_rank = self._ranks.resolve()
+            if self._rank_by_id is None or len(self._rank_by_id) != len(self._param_pos):
+                self._rank_by_id = {n: self._ident_rank.get(ident, -1)
+                                    for ident, n in self._param_pos.items()}
+            ranks = tuple(self._rank_by_id[n] for n in pkey)
+        if self._adaptive is None:
+            return ranks
+        first = self._adaptive.initial()
+        return tuple(self._adaptive_k.get(n, first) if k == -1 and len(s) >= 2 else k
+                     for n, k, s in zip(pkey, ranks, shapes))
+
+    def _adapt(self):
+        """At the first bucket of a step that decides (AdaptiveRank.decides): the numbers the
+        jobs measured at the decided step (waited for), summed over the process group's ranks
+        (one small all_reduce, the same on every rank at this step), turned into each
+        parameter's gradient norm and compression error, and the rule's ks taken for this
+        step's declarations."""
+        m = self._adaptive.decides(self.iter)
+        if m is None:
+            return
+        for worker in self._workers.values():
+            worker.drain()  # the measuring jobs of step m have run (on the host, long since)
+        local = self._signals.pop(m, {})
+        for old in [s for s in self._signals if s < m]:
+            del self._signals[old]
+        keys = sorted(local)
+        vec = torch.tensor([x for key in keys for x in local[key]], dtype=torch.float64)
+        if str(dist.get_backend(self.process_group)).lower() == "nccl":
+            vec = vec.cuda()
+        dist.all_reduce(vec, group=self.process_group)
+        vec, world = vec.cpu().tolist(), dist.get_world_size(self.process_group)
+        signals = {}
+        for i, key in enumerate(keys):
+            out2, err2, m2 = vec[3 * i:3 * i + 3]
+            signals[key] = (math.sqrt(out2 / world), math.sqrt(err2 / m2) if m2 > 0 else 0.0)
+        self._adaptive_k.update(self._adaptive.decide(signals))
 
     def _take_restores(self, device):
         """Actions for the next job on `device`: stage the loaded states meant for it (format 2:
@@ -527,6 +586,26 @@ class PowerSGDState:
             comm = self._comms[dev]
             bufs = [(ptr, buf) for (d, ptr), buf in stale.items() if d == dev]
             self._workers[dev].submit(functools.partial(_release, comm, bufs))
+
+
+class _Measured:
+    """A communicator as a hook's job uses it under an adaptive rank: its allreduce, then, for
+    a bucket the state asked for in this step, the numbers the rule needs (signals.measure),
+    inside the job: before DDP can write the next step's gradients into the bucket."""
+
+    def __init__(self, state, device, comm):
+        self._state, self._device, self._comm = state, device, comm
+
+    def __getattr__(self, name):
+        return getattr(self._comm, name)
+
+    def allreduce(self, buf, *args, **kwargs):
+        out = self._comm.allreduce(buf, *args, **kwargs)
+        plan = self._state._measure.pop((self._device, buf.data_ptr()), None)
+        if plan is not None:
+            step, ids, shapes = plan
+            self._state._signals.setdefault(step, {}).update(measure(self._comm, buf, ids, shapes))
+        return out
 
 
 _FORMAT, _VERSION = "lowrank.torch.PowerSGDState", 2
