@@ -741,7 +741,7 @@ TEST_P(DeviceTensorIds, AChangeOfKKeepsTheStateAndRestoresAcrossIt) {
     }
   };
   RunOuts live = runOuts(N, calls);
-  std::vector<Bytes> before(size_t(N)), after(size_t(N));
+  std::vector<Bytes> before(static_cast<size_t>(N)), after(static_cast<size_t>(N));
   withDeviceComms(N, cfg(), [&](int r, lowrankComm_t comm) {
     DeviceMemory mem;
     void* out = mem.alloc(count * 4);
