@@ -39,13 +39,17 @@ inline std::string deviceName() {
 
 inline size_t dtypeBytes(lowrankDataType_t t) { return t == lowrankFloat32 ? 4 : 2; }
 
-// A device copy of x in dtype t (rounded as the host converters round).
+// A device copy of x in dtype t (rounded as the host converters round), landed when this returns.
 inline void* toDevice(const std::vector<float>& x, lowrankDataType_t t) {
   std::vector<char> raw(x.size() * dtypeBytes(t));
   host::fromFloat32(x.data(), x.size(), 1.f, raw.data(), t);
   void* d = nullptr;
   EXPECT_EQ(cudaMalloc(&d, raw.size()), cudaSuccess);
   EXPECT_EQ(cudaMemcpy(d, raw.data(), raw.size(), cudaMemcpyHostToDevice), cudaSuccess);
+  // Landed before any stream reads it: a synchronous copy from pageable memory may return before
+  // its data does (CUDA's "API synchronization behavior"), and non-blocking streams are not
+  // ordered with the legacy default stream that carries it.
+  EXPECT_EQ(cudaStreamSynchronize(nullptr), cudaSuccess);
   return d;
 }
 

@@ -10,6 +10,16 @@
 //     (lowrankBufferSetTensors) at a new address every call, regrouped, and restored from a
 //     format-2 checkpoint into another bucketing go on bit for bit; exits non-zero on any
 //     failure.
+//   two_rank_worker deadpeer RANK NRANKS IDFILE TIMEOUT_SEC
+//     compressed calls queued back to back with no host synchronization until one fails; prints
+//     "ready" after 5 calls (dead_peer_check.py then kills one rank), then the failure and the
+//     seconds it took to surface since the last call that succeeded, and exits 3 once lowrank and
+//     NCCL are torn down (4: no call failed within 10 timeouts).
+//   two_rank_worker memory RANK NRANKS IDFILE
+//     memory pressure (a GPU only; exit 77 where the device cannot say its free memory): with all
+//     but 16 MiB of the device taken, a compressible call whose state does not fit is allreduced
+//     exactly (correct, counted in exactOnlyPlans, a WARN); once the memory is back and the buffer
+//     reset, it is compressed again.
 //   two_rank_worker bench RANK NRANKS IDFILE ELEMENTS K
 //     pipelined time of a compressed allreduce vs compute alone (a one-rank communicator) and
 //     communication alone (the same NCCL allreduces of the factors), and exact ncclAllReduce.
@@ -18,6 +28,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -575,6 +586,98 @@ int bench(int rank, int nranks, const std::string& idFile, size_t elems, int k) 
   return 0;
 }
 
+// A peer killed mid-call (issue 26, item 2): every survivor's call fails within the timeout
+// (plus the script's 5 s), and teardown does not hang on the collective that never ends.
+int deadPeer(int rank, int nranks, const std::string& idFile, double timeoutSec) {
+  ncclComm_t nccl = joinNccl(rank, nranks, idFile);
+  lowrankConfig_t cfg = config(4);
+  cfg.timeoutSec = timeoutSec;
+  cfg.startIter = 0;
+  lowrankComm_t comm = nullptr;
+  if (lowrankCommInitFromNcclConfig(&comm, nccl, &cfg) != lowrankSuccess) return 2;
+  cudaStream_t s;
+  cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  const size_t n = 96, m = 128;
+  void* g = toDevice(decayingInput(n, m, rank), lowrankFloat32);
+  using Clock = std::chrono::steady_clock;
+  auto last = Clock::now();
+  const auto start = last;
+  for (int call = 0;; ++call) {
+    const lowrankResult_t r = lowrankAllReduce(g, g, n * m, lowrankFloat32, lowrankAvg, comm, s);
+    const auto now = Clock::now();
+    if (r != lowrankSuccess) {
+      printf("rank %d: call %d failed %.2f s after the last call that succeeded: %s\n", rank, call,
+             std::chrono::duration<double>(now - last).count(), lowrankGetLastError(comm));
+      fflush(stdout);
+      break;
+    }
+    last = now;
+    if (call == 5) {
+      printf("rank %d: ready\n", rank);
+      fflush(stdout);
+    }
+    if (now - start > std::chrono::duration<double>(10 * timeoutSec + 60)) {
+      printf("rank %d: no call failed\n", rank);
+      return 4;
+    }
+  }
+  lowrankCommDestroy(comm);  // bounded: a communicator that failed waits no more
+  ncclCommAbort(nccl);
+  printf("rank %d: torn down\n", rank);
+  fflush(stdout);
+  _exit(3);  // the emulated device's queues may still hold the never-ending collective
+}
+
+int memoryPressure(int rank, int nranks, const std::string& idFile) {
+  size_t freeBytes = 0, total = 0;
+  if (cudaMemGetInfo(&freeBytes, &total) != cudaSuccess) {
+    printf("rank %d: memory check skipped: cudaMemGetInfo is not available here\n", rank);
+    return 77;
+  }
+  ncclComm_t nccl = joinNccl(rank, nranks, idFile);
+  lowrankConfig_t cfg = config(4);
+  cfg.startIter = 0;
+  lowrankComm_t comm = nullptr;
+  if (lowrankCommInitFromNcclConfig(&comm, nccl, &cfg) != lowrankSuccess) return 2;
+  const size_t n = 4096, m = 4096, count = n * m;  // a 64 MiB residual: more than is left
+  std::vector<float> want(count, 0.f);
+  for (int r = 0; r < nranks; ++r) {
+    const std::vector<float> x = decayingInput(n, m, r);
+    for (size_t i = 0; i < count; ++i) want[i] += x[i] / float(nranks);
+  }
+  void* g = toDevice(decayingInput(n, m, rank), lowrankFloat32);
+  void* hog = nullptr;
+  cudaMemGetInfo(&freeBytes, &total);
+  for (size_t take = freeBytes - (16u << 20); take > (64u << 20); take -= 16u << 20)
+    if (cudaMalloc(&hog, take) == cudaSuccess) break;
+  (void)cudaGetLastError();
+  CHECK(hog != nullptr, "could not take the device's memory");
+  lowrankResult_t r = lowrankAllReduce(g, g, count, lowrankFloat32, lowrankAvg, comm, nullptr);
+  CHECK(r == lowrankSuccess, "call under memory pressure: %s", lowrankGetLastError(comm));
+  cudaDeviceSynchronize();
+  lowrankStats_t st;
+  lowrankGetStats(comm, &st);
+  CHECK(st.exactOnlyPlans == 1, "exactOnlyPlans %llu, want 1", (unsigned long long)st.exactOnlyPlans);
+  CHECK(st.compressedCalls == 0, "compressedCalls %llu under pressure", (unsigned long long)st.compressedCalls);
+  const double e = relErr(fromDevice(g, count, lowrankFloat32), want);
+  CHECK(e < 1e-5, "the exact fallback's relative error %.3g", e);
+  cudaFree(hog);
+  lowrankBufferReset(comm, g);
+  r = lowrankAllReduce(g, g, count, lowrankFloat32, lowrankAvg, comm, nullptr);
+  CHECK(r == lowrankSuccess, "call after the memory came back: %s", lowrankGetLastError(comm));
+  cudaDeviceSynchronize();
+  lowrankGetStats(comm, &st);
+  CHECK(st.compressedCalls == 1, "compressedCalls %llu after the memory came back, want 1",
+        (unsigned long long)st.compressedCalls);
+  printf("rank %d: memory pressure: exact-only plans %llu, then compressed %llu; %s\n", rank,
+         (unsigned long long)st.exactOnlyPlans, (unsigned long long)st.compressedCalls,
+         failures ? "FAILED" : "ok");
+  lowrankCommDestroy(comm);
+  ncclCommDestroy(nccl);
+  cudaFree(g);
+  return failures ? 1 : 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -589,6 +692,8 @@ int main(int argc, char** argv) {
     return 77;
   }
   if (mode == "check" && argc == 6) return check(rank, nranks, argv[4], argv[5]);
+  if (mode == "memory" && argc == 5) return memoryPressure(rank, nranks, argv[4]);
+  if (mode == "deadpeer" && argc == 6) return deadPeer(rank, nranks, argv[4], atof(argv[5]));
   if (mode == "bench" && argc == 7) return bench(rank, nranks, argv[4], strtoull(argv[5], nullptr, 10), atoi(argv[6]));
   fprintf(stderr, "bad arguments\n");
   return 2;

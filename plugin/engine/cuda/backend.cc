@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <new>
 
 #include "abi/cuda_backend.h"
@@ -53,10 +54,14 @@ int commCreate(const lowrankRealNccl_t* nccl, void* ncclComm, int nranks, double
     LR_CUDA(cudaStreamCreateWithFlags(&dc.stream, cudaStreamNonBlocking));
     LR_CUDA(cudaMalloc(reinterpret_cast<void**>(&dc.planCheck),
                        LOWRANK_PLAN_CHECK_WORDS * sizeof(uint64_t)));
+    LR_CUDA(cudaMallocHost(reinterpret_cast<void**>(&dc.hostPlanCheck),
+                           LOWRANK_PLAN_CHECK_WORDS * sizeof(uint64_t)));
     return Err::Ok();
   }();
   if (!s.ok()) {
     if (dc.stream) cudaStreamDestroy(dc.stream);
+    if (dc.planCheck) cudaFree(dc.planCheck);
+    if (dc.hostPlanCheck) cudaFreeHost(dc.hostPlanCheck);
     delete c;
     return s.report(error);
   }
@@ -78,6 +83,7 @@ void commDestroy(lowrankCudaComm_t* c) {
   }
   if (dc.stream) cudaStreamDestroy(dc.stream);
   if (dc.planCheck) cudaFree(dc.planCheck);
+  if (dc.hostPlanCheck) cudaFreeHost(dc.hostPlanCheck);
   delete c;
 }
 
@@ -89,17 +95,21 @@ void commAbort(lowrankCudaComm_t* c) {
 }
 
 int planCheck(lowrankCudaComm_t* c, uint64_t* words, lowrankCudaError_t* error) {
-  constexpr size_t kWords = LOWRANK_PLAN_CHECK_WORDS;
+  constexpr size_t kBytes = LOWRANK_PLAN_CHECK_WORDS * sizeof(uint64_t);
   const DeviceComm& dc = c->dc;
   const Err s = [&]() -> Err {
     (void)cudaGetLastError();  // an error the application left in the runtime is not ours
-    LR_CUDA(cudaMemcpy(dc.planCheck, words, kWords * sizeof(uint64_t), cudaMemcpyHostToDevice));
+    // Up, reduced and down in the communication stream's order, through pinned words (a pageable
+    // copy may return before its data lands, and the non-blocking stream is not ordered with it).
+    std::memcpy(dc.hostPlanCheck, words, kBytes);
+    LR_CUDA(cudaMemcpyAsync(dc.planCheck, dc.hostPlanCheck, kBytes, cudaMemcpyHostToDevice, dc.stream));
     LR_TRY(refuseIfAborted(dc, "ncclAllReduce (plan check)"));
-    LR_TRY(ncclCall(dc, dc.api->allReduce(dc.planCheck, dc.planCheck, kWords, lowrankUint64, lowrankMax,
-                                          dc.comm, dc.stream),
+    LR_TRY(ncclCall(dc, dc.api->allReduce(dc.planCheck, dc.planCheck, LOWRANK_PLAN_CHECK_WORDS,
+                                          lowrankUint64, lowrankMax, dc.comm, dc.stream),
                     "ncclAllReduce (plan check)"));
+    LR_CUDA(cudaMemcpyAsync(dc.hostPlanCheck, dc.planCheck, kBytes, cudaMemcpyDeviceToHost, dc.stream));
     LR_TRY(waitDevice(dc, nullptr, dc.stream, "the plan check"));
-    LR_CUDA(cudaMemcpy(words, dc.planCheck, kWords * sizeof(uint64_t), cudaMemcpyDeviceToHost));
+    std::memcpy(words, dc.hostPlanCheck, kBytes);
     return Err::Ok();
   }();
   return s.report(error);
@@ -142,23 +152,33 @@ int runCompressed(lowrankCudaComm_t* c, lowrankCudaState_t* st, const void* send
     // An error left in the runtime's per-thread slot by the application's own calls would
     // surface at our first launch check: clear it, it is not ours.
     (void)cudaGetLastError();
-    LR_CUDA(cudaStreamWaitEvent(s, b.done, 0));  // the buffer's last call, on whatever stream
-    return runCompressedOnDevice(b, c->dc, send, recv, lowrankRedOp_t(op), freshQ, s);
+    // Fork: the buffer's stream takes the call from the point the caller's stream has reached
+    // (its last call is already before it, in its own order, wherever the ids came from).
+    LR_CUDA(cudaEventRecord(b.forked, s));
+    LR_CUDA(cudaStreamWaitEvent(b.compute, b.forked, 0));
+    const Err run = runCompressedOnDevice(b, c->dc, send, recv, lowrankRedOp_t(op), freshQ, b.compute);
+    // Join, once, at the end (also after a failure, so that whatever was queued is ordered
+    // before the caller's next work on recv).
+    if (!run.ok()) (void)cudaEventRecord(b.done, b.compute);
+    LR_CUDA(cudaStreamWaitEvent(s, b.done, 0));
+    return run;
   }();
   return r.report(error);
 }
 
-// Checkpoint copies: after the state's last call (its `done` event, a bounded wait), synchronous,
-// so that the host memory may go when they return.
+// Checkpoint copies: queued on the state's stream after its last call, then one bounded wait (a
+// documented synchronous point: the host memory may go when they return).
 int stateSave(lowrankCudaState_t* st, float* residual, float* qt, lowrankCudaError_t* error) {
   const DeviceBuffer& b = st->b;
   const Err s = [&]() -> Err {
     (void)cudaGetLastError();
-    LR_TRY(waitDevice(*b.comm, b.done, nullptr, "the state's last call (checkpoint save)"));
     if (residual && b.e)
-      LR_CUDA(cudaMemcpy(residual, b.e, b.plan.count * sizeof(float), cudaMemcpyDeviceToHost));
+      LR_CUDA(cudaMemcpyAsync(residual, b.e, b.plan.count * sizeof(float), cudaMemcpyDeviceToHost,
+                              b.compute));
     if (b.plan.qElems)
-      LR_CUDA(cudaMemcpy(qt, b.qt, b.plan.qElems * sizeof(float), cudaMemcpyDeviceToHost));
+      LR_CUDA(cudaMemcpyAsync(qt, b.qt, b.plan.qElems * sizeof(float), cudaMemcpyDeviceToHost,
+                              b.compute));
+    LR_TRY(waitDevice(*b.comm, nullptr, b.compute, "the state's copies to the host (checkpoint save)"));
     return Err::Ok();
   }();
   return s.report(error);
@@ -169,11 +189,13 @@ int stateLoad(lowrankCudaState_t* st, const float* residual, const float* qt,
   DeviceBuffer& b = st->b;
   const Err s = [&]() -> Err {
     (void)cudaGetLastError();
-    LR_TRY(waitDevice(*b.comm, b.done, nullptr, "the state's last call (checkpoint restore)"));
     if (residual && b.e)
-      LR_CUDA(cudaMemcpy(b.e, residual, b.plan.count * sizeof(float), cudaMemcpyHostToDevice));
+      LR_CUDA(cudaMemcpyAsync(b.e, residual, b.plan.count * sizeof(float), cudaMemcpyHostToDevice,
+                              b.compute));
     if (b.plan.qElems)
-      LR_CUDA(cudaMemcpy(b.qt, qt, b.plan.qElems * sizeof(float), cudaMemcpyHostToDevice));
+      LR_CUDA(cudaMemcpyAsync(b.qt, qt, b.plan.qElems * sizeof(float), cudaMemcpyHostToDevice,
+                              b.compute));
+    LR_TRY(waitDevice(*b.comm, nullptr, b.compute, "the state's copies from the host (checkpoint restore)"));
     return Err::Ok();
   }();
   return s.report(error);

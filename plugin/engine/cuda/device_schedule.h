@@ -1,5 +1,6 @@
 // The pipelined PowerSGD schedule on the device (DESIGN.md, "The pipeline"): the passes run on the
-// caller's stream, the factor allreduces on the communication stream, chained by events so that
+// buffer's compute stream (forked from the caller's, backend.cc), the factor allreduces on the
+// communication stream, chained by events so that
 // chunk c's allreduce overlaps chunk c+1's compute. Every rank issues the same NCCL calls in the
 // same order; nothing here waits on the host (but a fresh initial Q's staging, rarely).
 #pragma once
@@ -22,6 +23,7 @@ struct DeviceComm {
   int nranks = 1;
   int device = 0;
   uint64_t* planCheck = nullptr;   // device: the plan agreement's three words
+  uint64_t* hostPlanCheck = nullptr;  // pinned: their staging
   // The bound of every host wait on the device (device_wait.h) and of waiting out ncclInProgress.
   double timeoutSec = 300;
   std::atomic<bool> aborted{false};       // commAbort: waits end, NCCL is not touched again
@@ -36,7 +38,8 @@ inline Err ncclCall(const DeviceComm& dc, int r, const char* what) {
   return fromNccl(lowrankNcclSettle(dc.api, dc.comm, r, dc.timeoutSec), what);
 }
 
-// Queues one compressed call of a planned buffer on `stream` (G = send, output = recv). freshQ:
+// Queues one compressed call of a planned buffer on `stream` (its compute stream, which the caller
+// has ordered after send's producer; done is recorded on it last) (G = send, output = recv). freshQ:
 // the initial Qt drawn by liblowrank (qElems floats), or null for the warm start. The non-finite
 // and op checks are applied on the device (see decompressAndUpdateError) and copied to the next
 // free slot of b's check ring for the engine to count later (the caller frees one first).

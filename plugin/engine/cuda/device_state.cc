@@ -79,7 +79,8 @@ Err DeviceBuffer::allocate(const lowrankCudaPlan_t& pl, const DeviceComm& dc) {
     LR_TRY(deviceAlloc(&wire, pl.qElems, &bytes));
     LR_CUDA(cudaMallocHost(reinterpret_cast<void**>(&hostQ), std::max<size_t>(pl.qElems, 1) * sizeof(float)));
     LR_CUDA(cudaMallocHost(reinterpret_cast<void**>(&hostChecks), kCheckSlots * 2 * sizeof(float)));
-    for (cudaEvent_t* ev : {&exactReduced, &qCopied, &done}) LR_TRY(event(ev));
+    LR_CUDA(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking));
+    for (cudaEvent_t* ev : {&exactReduced, &qCopied, &done, &forked}) LR_TRY(event(ev));
     for (cudaEvent_t& ev : checksCopied) LR_TRY(event(&ev));
 
     std::vector<ExactDesc> exacts;
@@ -133,9 +134,15 @@ Err DeviceBuffer::allocate(const lowrankCudaPlan_t& pl, const DeviceComm& dc) {
       LR_TRY(event(&q.reduced));
     }
     LR_CUDA(createScatterTable(all.data(), dstOffset.data(), dstLd.data(), all.size(), &scatter));
+    // The tables went up by synchronous copies from pageable memory, on the legacy default stream,
+    // which a non-blocking stream is not ordered with, and such a copy may return before its data
+    // lands: the compute stream waits for that stream's work so far (no host synchronization).
+    LR_CUDA(cudaEventRecord(forked, nullptr));
+    LR_CUDA(cudaStreamWaitEvent(compute, forked, 0));
     // The factor buffers start at zero, as on the host (padding of P is never written by pass 1).
-    LR_CUDA(cudaMemset(payload, 0, plan.payloadElems() * sizeof(float)));
-    if (e) LR_CUDA(cudaMemset(e, 0, pl.count * sizeof(float)));
+    LR_CUDA(cudaMemsetAsync(payload, 0, plan.payloadElems() * sizeof(float), compute));
+    if (e) LR_CUDA(cudaMemsetAsync(e, 0, pl.count * sizeof(float), compute));
+    LR_CUDA(cudaEventRecord(done, compute));
     return Err::Ok();
   }();
   if (!s.ok()) release();
@@ -166,7 +173,8 @@ void DeviceBuffer::release() {
     if (c.ortho) destroy(c.ortho);
     for (cudaEvent_t ev : {c.computed, c.reduced}) if (ev) cudaEventDestroy(ev);
   }
-  for (cudaEvent_t ev : {exactReduced, qCopied, done}) if (ev) cudaEventDestroy(ev);
+  for (cudaEvent_t ev : {exactReduced, qCopied, done, forked}) if (ev) cudaEventDestroy(ev);
+  if (compute) cudaStreamDestroy(compute);
   for (cudaEvent_t ev : checksCopied) if (ev) cudaEventDestroy(ev);
   *this = DeviceBuffer();  // checks still pending are dropped (the engine collects them first)
 }

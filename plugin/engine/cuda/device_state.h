@@ -1,7 +1,7 @@
 // The state of one device buffer: what the device needs of its plan (made by liblowrank and
 // described in plain C, abi/cuda_backend.h), the device memory of its residual and factors, the
-// launch tables of its chunks, and the events that chain the compute (the caller's stream) with the
-// communication stream. Behind the table's lowrankCudaState_t.
+// launch tables of its chunks, its compute stream, and the events that chain that stream with the
+// caller's and with the communication stream. Behind the table's lowrankCudaState_t.
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -46,6 +46,13 @@ struct DeviceBuffer {
   DevicePlan plan;
   const DeviceComm* comm = nullptr;  // whose waits bound this buffer's (device_wait.h)
 
+  // The buffer's own stream for the passes (non-blocking): a call forks it from the caller's
+  // stream (`forked`) and joins the caller's stream to it once, at the end (`done`), so that the
+  // caller's later work never waits on this buffer's allreduces mid-call, and another buffer's
+  // pass 1 runs while this one's factors travel (issue 26, item 1). Set-up copies and memsets are
+  // ordered on it too (never a pageable copy racing it).
+  cudaStream_t compute = nullptr;
+
   float* e = nullptr;        // residual E (count floats), null without error feedback
   float* payload = nullptr;  // exact part | P | non-finite count | op
   float* qt = nullptr;       // Qt of every compressed tensor (whole-tensor layout)
@@ -57,7 +64,7 @@ struct DeviceBuffer {
   ScatterTable* scatter = nullptr;
   std::vector<PChunkState> pChunks;
   std::vector<QChunkState> qChunks;
-  cudaEvent_t exactReduced = nullptr, qCopied = nullptr, done = nullptr;
+  cudaEvent_t exactReduced = nullptr, qCopied = nullptr, done = nullptr, forked = nullptr;
 
   // The reduced [non-finite count, op] of each compressed call, copied to the host for the
   // engine to count rejected calls. The host queues calls faster than their checks arrive, so

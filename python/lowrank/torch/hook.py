@@ -11,7 +11,6 @@ the parameters and follows them through DDP's bucket rebuilds and restarts.
 """
 import atexit
 import collections
-import contextlib
 import functools
 import logging
 import math
@@ -165,6 +164,7 @@ class PowerSGDState:
                             pipeline=self._pipeline)
         self._comms = {}    # "cpu" / "cuda" -> Communicator
         self._workers = {}  # the same keys -> Worker
+        self._side_streams = {}  # (device, bucket index) -> torch.cuda.Stream (CUDA buckets)
         self._buckets = {}  # bucket index -> _Bucket: the last complete step's
         self._step = {}     # bucket index -> _Bucket: the current step's
         self._param_pos = {}  # a parameter's identity -> its id (see _param_key)
@@ -440,6 +440,14 @@ class PowerSGDState:
         if self._adaptive is not None:
             return _Measured(self, device, self._comms[device])
         return self._comms[device]
+
+    def _side_stream(self, device, index):
+        """The CUDA stream bucket `index`'s calls are queued on (one per bucket, so that a
+        bucket's pass 1 does not wait behind the previous bucket's join)."""
+        key = (str(device), index)
+        if key not in self._side_streams:
+            self._side_streams[key] = torch.cuda.Stream(device)
+        return self._side_streams[key]
 
     def _param_key(self, bucket):
         """The ids of the bucket's parameters: each numbered at its first sight in this process
@@ -761,8 +769,8 @@ def powerSGD_hook(state, bucket):
     state: a PowerSGDState. bucket: DDP's GradBucket (or any object with index(), buffer(),
     gradients() and is_last(); parameters() if it has it). Returns a torch.futures.Future of the
     bucket's buffer, reduced in place: completed by the communicator's own thread, so backward
-    goes on meanwhile; for CUDA buckets the call is queued on the current stream and the future
-    carries that dependency.
+    goes on meanwhile; CUDA buckets are queued on the autograd thread (the call only queues device
+    work) on a side stream forked from the current one, and the future carries that dependency.
     Raises InvalidArgumentError (a non-contiguous or mixed-device bucket, an unsupported dtype),
     LowrankError (a closed state; a bucket index twice in a step with other buffers; a numbering
     that differs from a loaded state's); the future completes with LowrankError when lowrank fails
@@ -779,28 +787,11 @@ def powerSGD_hook(state, bucket):
     decl = state._declare(bucket, device, buf)
     setup = state._take_restores(device)
     state.maybe_increase_iter(bucket)
-    stream = torch.cuda.current_stream(buf.device) if device == "cuda" else None
-    fut = torch.futures.Future(devices=[buf.device]) if device == "cuda" else torch.futures.Future()
-
-    def job():
-        errors = []  # stagings that failed (raised after the allreduce, which every rank runs)
-        for act in setup:
-            act(errors)
-        try:
-            comm.set_tensors(buf, decl.array)
-            comm.allreduce(buf, op="avg", stream=stream)
-        except LowrankError as e:
-            if errors:  # this rank's restore failed: the cause of the others' failure too
-                raise errors[0] from e
-            raise
-        if errors:
-            raise errors[0]
-        return buf
-
-    # CUDA: the job runs, and the future records its event, with the hook's stream current on the
-    # bucket's device, so that DDP's later kernels wait for lowrank's (the host does not).
-    context = (lambda: _on_stream(buf.device, stream)) if stream is not None else None
-    state._workers[device].submit(job, fut, context)
+    if device == "cuda":
+        fut = _reduce_cuda(state, bucket.index(), comm, decl, setup, buf)
+    else:
+        fut = torch.futures.Future()
+        state._workers[device].submit(functools.partial(_reduce, comm, decl, setup, buf, None), fut)
     if bucket.is_last():
         state._end_of_step()  # queued after this step's jobs
     _maybe_log_stats(state)
@@ -810,10 +801,44 @@ def powerSGD_hook(state, bucket):
     return fut.then(_value)
 
 
-@contextlib.contextmanager
-def _on_stream(device, stream):
-    with torch.cuda.device(device), torch.cuda.stream(stream):
-        yield
+def _reduce(comm, decl, setup, buf, stream):
+    """One bucket's stagings (restores), declaration and allreduce; returns buf."""
+    errors = []  # stagings that failed (raised after the allreduce, which every rank runs)
+    for act in setup:
+        act(errors)
+    try:
+        comm.set_tensors(buf, decl.array)
+        comm.allreduce(buf, op="avg", stream=stream)
+    except LowrankError as e:
+        if errors:  # this rank's restore failed: the cause of the others' failure too
+            raise errors[0] from e
+        raise
+    if errors:
+        raise errors[0]
+    return buf
+
+
+def _reduce_cuda(state, index, comm, decl, setup, buf):
+    """A CUDA bucket, on the autograd thread: lowrank's call only queues device work, so it runs
+    here, in DDP's bucket order, and every rank issues lowrank's NCCL collectives in the same order
+    relative to the process group's own (SyncBatchNorm, the unused-parameter allreduce), which NCCL
+    requires of two communicators on one device (docs/pytorch.md). The call is queued on a side
+    stream of the bucket's that first waits for the current stream (the gradients); lowrank forks
+    its own streams from it and joins it at the end, so the current stream (the rest of backward)
+    never waits for lowrank's communication: the future, completed on the side stream, carries
+    that dependency to DDP's wait at the end of backward."""
+    side = state._side_stream(buf.device, index)
+    side.wait_stream(torch.cuda.current_stream(buf.device))
+    fut = torch.futures.Future(devices=[buf.device])
+    with torch.cuda.device(buf.device), torch.cuda.stream(side):
+        try:
+            result = _reduce(comm, decl, setup, buf, side)
+        except BaseException as e:  # noqa: B902 - every failure goes to the future
+            fut.set_exception(e)
+            return fut
+        buf.record_stream(side)
+        fut.set_result(result)  # records its event on the side stream (current here)
+    return fut
 
 
 def _value(fut):

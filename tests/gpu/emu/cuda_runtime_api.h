@@ -18,6 +18,7 @@ enum cudaError {
   cudaErrorInvalidResourceHandle = 400,
   cudaErrorIllegalState = 401,
   cudaErrorNotReady = 600,
+  cudaErrorNotSupported = 801,
   cudaErrorStreamCaptureUnsupported = 900,
   cudaErrorStreamCaptureInvalidated = 901,
   cudaErrorStreamCaptureImplicit = 906,
@@ -61,6 +62,7 @@ struct cudaDeviceProp {
 extern "C" {
 // Device
 cudaError_t cudaGetDeviceCount(int* count);
+cudaError_t cudaMemGetInfo(size_t* free, size_t* total);
 cudaError_t cudaGetDevice(int* device);
 cudaError_t cudaSetDevice(int device);
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device);

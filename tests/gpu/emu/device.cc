@@ -25,6 +25,10 @@ cudaError_t cudaGetDeviceCount(int* n) {
   return cudaSuccess;
 }
 
+// The emulated device's memory is the host's: no figure to give (the memory-pressure check runs on
+// GPUs only).
+cudaError_t cudaMemGetInfo(size_t*, size_t*) { return setError(cudaErrorNotSupported); }
+
 cudaError_t cudaGetDevice(int* d) {
   if (!d) return setError(cudaErrorInvalidValue);
   *d = 0;

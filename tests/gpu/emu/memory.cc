@@ -4,7 +4,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <optional>
+#include <vector>
 
 #include "runtime.h"
 
@@ -114,18 +116,32 @@ cudaError_t cudaMemsetAsync(void* dst, int v, size_t n, cudaStream_t s) {
   return setError(enqueue(s, "cudaMemsetAsync", [=] { std::memset(dst, v, n); }));
 }
 
-// The synchronous forms: on the legacy default stream (after the work of every blocking stream),
-// finished when they return.
+// The synchronous forms, on the legacy default stream (after the work of every blocking stream),
+// return when CUDA's do ("API synchronization behavior" in CUDA's runtime documentation): a copy
+// from pageable host memory to the device once its source is staged, before the data lands (so
+// work on a non-blocking stream that is not ordered after the legacy stream may read the old
+// bytes); a copy between device buffers, and a memset of device memory, without waiting at all;
+// any other copy (to the host, or from pinned memory) once finished.
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind kind) {
   if (cudaError_t e = checkUnsafeDuringCapture(true)) return setError(e);
+  if (n == 0) return cudaSuccess;
+  if (!dst || !src || !rangesValid(dst, src, n, kind)) return setError(cudaErrorInvalidValue);
+  if (kind == cudaMemcpyDeviceToDevice) return cudaMemcpyAsync(dst, src, n, kind, nullptr);
+  const std::optional<Allocation> from = find(src, n);
+  if (kind == cudaMemcpyHostToDevice && !(from && from->kind == Kind::kPinnedHost)) {
+    if (cudaError_t e = syncLegacy()) return setError(e);  // CUDA syncs before it stages
+    auto staged = std::make_shared<std::vector<char>>(static_cast<const char*>(src),
+                                                      static_cast<const char*>(src) + n);
+    return setError(enqueue(nullptr, "cudaMemcpy (staged from pageable memory)",
+                            [dst, staged] { std::memcpy(dst, staged->data(), staged->size()); }));
+  }
   if (cudaError_t e = cudaMemcpyAsync(dst, src, n, kind, nullptr)) return e;
   return setError(syncLegacy());
 }
 
 cudaError_t cudaMemset(void* dst, int v, size_t n) {
   if (cudaError_t e = checkUnsafeDuringCapture(true)) return setError(e);
-  if (cudaError_t e = cudaMemsetAsync(dst, v, n, nullptr)) return e;
-  return setError(syncLegacy());
+  return cudaMemsetAsync(dst, v, n, nullptr);
 }
 
 }  // extern "C"

@@ -31,7 +31,13 @@ MUTANTS = {
     "residual_never_written": (
         "device_state.cc",
         "read of never-written device memory: the residual E is not zeroed when allocated",
-        "    if (e) LR_CUDA(cudaMemset(e, 0, pl.count * sizeof(float)));\n",
+        "    if (e) LR_CUDA(cudaMemsetAsync(e, 0, pl.count * sizeof(float), compute));\n",
+        ""),
+    "tables_not_ordered": (
+        "device_state.cc",
+        "set-up racing the first call: the buffer's non-blocking stream does not wait for the "
+        "launch tables' synchronous copies from pageable memory (legacy default stream)",
+        "    LR_CUDA(cudaStreamWaitEvent(compute, forked, 0));\n",
         ""),
     "fresh_q_dropped": (
         "device_schedule.cc",
@@ -42,26 +48,53 @@ MUTANTS = {
     "decompress_on_comm_stream": (
         "device_schedule.cc",
         "kernel on the wrong stream: decompress + error update (pass 3) launched on the "
-        "communication stream instead of the caller's",
+        "communication stream instead of the buffer's compute stream",
         "recv, pl.dtype, checks,\n                                     expectedOp, s));",
         "recv, pl.dtype, checks,\n                                     expectedOp, dc.stream));"),
-    # Caught by test_cuda_tensor_ids.cc (one rank) and two_rank_worker's tensorIds (two), whose
-    # calls are queued unsynchronized on two streams while their state moves between buffers.
-    "no_wait_for_last_call": (
+    # Caught by the stress of test_cuda_streams_emulated.cc (calls alternating two non-blocking
+    # streams, no host synchronization), test_cuda_tensor_ids.cc and two_rank_worker's tensorIds.
+    "schedule_on_callers_stream": (
         "backend.cc",
-        "missing event wait: a compressed call on another stream than the state's last call does "
-        "not wait for it (the same ids at a new address on another stream, FSDP's case)",
-        "    LR_CUDA(cudaStreamWaitEvent(s, b.done, 0));  // the buffer's last call, on whatever "
-        "stream\n",
+        "the call runs its passes on the caller's stream (as before issue 26), which then waits "
+        "for the factor allreduces mid-call: the caller's next kernels wait for lowrank's "
+        "communication, and DDP loses its overlap",
+        "freshQ, b.compute);\n",
+        "freshQ, s);\n"),
+    "no_fork": (
+        "backend.cc",
+        "missing event wait: the buffer's stream does not wait for the caller's stream, so pass 1 "
+        "may read the gradient before the caller's kernels wrote it",
+        "    LR_CUDA(cudaStreamWaitEvent(b.compute, b.forked, 0));\n",
         ""),
-    "save_before_last_call": (
+    "no_join": (
         "backend.cc",
-        "checkpoint copy too early: stateSave copies the residual and Q to the host without "
-        "waiting for the state's last call (a regrouping's copy of each id's state, a save after "
-        "queued calls)",
-        "    LR_TRY(waitDevice(*b.comm, b.done, nullptr, \"the state's last call (checkpoint save)\"));\n"
-        "    if (residual && b.e)\n      LR_CUDA(cudaMemcpy(residual, b.e,",
-        "    if (residual && b.e)\n      LR_CUDA(cudaMemcpy(residual, b.e,"),
+        "missing event wait: the caller's stream does not wait for the end of the call, so its "
+        "next kernels read the output before pass 3 wrote it",
+        "    LR_CUDA(cudaStreamWaitEvent(s, b.done, 0));\n",
+        ""),
+    "save_off_stream": (
+        "backend.cc",
+        "checkpoint copy not ordered after the state's last call: stateSave copies the residual "
+        "on the legacy default stream, which the buffer's non-blocking stream is not ordered with",
+        "LR_CUDA(cudaMemcpyAsync(residual, b.e, b.plan.count * sizeof(float), cudaMemcpyDeviceToHost,\n"
+        "                              b.compute));",
+        "LR_CUDA(cudaMemcpyAsync(residual, b.e, b.plan.count * sizeof(float), cudaMemcpyDeviceToHost,\n"
+        "                              nullptr));"),
+    "restore_off_stream": (
+        "backend.cc",
+        "restore not ordered before the next call: stateLoad copies the warm-start Q on the legacy "
+        "default stream, which the buffer's non-blocking stream is not ordered with",
+        "LR_CUDA(cudaMemcpyAsync(b.qt, qt, b.plan.qElems * sizeof(float), cudaMemcpyHostToDevice,\n"
+        "                              b.compute));",
+        "LR_CUDA(cudaMemcpyAsync(b.qt, qt, b.plan.qElems * sizeof(float), cudaMemcpyHostToDevice,\n"
+        "                              nullptr));"),
+    "plan_check_pageable": (
+        "backend.cc",
+        "pageable copy racing a non-blocking stream: the plan words go up by a synchronous copy "
+        "from pageable memory, which may return before they land, and NCCL reads them on the "
+        "communication stream",
+        "    LR_CUDA(cudaMemcpyAsync(dc.planCheck, dc.hostPlanCheck, kBytes, cudaMemcpyHostToDevice, dc.stream));\n",
+        "    LR_CUDA(cudaMemcpy(dc.planCheck, words, kBytes, cudaMemcpyHostToDevice));\n"),
 }
 
 

@@ -7,9 +7,13 @@
 #include <thread>
 
 #include "runtime.h"
+#include "trace.h"
 
 namespace emu {
 namespace {
+
+bool tracing = false;
+std::vector<TracedOp> traced;  // under deviceMutex
 
 uint64_t nextSeq = 1;
 bool running = false;  // an operation is running: it must not force the device
@@ -126,6 +130,18 @@ cudaError_t enqueue(cudaStream_t handle, std::string what, std::function<void()>
     if (cudaError_t e = checkUnsafeDuringCapture(true)) return e;
   auto op = std::make_shared<Op>();
   op->seq = nextSeq++;
+  if (tracing) {
+    TracedOp t;
+    t.seq = op->seq;
+    t.stream = s;
+    t.what = what;
+    if (s->tail) t.deps.push_back(s->tail->seq);
+    if (waitFor) t.deps.push_back(t.eventDep = waitFor->seq);
+    for (CUstream_st* other : streams())
+      if (other != s && other->tail && ((s->legacy && other->blocking) || (other->legacy && s->blocking)))
+        t.deps.push_back(other->tail->seq);
+    traced.push_back(std::move(t));
+  }
   op->what = std::move(what);
   op->run = std::move(run);
   if (s->tail && !s->tail->done) op->prev = s->tail;
@@ -169,6 +185,18 @@ cudaError_t syncLegacy() {
   if (cudaError_t e = enqueue(nullptr, "synchronous call", {}, nullptr, &marker)) return e;
   complete(marker);
   return cudaSuccess;
+}
+
+void traceBegin() {
+  std::lock_guard<std::recursive_mutex> lock(deviceMutex());
+  traced.clear();
+  tracing = true;
+}
+
+std::vector<TracedOp> traceEnd() {
+  std::lock_guard<std::recursive_mutex> lock(deviceMutex());
+  tracing = false;
+  return std::move(traced);
 }
 
 void syncDevice() {
