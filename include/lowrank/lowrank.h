@@ -336,8 +336,10 @@ typedef struct {
  *    is kept as is and its warm-start Q keeps its columns, cut to the first k or grown with the
  *    columns a first Q of rank k would have drawn (the same on every comm rank); a checkpoint's
  *    tensor of another k is fitted the same way. Counted in lowrankStats_t.rankChanges. Every
- *    comm rank must declare the same change before the same call (else that call fails with
- *    lowrankInvalidUsage on every rank, and nothing changes).
+ *    comm rank must declare the same change before the same call: ranks that all change, to
+ *    different ks, fail that call with lowrankInvalidUsage on every rank (nothing changes); a
+ *    change on some ranks only re-plans those alone, and the communicator fails (their plan
+ *    check meets the others' compressed call), as a restore on some ranks only.
  * Calling it again with the same tensors is cheap (no state is touched). Every comm rank must
  * declare the same tensors. Local, not collective.
  * Errors: lowrankInvalidArgument (null pointers, ntensors <= 0, ndims out of range, a size 0, an

@@ -13,6 +13,7 @@ Prints one line "RESULT <json>" at the end; the test asserts on it.
 import datetime
 import json
 import logging
+import math
 import os
 import sys
 
@@ -24,6 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import pkgpath  # noqa: E402
 pkgpath.use()  # the checkout's package, or the installed one (LOWRANK_TEST_INSTALLED=1)
 from lowrank.torch import PowerSGDState, powerSGD_hook  # noqa: E402
+import lowrank.torch.hook as hookmod  # noqa: E402
 from lowrank.torch.adaptive import AdaptiveRank  # noqa: E402
 
 RANK, WORLD = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -146,9 +148,20 @@ def adaptive():
     """Each setting on a fresh model: the ks after every step, the changes counted, finite."""
     settings = {"window2_lag1": dict(window=2, lag=1, eta=1e9, error_max=None),
                 "window1_lag2": dict(window=1, lag=2, eta=1e9, error_max=None),
-                "error_keeps_high": dict(window=1, lag=2, eta=1e9, error_max=1e-12)}
-    out = {}
+                "error_keeps_high": dict(window=1, lag=2, eta=1e9, error_max=1e-12),
+                "local_signals_differ": dict(window=1, lag=1, eta=1e9, error_max=0.9)}
+    out, local = {}, []
+    real = hookmod.measure
+
+    def skewed(comm, buf, ids, shapes):
+        """Each rank's own |E|^2 made to disagree: x100 on rank 0, x0 on rank 1 (so rank 0's own
+        error is far above error_max, rank 1's is 0); the decision must not follow either."""
+        got = real(comm, buf, ids, shapes)
+        got = {i: (o, e * (100.0 if RANK == 0 else 0.0), m) for i, (o, e, m) in got.items()}
+        local.append(max(math.sqrt(e / m) for _, e, m in got.values() if m > 0))
+        return got
     for name, kw in settings.items():
+        hookmod.measure = skewed if name == "local_signals_differ" else real
         torch.manual_seed(1234)
         model = LM()
         ddp = nn.parallel.DistributedDataParallel(model)
@@ -165,6 +178,8 @@ def adaptive():
         out[name] = {"history": history, "changes": state.stats()["rankChanges"],
                      "finite": finite}
         state.close()
+    hookmod.measure = real
+    out["local_errors"] = local  # this rank's own largest error, at each skewed measurement
     result(**out)
 
 

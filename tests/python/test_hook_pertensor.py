@@ -47,8 +47,10 @@ def test_adaptive_rank_under_ddp():
     """AdaptiveRank(low 1, high 4) with a detector that never fires (eta huge): each matrix starts
     at high, its first decision is critical (no earlier norm), the next one quiet: low from the
     step measured step + lag decides on, on every rank alike; an error_max below any error keeps
-    high throughout; the excluded embedding stays exact."""
+    high throughout; ranks whose own signals disagree across error_max switch alike; the
+    excluded embedding stays exact."""
     res = results(run_ranks(2, "adaptive", worker="pertensor_worker.py", timeout=180))
+    local = [r.pop("local_errors") for r in res]
     for r in res:
         for run in r.values():
             assert run["finite"]
@@ -65,6 +67,10 @@ def test_adaptive_rank_under_ddp():
         # error_max below any compression error: high throughout, no change.
         w = r["error_keeps_high"]
         assert all(h["fc1.weight"] == 4 for h in w["history"]) and w["changes"] == 0
+        # Each rank's own errors disagree across error_max (rank 0 far above, rank 1 at 0):
+        # the decision, from the numbers summed over the ranks, is the same on both.
+        assert all(h["fc1.weight"] in (1, 4) for h in r["local_signals_differ"]["history"])
+    assert local[0] and min(local[0]) >= 0.9 and max(local[1]) == 0
     assert res[0] == res[1]  # every rank the same k at every step
 
 

@@ -230,8 +230,10 @@ class PowerSGDState:
         with its new treatment; a parameter whose k changes keeps its state in lowrank: its
         residual as it is, its warm-start Q cut to the first k columns or grown with fresh ones
         drawn alike on every rank (lowrankStats_t.rankChanges counts each change). Call it on
-        every rank between the same two steps: ranks that declare different ks for a tensor make
-        that step's backward raise lowrankInvalidUsage on every rank. Not collective.
+        every rank between the same two steps: ranks that all change a tensor, to different ks,
+        make that step's backward raise lowrankInvalidUsage on every rank; a change on some
+        ranks only fails the communicators (their calls go out of step): make a new state.
+        Not collective.
         Raises ValueError, TypeError as the constructor (nothing changes then).
         Thread safety: between steps, on the training thread."""
         self._check_open("set_tensor_ranks")
