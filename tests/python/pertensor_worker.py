@@ -144,6 +144,23 @@ def run():
     state3.close()
 
 
+def resumed(model, sd, kw):
+    """A new model and state with the same rule loading sd: its ks after one more step (no
+    decision falls on it) and the changes it counted."""
+    model2 = LM()
+    model2.load_state_dict(model.state_dict())
+    ddp2 = nn.parallel.DistributedDataParallel(model2)
+    state2 = PowerSGDState(None, matrix_approximation_rank=1, start_powerSGD_iter=0,
+                           random_seed=3, timeout=30, exclude=["embed.weight"], model=ddp2,
+                           adaptive=AdaptiveRank(high=4, **kw))
+    state2.load_state_dict(sd)
+    ddp2.register_comm_hook(state2, powerSGD_hook)
+    train(ddp2, model2, torch.optim.SGD(model2.parameters(), lr=0.1), 1, 7)
+    out = {"ranks": state2.tensor_ranks(), "changes": state2.stats()["rankChanges"]}
+    state2.close()
+    return out
+
+
 def adaptive():
     """Each setting on a fresh model: the ks after every step, the changes counted, finite."""
     settings = {"window2_lag1": dict(window=2, lag=1, eta=1e9, error_max=None),
@@ -177,6 +194,8 @@ def adaptive():
             history.append(state.tensor_ranks())
         out[name] = {"history": history, "changes": state.stats()["rankChanges"],
                      "finite": finite}
+        if name == "window2_lag1":  # a restart from the state_dict goes on with the rule's ks
+            out["resumed"] = resumed(model, state.state_dict(), kw)
         state.close()
     hookmod.measure = real
     out["local_errors"] = local  # this rank's own largest error, at each skewed measurement

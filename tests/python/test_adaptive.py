@@ -113,3 +113,19 @@ def test_residuals_read_lowrank_bytes():
         assert not np.any(res[8].numpy())
     with pytest.raises(ValueError):
         residuals(b"LRSTATE\0" + (1).to_bytes(4, "little") + bytes(40))
+
+
+def test_memory_round_trip():
+    """A rule loaded with another's state_dict decides the next step as that one does (a
+    restart); a malformed memory is a ValueError."""
+    a = AdaptiveRank(low=1, high=4)
+    a.decide({"p": (1.0, 0.0)})
+    b = AdaptiveRank(low=1, high=4)
+    b.load_state_dict(a.state_dict())
+    fresh = AdaptiveRank(low=1, high=4)
+    nxt = {"p": (1.1, 0.0)}
+    assert b.decide(dict(nxt)) == a.decide(dict(nxt)) == {"p": 1}
+    assert fresh.decide(dict(nxt)) == {"p": 4}  # without the memory: critical
+    for bad in (None, {"norms": [1.0]}, {"norms": {"p": "x"}}):
+        with pytest.raises(ValueError):
+            AdaptiveRank().load_state_dict(bad)

@@ -51,6 +51,10 @@ def test_adaptive_rank_under_ddp():
     excluded embedding stays exact."""
     res = results(run_ranks(2, "adaptive", worker="pertensor_worker.py", timeout=180))
     local = [r.pop("local_errors") for r in res]
+    for r in res:  # a restart from state_dict() goes on with the rule's last ks, no change
+        back = r.pop("resumed")
+        assert back["ranks"] == r["window2_lag1"]["history"][-1] and back["changes"] == 0
+        assert back["ranks"]["fc1.weight"] == 1  # not the rule's initial 4
     for r in res:
         for run in r.values():
             assert run["finite"]

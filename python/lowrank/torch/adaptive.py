@@ -79,6 +79,17 @@ class AdaptiveRank:
         """The k of a parameter before its first decision."""
         return self.high
 
+    def state_dict(self):
+        """The rule's memory: {"norms": {parameter: its last measured norm}} (plain types)."""
+        return {"norms": dict(self._norms)}
+
+    def load_state_dict(self, sd):
+        """Takes state_dict()'s memory. Raises ValueError if it is not one."""
+        norms = sd.get("norms") if isinstance(sd, dict) else None
+        if not isinstance(norms, dict) or not all(isinstance(v, (int, float)) for v in norms.values()):
+            raise ValueError("AdaptiveRank.load_state_dict: not a state_dict() of AdaptiveRank")
+        self._norms = {k: float(v) for k, v in norms.items()}
+
     def decide(self, signals):
         """signals: {parameter: (gradient norm, compression error)} of one measured step, the
         same numbers on every comm rank. Returns {parameter: k}, and remembers the norms for the

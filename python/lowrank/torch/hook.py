@@ -97,8 +97,9 @@ class PowerSGDState:
         rank_of leave to the default (and that has 2 or more dimensions) gets its k from the
         rule, decided every rule.window steps from allreduced numbers with a lag of rule.lag
         whole steps, so every rank switches at the same step to the same k. Default: None
-        (every such parameter at matrix_approximation_rank). The rule's memory (last norms,
-        ks) is not in state_dict: after a restart it starts afresh.
+        (every such parameter at matrix_approximation_rank). state_dict holds the rule's
+        memory (its last norms and ks), which load_state_dict gives back to a state made with
+        a rule (one without ignores it; a pickled state has no rule: give it again).
     Raises LowrankError if torch.distributed is not initialized or lowrank cannot start;
     ValueError or TypeError for bad exclude, rank_of or model (each named).
     Thread safety: one state serves one DDP model; its hook is called by DDP's autograd thread.
@@ -301,7 +302,9 @@ class PowerSGDState:
             to lowrank, each a tuple of ints), "device" ("cpu" or "cuda"), "bucket" (DDP's index
             of the bucket when saved, for reading only) and "state" (bytes of
             lowrank.Communicator.save_state, format 2: per id, its residual, warm-start Q and
-            call count, warm-up included, with a CRC).
+            call count, warm-up included, with a CRC);
+          "adaptive": None, or the adaptive rank's memory: "ks" ({id: k} of its last decisions)
+            and "norms" ({id: the gradient norm last measured}).
         The ids: every parameter is numbered in the order DDP first hands it to the hook in the
         process (DDP's first step). Without find_unused_parameters (or with static_graph), DDP's
         first step has one bucket per dtype and device holding every parameter in the model's
@@ -338,7 +341,9 @@ class PowerSGDState:
                             "batch_tensors_with_same_shape": self.batch_tensors_with_same_shape,
                             "timeout": self._timeout, "pipeline": self._pipeline},
                 "iter": self.iter, "next_stats_report": self.next_stats_report,
-                "rank": rank, "world_size": world, "buckets": list(buckets)}
+                "rank": rank, "world_size": world, "buckets": list(buckets),
+                "adaptive": None if self._adaptive is None else
+                {"ks": dict(self._adaptive_k), **self._adaptive.state_dict()}}
 
     def load_state_dict(self, state_dict):
         """Take the state_dict() this rank saved (version 2, or version 1 of lowrank before tensor
@@ -367,6 +372,15 @@ class PowerSGDState:
     def _load(self, state_dict, check_rank):
         self._check_open("load_state_dict")
         entries = _check_state_dict(state_dict)
+        adaptive_ks = None  # checked here, before anything changes
+        if self._adaptive is not None and state_dict.get("adaptive"):
+            saved = state_dict["adaptive"]
+            try:
+                AdaptiveRank().load_state_dict(saved)
+                adaptive_ks = {int(n): int(k) for n, k in saved.get("ks", {}).items()}
+            except (ValueError, TypeError, AttributeError):
+                raise ValueError("PowerSGDState.load_state_dict: a malformed \"adaptive\" "
+                                 "entry") from None
         diffs = [f"{k}: saved {state_dict['config'][k]!r}, this state {getattr(self, k)!r}"
                  for k in _CHECKED if not _same(state_dict["config"][k], getattr(self, k))]
         if diffs:
@@ -402,6 +416,9 @@ class PowerSGDState:
         self._expect, self._unclaimed = expect, set(expect)
         self.iter = int(state_dict["iter"])
         self.next_stats_report = int(state_dict["next_stats_report"])
+        if adaptive_ks is not None:  # the rule goes on where it was
+            self._adaptive.load_state_dict(state_dict["adaptive"])
+            self._adaptive_k, self._rank_by_id = adaptive_ks, None
         logger.info("lowrank: loaded the state of %d tensors (%d saved buckets, version %d), "
                     "staged at the next step for whichever bucket holds them", len(expect),
                     len(self._restores), state_dict["version"])
