@@ -332,6 +332,14 @@ typedef struct {
  *  - Warm-up per id: each id counts the compressible calls it has been part of; a tensor is
  *    allreduced exactly until it has made lowrankConfig_t.startIter of them.
  *  - The first Q of a tensor is drawn from (seed, id, its call count), not from its position.
+ *  - An id declared again with another approxRank keeps its state: at the next call its residual
+ *    is kept as is and its warm-start Q keeps its columns, cut to the first k or grown with the
+ *    columns a first Q of rank k would have drawn (the same on every comm rank); a checkpoint's
+ *    tensor of another k is fitted the same way. Counted in lowrankStats_t.rankChanges. Every
+ *    comm rank must declare the same change before the same call: ranks that all change, to
+ *    different ks, fail that call with lowrankInvalidUsage on every rank (nothing changes); a
+ *    change on some ranks only re-plans those alone, and the communicator fails (their plan
+ *    check meets the others' compressed call), as a restore on some ranks only.
  * Calling it again with the same tensors is cheap (no state is touched). Every comm rank must
  * declare the same tensors. Local, not collective.
  * Errors: lowrankInvalidArgument (null pointers, ntensors <= 0, ndims out of range, a size 0, an
@@ -361,6 +369,18 @@ typedef struct {
  * Errors: lowrankInvalidArgument (null). */
 lowrankResult_t lowrankBufferGetView(lowrankComm_t comm, const void* recvbuff,
                                      lowrankBufferView_t* view);
+
+/* The approximation rank in force for each tensor of a buffer's plan, in layout order (one entry
+ * in batched mode): its k after the compression test and the clipping to min(n, m), or 0 when the
+ * tensor is allreduced exactly at this plan (1-D, declared LOWRANK_RANK_EXACT, failing the
+ * compression-rate test, in its warm-up, or the buffer made exact-only). Read-only: what
+ * lowrankBufferGetView sums up, per tensor. *ntensors in: the room at approxRanks (approxRanks
+ * may be NULL: the count only); out: the plan's tensors (0 for a buffer without a plan, as
+ * lowrankBufferGetView's planned = 0: never called, reset, or its ids taken by another buffer).
+ * Errors: lowrankInvalidArgument (null comm, buffer or ntensors; *ntensors smaller than the
+ * plan's tensors: *ntensors is then the number needed and nothing is written). */
+lowrankResult_t lowrankBufferGetTensorRanks(lowrankComm_t comm, const void* recvbuff, int* ntensors,
+                                            int* approxRanks);
 
 /* Drops the residual and factors of a buffer (its layout stays; with ids: the state of the ids it
  * holds, and the restores staged for its declared ids); the next call starts afresh, as
@@ -441,7 +461,8 @@ lowrankResult_t lowrankBufferRestoreState(lowrankComm_t comm, const void* recvbu
 
 /* Counters of one communicator since its creation, for this comm rank. Fields are only ever
  * appended; lowrankGetStats fills the whole struct of the library's header, so a program built
- * against an older header (before exactOnlyPlans, 8 bytes shorter) must be rebuilt, and a binding
+ * against an older header (before rankChanges, 8 bytes shorter; before exactOnlyPlans, 16) must be
+ * rebuilt, and a binding
  * that mirrors the struct (python/lowrank/_capi.py) must append the field too. */
 typedef struct {
   uint64_t calls;              /* lowrankAllReduce calls that succeeded */
@@ -469,6 +490,12 @@ typedef struct {
                                   the buffer's state (counted on every comm rank; that rank logs a
                                   WARN naming the buffer and the bytes): the buffer is allreduced
                                   exactly, uncompressed, until it is planned again */
+  uint64_t rankChanges;        /* tensors declared with ids whose approximation rank changed: each
+                                  tensor declared again (lowrankBufferSetTensors) with another
+                                  approxRank than the one its state was planned with
+                                  (LOWRANK_RANK_DEFAULT read as lowrankConfig_t.approxRank,
+                                  LOWRANK_RANK_EXACT as 0), counted once per tensor at the call
+                                  that plans the new declaration, on every comm rank */
 } lowrankStats_t;
 
 /* Fills *stats. Errors: lowrankInvalidArgument (null). */

@@ -1,7 +1,9 @@
-// Per-buffer state (layout, view, reset, release) and statistics: argument checks, then the
+// Per-buffer state (layout, view, tensor ranks, reset, release) and statistics: argument checks, then the
 // engine (engine/engine.h).
+#include <algorithm>
 #include <cstdio>
 #include <unordered_set>
+#include <vector>
 
 #include "api/errors.h"
 #include "api/export.h"
@@ -98,6 +100,27 @@ LOWRANK_API lowrankResult_t lowrankBufferGetView(lowrankComm_t comm, const void*
   return lowrank::api::guarded(comm, [&]() -> lowrankResult_t {
     std::lock_guard<std::mutex> lock(comm->callMu);
     comm->engine->view(recvbuff, view);
+    return lowrankSuccess;
+  });
+}
+
+LOWRANK_API lowrankResult_t lowrankBufferGetTensorRanks(lowrankComm_t comm, const void* recvbuff,
+                                                        int* ntensors, int* approxRanks) {
+  static const char* fn = "lowrankBufferGetTensorRanks";
+  if (!comm || !recvbuff || !ntensors)
+    return fail(comm, lowrankInvalidArgument, "%s: %s is NULL", fn,
+                !comm ? "comm" : !recvbuff ? "recvbuff" : "ntensors");
+  return lowrank::api::guarded(comm, [&]() -> lowrankResult_t {
+    std::lock_guard<std::mutex> lock(comm->callMu);
+    const std::vector<int> ranks = comm->engine->tensorRanks(recvbuff);
+    const int room = *ntensors;
+    *ntensors = int(ranks.size());
+    if (!approxRanks) return lowrankSuccess;
+    if (room < int(ranks.size()))
+      return fail(comm, lowrankInvalidArgument,
+                  "%s: buffer %p has %zu tensors, room for %d given (*ntensors is now the number "
+                  "needed)", fn, recvbuff, ranks.size(), room);
+    std::copy(ranks.begin(), ranks.end(), approxRanks);
     return lowrankSuccess;
   });
 }

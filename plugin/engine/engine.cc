@@ -214,6 +214,15 @@ void Engine::view(const void* buf, lowrankBufferView_t* view) const {
   if (b && b->rec) describePlan(b->rec->plan, b->rec->calls, view);
 }
 
+std::vector<int> Engine::tensorRanks(const void* buf) const {
+  std::vector<int> out;
+  const Buffer* b = buffers_.find(buf);
+  if (b && b->rec)
+    for (const TensorPlan& t : b->rec->plan.tensors)
+      out.push_back(t.compressed && !b->rec->exactOnly ? t.k : 0);
+  return out;
+}
+
 namespace {
 
 // Writes the encoding of s to out (*size bytes there; null: the size needed only).
@@ -319,6 +328,7 @@ void Engine::stats(lowrankStats_t* stats) {
   stats->stateBytes = buffers_.stateBytes();
   stats->buffers = buffers_.held();
   stats->exactOnlyPlans = c.exactOnlyPlans;
+  stats->rankChanges = c.rankChanges;
 }
 
 }  // namespace lowrank

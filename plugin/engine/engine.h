@@ -57,6 +57,9 @@ class Engine {
   void reset(const void* buf);
   void release(const void* buf);
   void view(const void* buf, lowrankBufferView_t* view) const;
+  // lowrankBufferGetTensorRanks: each tensor's k in force in buf's plan (0: exact), in layout
+  // order; empty when buf has no plan.
+  std::vector<int> tensorRanks(const void* buf) const;
   // lowrankBufferSaveState: the bytes of buf's state into out (*size bytes there; null: the size
   // needed only). lowrankBufferRestoreState: checked and staged for buf's next call. The errors
   // of lowrank.h; neither changes anything on error.

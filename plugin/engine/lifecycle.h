@@ -26,6 +26,7 @@ struct Counters {
   uint64_t calls = 0, compressedCalls = 0, fallbackCalls = 0;
   uint64_t compressedElements = 0, exactElements = 0, payloadElements = 0;
   uint64_t exactOnlyPlans = 0;  // plans agreed exact-only (agreePlan)
+  uint64_t rankChanges = 0;     // tensors planned with another declared rank (BufferRegistry::build)
 };
 
 // One allreduce as the engine sees it, arguments checked by the API layer. stream: a cudaStream_t

@@ -9,6 +9,7 @@
 
 #include "engine/lifecycle.h"
 #include "engine/phases.h"
+#include "engine/rank_change.h"
 #include "util/log.h"
 
 namespace lowrank {
@@ -256,9 +257,12 @@ Status BufferRegistry::build(BufferBackend& be, const void* buf, Buffer& b, cons
         std::copy(src->residual.begin(), src->residual.end(), residual.begin() + long(t.offset));
         any = true;
       }
-      // The warm start carries over only at the same rank (an adaptive rank draws afresh).
-      if (t.compressed && src->haveQ && src->k == t.k && src->qt.size() == size_t(t.k) * t.view.cols) {
-        std::copy(src->qt.begin(), src->qt.end(), qt.begin() + long(t.qOffset));
+      // The warm start carries over, at another rank too: its columns kept, cut or grown with
+      // fresh ones (rank_change.h).
+      if (t.compressed && src->haveQ && src->k > 0 &&
+          src->qt.size() == size_t(src->k) * t.view.cols) {
+        fitQ(t, cfg, phases::idStream(t.id, calls[i] + 1), src->qt.data(), src->k,
+             qt.data() + t.qOffset);
         gotQ[i] = haveQ = true;
       }
     }
@@ -281,7 +285,12 @@ Status BufferRegistry::build(BufferBackend& be, const void* buf, Buffer& b, cons
   bool exactOnly = false;
   LR_RETURN_IF_ERROR(agreePlan(be, s, pl, c, allocated, restoredId, restoredCalls, &exactOnly, k));
 
-  // Agreed: the new record takes the ids from where they were.
+  // Agreed: the new record takes the ids from where they were; a tensor declared with another
+  // rank than its record's counts as a change of rank (the same on every comm rank).
+  for (size_t i = 0; i < n; ++i)
+    if (from[i].rec && declaredRank(from[i].rec->decl.ranks[from[i].index], cfg) !=
+                           declaredRank(b.ids.ranks[i], cfg))
+      ++k.rankChanges;
   auto r = std::make_unique<Record>();
   r->plan = std::move(pl);
   r->exactOnly = exactOnly;

@@ -80,13 +80,15 @@ class BufferView(ctypes.Structure):
 
 
 class Stats(ctypes.Structure):
-    """lowrankStats_t."""
+    """lowrankStats_t. Its fields only grow at the end: append here whatever lowrank.h appends
+    (the library fills its whole struct). A library older than rankChanges leaves it 0."""
     _fields_ = [("calls", ctypes.c_uint64), ("compressedCalls", ctypes.c_uint64),
                 ("fallbackCalls", ctypes.c_uint64), ("compressedElements", ctypes.c_uint64),
                 ("exactElements", ctypes.c_uint64), ("payloadElements", ctypes.c_uint64),
                 ("elementsSent", ctypes.c_uint64), ("bytesSent", ctypes.c_uint64),
                 ("ratio", ctypes.c_double), ("stateBytes", ctypes.c_uint64),
-                ("buffers", ctypes.c_uint64), ("exactOnlyPlans", ctypes.c_uint64)]
+                ("buffers", ctypes.c_uint64), ("exactOnlyPlans", ctypes.c_uint64),
+                ("rankChanges", ctypes.c_uint64)]
 
 
 class NcclUniqueId(ctypes.Structure):
@@ -126,9 +128,10 @@ _PROTOTYPES = {
 }
 # Present only where the library was built with NCCL's header (lowrank_nccl.h), or only in newer
 # libraries (lowrankGetNcclLibrary: 0.1.0 from this package's release on; lowrankBufferSetTensors:
-# tensor ids, after 0.1.0).
+# tensor ids, after 0.1.0; lowrankBufferGetTensorRanks: per-tensor ranks, after that).
 _OPTIONAL = {
     "lowrankBufferSetTensors": (_R, [_P, _P, _I, ctypes.POINTER(Tensor)]),
+    "lowrankBufferGetTensorRanks": (_R, [_P, _P, ctypes.POINTER(_I), ctypes.POINTER(_I)]),
     "lowrankGetNcclLibrary": (_R, [ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(ctypes.c_char_p),
                                    ctypes.POINTER(_I)]),
     "lowrankNcclGetUniqueId": (_R, [ctypes.POINTER(NcclUniqueId)]),

@@ -229,6 +229,29 @@ class Communicator:
         self._call("lowrankBufferGetView", self._addr(buffer), ctypes.byref(v))
         return _capi.struct_to_dict(v)
 
+    def tensor_ranks(self, buffer):
+        """lowrankBufferGetTensorRanks: each tensor's approximation rank in force in the buffer's
+        plan, a list of ints in layout order (one in batched mode): its k after the
+        compression-rate test and the clipping to min(n, m), 0 for a tensor allreduced exactly
+        (1-D, declared exact, failing the test, in its warm-up). [] for a buffer without a plan.
+        Raises LowrankError lowrankInvalidUsage for a library older than this function.
+        Thread safety: as every call (the communicator's lock)."""
+        fn = "lowrankBufferGetTensorRanks"
+        if not hasattr(self._lib, fn):
+            raise LowrankError(5, f"{self._lib.lowrank_path} is older than this package: no {fn}",
+                               fn)
+        addr = self._addr(buffer)
+        for _ in range(3):  # another thread may re-plan the buffer between the two calls
+            n = ctypes.c_int(0)
+            self._call(fn, addr, ctypes.byref(n), None)
+            out = (ctypes.c_int * max(1, n.value))()
+            try:
+                self._call(fn, addr, ctypes.byref(n), out)
+            except InvalidArgumentError:
+                continue
+            return list(out[:n.value])
+        raise LowrankError(5, "the buffer's plan kept changing while it was read", fn)
+
     def reset(self, buffer):
         """Drop the buffer's residual and factors (its layout stays): the next call starts afresh."""
         self._call("lowrankBufferReset", self._addr(buffer))
@@ -294,7 +317,7 @@ class Communicator:
     def stats(self):
         """lowrankGetStats as a dict: calls, compressedCalls, fallbackCalls, compressedElements,
         exactElements, payloadElements, elementsSent, bytesSent, ratio, stateBytes, buffers,
-        exactOnlyPlans."""
+        exactOnlyPlans, rankChanges (tensors declared again with another approximation rank)."""
         st = _capi.Stats()
         self._call("lowrankGetStats", ctypes.byref(st))
         return _capi.struct_to_dict(st)

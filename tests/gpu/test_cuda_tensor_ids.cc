@@ -712,6 +712,78 @@ TEST(DeviceTensorIdsBugs, DISABLED_StatsCountOnlyTheBuffersThatHoldState) {
   });
 }
 
+// A change of k on device buffers (a tensor declared again with another approxRank): its state
+// reaches the new plan through the backend's load, the residual as it was and Q's columns kept
+// and grown (engine/rank_change.h); the calls after it equal those of a checkpoint taken before
+// the change and restored into the new declaration, bit for bit, and the saved state carries the
+// new k. Not trivially: the same declaration with a fresh state at the change gives other outputs.
+TEST_P(DeviceTensorIds, AChangeOfKKeepsTheStateAndRestoresAcrossIt) {
+  const int first = 3, calls = 6, kOld = 2, kNew = 5;
+  const size_t count = countOf(kTensors);
+  auto declareK = [&](lowrankComm_t comm, const void* buf, int k) {
+    std::vector<lowrankTensor_t> d;
+    for (const T& t : kTensors) d.push_back(desc(t));
+    d[0].approxRank = k;  // kA's own rank
+    ASSERT_EQ(lowrankBufferSetTensors(comm, buf, int(d.size()), d.data()), lowrankSuccess)
+        << lowrankGetLastError(comm);
+  };
+  // Calls from..calls-1 on the device buffer `out`, kA declared at kOld before `first` and at
+  // kNew from it; each call's outputs into (*outs)[call].
+  auto run = [&](lowrankComm_t comm, int r, void* out, DeviceMemory& mem, int from,
+                 std::vector<Outs>* outs) {
+    Streams s(1);
+    for (int t = from; t < calls; ++t) {
+      declareK(comm, out, t < first ? kOld : kNew);
+      ASSERT_EQ(call(comm, mem.input(kTensors, r, t), out, count, s[0]), lowrankSuccess)
+          << lowrankGetLastError(comm);
+      ASSERT_EQ(cudaStreamSynchronize(s[0]), cudaSuccess);
+      unpack(fromDevice(out, count, lowrankFloat32), kTensors, &(*outs)[size_t(t)]);
+    }
+  };
+  RunOuts live = runOuts(N, calls);
+  std::vector<Bytes> before(static_cast<size_t>(N)), after(static_cast<size_t>(N));
+  withDeviceComms(N, cfg(), [&](int r, lowrankComm_t comm) {
+    DeviceMemory mem;
+    void* out = mem.alloc(count * 4);
+    Streams s(1);
+    for (int t = 0; t < first; ++t) {
+      declareK(comm, out, kOld);
+      ASSERT_EQ(call(comm, mem.input(kTensors, r, t), out, count, s[0]), lowrankSuccess);
+    }
+    ASSERT_EQ(cudaStreamSynchronize(s[0]), cudaSuccess);
+    before[size_t(r)] = save(comm, out);
+    run(comm, r, out, mem, first, &live[size_t(r)]);
+    after[size_t(r)] = save(comm, out);
+    lowrankStats_t st;
+    ASSERT_EQ(lowrankGetStats(comm, &st), lowrankSuccess);
+    EXPECT_EQ(st.rankChanges, 1u);
+  });
+  withDeviceComms(N, cfg(), [&](int r, lowrankComm_t comm) {
+    DeviceMemory mem;
+    void* out = mem.alloc(count * 4);
+    const Bytes& b = before[size_t(r)];
+    ASSERT_EQ(lowrankBufferRestoreState(comm, out, b.data(), b.size()), lowrankSuccess)
+        << lowrankGetLastError(comm);
+    std::vector<Outs> outs(static_cast<size_t>(calls));
+    run(comm, r, out, mem, first, &outs);
+    for (int t = first; t < calls; ++t) expectSame(outs[size_t(t)], live[size_t(r)][size_t(t)], at(r, t));
+    auto mine = byId(save(comm, out)), theirs = byId(after[size_t(r)]);
+    EXPECT_EQ(byId(b).at(kA.id).k, kOld);
+    EXPECT_EQ(theirs.at(kA.id).k, kNew);
+    EXPECT_EQ(theirs.at(kA.id).qt.size(), size_t(kNew) * kA.shape[1]);
+    EXPECT_EQ(mine.at(kA.id).residual, theirs.at(kA.id).residual);
+    EXPECT_EQ(mine.at(kA.id).qt, theirs.at(kA.id).qt);
+  });
+  withDeviceComms(N, cfg(), [&](int r, lowrankComm_t comm) {
+    DeviceMemory mem;
+    void* out = mem.alloc(count * 4);
+    std::vector<Outs> outs(static_cast<size_t>(calls));
+    run(comm, r, out, mem, first, &outs);  // no restore: afresh at the change
+    EXPECT_FALSE(same(outs[size_t(first)].at(kA.id), live[size_t(r)][size_t(first)].at(kA.id)))
+        << "a fresh state at the change gives the kept state's outputs; the test shows nothing";
+  });
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Gpu, DeviceVsHostWithIds,
     ::testing::Values(VsHostCase{lowrankFloat32, false}, VsHostCase{lowrankFloat32, true},

@@ -6,7 +6,8 @@
 
 Differences from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook: docs/pytorch.md.
 """
+from .adaptive import AdaptiveRank
 from .hook import PowerSGDState, powerSGD_hook
 from .process_group import communicator_from_process_group
 
-__all__ = ["PowerSGDState", "powerSGD_hook", "communicator_from_process_group"]
+__all__ = ["PowerSGDState", "powerSGD_hook", "communicator_from_process_group", "AdaptiveRank"]

@@ -22,7 +22,10 @@ import torch.distributed as dist
 from .._buffers import describe
 from ..comm import tensor_array
 from ..errors import InvalidArgumentError, LowrankError
+from .adaptive import AdaptiveRank
 from .process_group import communicator_from_process_group, require_initialized
+from .signals import measure
+from .tensor_ranks import TensorRanks
 from .worker import Worker
 
 logger = logging.getLogger("lowrank.torch")
@@ -75,7 +78,30 @@ class PowerSGDState:
       pipeline: overlap factor allreduces with compression (LOWRANK_PIPELINE; default on).
       device: "cpu" or "cuda", the communicator to make now (default: "cuda" for an NCCL group,
         else "cpu"); a bucket on the other device makes the other one at its first step.
-    Raises LowrankError if torch.distributed is not initialized or lowrank cannot start.
+      exclude: parameters allreduced exactly, never compressed (embeddings, an output head):
+        a collection of parameters (the tensors) and/or their names (str), or a function
+        f(name, parameter) -> bool called once per parameter of `model`. Default: none.
+      rank_of: parameters with an approximation rank of their own: a dict {parameter or name:
+        k} (k an int in [1, 65536]; 0: exact; None: matrix_approximation_rank), or a function
+        f(name, parameter) -> k or None called once per parameter of `model`. Default: none.
+        A parameter's own k still passes the compression-rate test (else it is exact), and 1-D
+        parameters are always exact. exclude wins over rank_of.
+      model: the model whose named_parameters() give the names exclude and rank_of use (a DDP
+        model is unwrapped: "fc.weight", not "module.fc.weight"); needed for names and functions.
+      The settings reach lowrank's declaration of each bucket (lowrankTensor_t.approxRank) from
+      the first step; tensor_ranks() shows each parameter's k in force. They are configuration,
+      like the model: state_dict() does not hold them (give them again to a new state, or
+      set_tensor_ranks after unpickling); the saved tensors carry the k they were made at, and
+      one restored under another k goes on as after set_tensor_ranks.
+      adaptive: an AdaptiveRank (lowrank.torch.adaptive): each parameter that exclude and
+        rank_of leave to the default (and that has 2 or more dimensions) gets its k from the
+        rule, decided every rule.window steps from allreduced numbers with a lag of rule.lag
+        whole steps, so every rank switches at the same step to the same k. Default: None
+        (every such parameter at matrix_approximation_rank). state_dict holds the rule's
+        memory (its last norms and ks), which load_state_dict gives back to a state made with
+        a rule (one without ignores it; a pickled state has no rule: give it again).
+    Raises LowrankError if torch.distributed is not initialized or lowrank cannot start;
+    ValueError or TypeError for bad exclude, rank_of or model (each named).
     Thread safety: one state serves one DDP model; its hook is called by DDP's autograd thread.
 
     The ids: every parameter is numbered in the order DDP first hands it to the hook in the
@@ -87,7 +113,14 @@ class PowerSGDState:
                  min_compression_rate=2, use_error_feedback=True, warm_start=True,
                  orthogonalization_epsilon=0, random_seed=0,
                  compression_stats_logging_frequency=10_000, batch_tensors_with_same_shape=False,
-                 *, timeout=None, pipeline=None, device=None):
+                 *, timeout=None, pipeline=None, device=None, exclude=None, rank_of=None,
+                 model=None, adaptive=None):
+        ranks = TensorRanks(exclude, rank_of, model)  # checked before anything is made
+        if adaptive is not None:
+            if not isinstance(adaptive, AdaptiveRank):
+                raise TypeError(f"adaptive must be a lowrank.torch.adaptive.AdaptiveRank, not "
+                                f"{type(adaptive).__name__}")
+            adaptive.bind(matrix_approximation_rank)
         require_initialized()
         self._set_settings(process_group, dict(
             matrix_approximation_rank=matrix_approximation_rank,
@@ -97,6 +130,7 @@ class PowerSGDState:
             compression_stats_logging_frequency=compression_stats_logging_frequency,
             batch_tensors_with_same_shape=batch_tensors_with_same_shape,
             timeout=timeout, pipeline=pipeline))
+        self._ranks, self._adaptive = ranks, adaptive
         if device is None:
             backend = str(dist.get_backend(process_group)).lower()
             device = "cuda" if backend == "nccl" else "cpu"
@@ -135,6 +169,14 @@ class PowerSGDState:
         self._buckets = {}  # bucket index -> _Bucket: the last complete step's
         self._step = {}     # bucket index -> _Bucket: the current step's
         self._param_pos = {}  # a parameter's identity -> its id (see _param_key)
+        # Per-parameter treatment (exclude, rank_of): the settings, and resolved at the next
+        # step into each id's approxRank (_rank_by_id: ids numbered so far) and their names.
+        self._ranks = TensorRanks()
+        self._rank_by_id, self._ident_rank, self._warned_unmatched = None, None, False
+        # The adaptive rank: the rule (None: off), each id's k from its last decision, the
+        # buckets to measure in this step's jobs ((device, address) -> (step, ids, shapes)) and
+        # the numbers measured (step -> {id: (|out|^2, |E|^2, |M|^2)}, filled by the jobs).
+        self._adaptive, self._adaptive_k, self._measure, self._signals = None, {}, {}, {}
         # A loaded state_dict: its entries (_Saved) wait for the next job on their device, which
         # stages them in lowrank through scratch buffers (released after the first step);
         # state_dict() returns them as loaded until a step has run; the ids they hold, with their
@@ -183,10 +225,46 @@ class PowerSGDState:
         self._workers[b.device].drain()
         return self._comms[b.device].view(b.ptr)
 
+    def set_tensor_ranks(self, exclude=None, rank_of=None, model=None):
+        """Replace the per-parameter settings (exclude, rank_of, model: as the constructor's;
+        model None keeps the one given before). From the next step each parameter is declared
+        with its new treatment; a parameter whose k changes keeps its state in lowrank: its
+        residual as it is, its warm-start Q cut to the first k columns or grown with fresh ones
+        drawn alike on every rank (lowrankStats_t.rankChanges counts each change). Call it on
+        every rank between the same two steps: ranks that all change a tensor, to different ks,
+        make that step's backward raise lowrankInvalidUsage on every rank; a change on some
+        ranks only fails the communicators (their calls go out of step): make a new state.
+        Not collective.
+        Raises ValueError, TypeError as the constructor (nothing changes then).
+        Thread safety: between steps, on the training thread."""
+        self._check_open("set_tensor_ranks")
+        if model is None:
+            model = self._ranks.model
+        self._ranks = TensorRanks(exclude, rank_of, model)
+        self._rank_by_id, self._ident_rank, self._warned_unmatched = None, None, False
+
+    def tensor_ranks(self):
+        """Each parameter's approximation rank in force at the last complete step, as lowrank
+        planned it (lowrankBufferGetTensorRanks): {name: k}, keyed by the parameter's id
+        (state_dict, "the ids") where no model was given or the model has no name for it. k is
+        0 for a parameter allreduced exactly then: excluded, 1-D, failing the compression-rate
+        test, or in its warm-up. Parameters of buckets not planned yet are left out. Waits for
+        the work queued so far. Thread safety: between steps, on the training thread."""
+        names = self._ranks.names()
+        name_of = {n: names.get(ident, n) for ident, n in self._param_pos.items()}
+        out = {}
+        for _, b in sorted(self._buckets.items()):
+            self._workers[b.device].drain()
+            ks = self._comms[b.device].tensor_ranks(b.ptr)
+            if len(ks) == len(b.ids):
+                out.update((name_of.get(n, n), k) for n, k in zip(b.ids, ks))
+        return out
+
     def communicator(self, device="cpu"):
         """The lowrank.Communicator this state uses for buckets on `device` (made if needed:
         collective over process_group, as the constructor)."""
-        return self._comm(device)
+        self._comm(device)
+        return self._comms[device]
 
     def close(self, timeout=None):
         """Finish queued work, free every bucket's state and destroy the communicators (not
@@ -224,7 +302,9 @@ class PowerSGDState:
             to lowrank, each a tuple of ints), "device" ("cpu" or "cuda"), "bucket" (DDP's index
             of the bucket when saved, for reading only) and "state" (bytes of
             lowrank.Communicator.save_state, format 2: per id, its residual, warm-start Q and
-            call count, warm-up included, with a CRC).
+            call count, warm-up included, with a CRC);
+          "adaptive": None, or the adaptive rank's memory: "ks" ({id: k} of its last decisions)
+            and "norms" ({id: the gradient norm last measured}).
         The ids: every parameter is numbered in the order DDP first hands it to the hook in the
         process (DDP's first step). Without find_unused_parameters (or with static_graph), DDP's
         first step has one bucket per dtype and device holding every parameter in the model's
@@ -261,7 +341,9 @@ class PowerSGDState:
                             "batch_tensors_with_same_shape": self.batch_tensors_with_same_shape,
                             "timeout": self._timeout, "pipeline": self._pipeline},
                 "iter": self.iter, "next_stats_report": self.next_stats_report,
-                "rank": rank, "world_size": world, "buckets": list(buckets)}
+                "rank": rank, "world_size": world, "buckets": list(buckets),
+                "adaptive": None if self._adaptive is None else
+                {"ks": dict(self._adaptive_k), **self._adaptive.state_dict()}}
 
     def load_state_dict(self, state_dict):
         """Take the state_dict() this rank saved (version 2, or version 1 of lowrank before tensor
@@ -290,6 +372,15 @@ class PowerSGDState:
     def _load(self, state_dict, check_rank):
         self._check_open("load_state_dict")
         entries = _check_state_dict(state_dict)
+        adaptive_ks = None  # checked here, before anything changes
+        if self._adaptive is not None and state_dict.get("adaptive"):
+            saved = state_dict["adaptive"]
+            try:
+                AdaptiveRank().load_state_dict(saved)
+                adaptive_ks = {int(n): int(k) for n, k in saved.get("ks", {}).items()}
+            except (ValueError, TypeError, AttributeError):
+                raise ValueError("PowerSGDState.load_state_dict: a malformed \"adaptive\" "
+                                 "entry") from None
         diffs = [f"{k}: saved {state_dict['config'][k]!r}, this state {getattr(self, k)!r}"
                  for k in _CHECKED if not _same(state_dict["config"][k], getattr(self, k))]
         if diffs:
@@ -325,6 +416,9 @@ class PowerSGDState:
         self._expect, self._unclaimed = expect, set(expect)
         self.iter = int(state_dict["iter"])
         self.next_stats_report = int(state_dict["next_stats_report"])
+        if adaptive_ks is not None:  # the rule goes on where it was
+            self._adaptive.load_state_dict(state_dict["adaptive"])
+            self._adaptive_k, self._rank_by_id = adaptive_ks, None
         logger.info("lowrank: loaded the state of %d tensors (%d saved buckets, version %d), "
                     "staged at the next step for whichever bucket holds them", len(expect),
                     len(self._restores), state_dict["version"])
@@ -355,11 +449,15 @@ class PowerSGDState:
             raise LowrankError(5, "this PowerSGDState was closed: make a new one", what)
 
     def _comm(self, device):
+        """The communicator of `device` for the hook's jobs (made at the first call; with an
+        adaptive rank, one whose allreduce also measures the buckets _declare asked for)."""
         self._check_open("powerSGD_hook")
         if device not in self._comms:
             self._comms[device] = communicator_from_process_group(self.process_group, device,
                                                                   **self._config)
             self._workers[device] = Worker(f"lowrank-{device}")
+        if self._adaptive is not None:
+            return _Measured(self, device, self._comms[device])
         return self._comms[device]
 
     def _side_stream(self, device, index):
@@ -399,6 +497,9 @@ class PowerSGDState:
         index = bucket.index()
         pkey = self._param_key(bucket)  # numbers the parameters from DDP's first step on
         shapes = tuple(tuple(g.shape) for g in bucket.gradients())
+        if self._adaptive is not None and not self._step:  # the step's first bucket
+            self._adapt()
+        ranks = self._ranks_of(pkey, shapes)
         if sum(_numel(s) for s in shapes) != buf.numel():
             raise InvalidArgumentError(4, f"bucket {index}: its gradients have "
                                           f"{sum(_numel(s) for s in shapes)} elements, its buffer "
@@ -410,14 +511,63 @@ class PowerSGDState:
                                   "PowerSGDState serves one DDP model (make one per model)",
                                "powerSGD_hook")
         b = self._buckets.get(index)
-        if b is None or (b.device, b.ptr, b.pkey, b.grad_shapes) != (device, ptr, pkey, shapes):
+        if b is None or (b.device, b.ptr, b.pkey, b.grad_shapes, b.ranks) != \
+                (device, ptr, pkey, shapes, ranks):
             # zero-element tensors take no room in the buffer: not declared
-            kept = [(n, _declared_shape(s)) for n, s in zip(pkey, shapes) if _numel(s)]
-            b = _Bucket(device, ptr, buf, pkey, shapes, tuple(n for n, _ in kept),
-                        tuple(s for _, s in kept), tensor_array(kept))
+            kept = [(n, _declared_shape(s), k) for n, s, k in zip(pkey, shapes, ranks) if _numel(s)]
+            b = _Bucket(device, ptr, buf, pkey, shapes, tuple(n for n, _, _ in kept),
+                        tuple(s for _, s, _ in kept), tensor_array(kept), ranks)
         self._step[index] = b
         self._unclaimed.difference_update(b.ids)
+        if self._adaptive is not None and self._adaptive.measures(self.iter):
+            self._measure[(device, ptr)] = (self.iter, b.ids, b.shapes)
         return b
+
+    def _ranks_of(self, pkey, shapes):
+        """Each id's approxRank (lowrank's: -1 default, 0 exact, or its own k) for the ids of
+        pkey (gradient shapes `shapes`), from the settings resolved against the parameters as
+        they are at the first step after them (a model moved to its device after the state was
+        made still matches); with an adaptive rank, the rule's k for the matrices left at -1."""
+        if self._ranks.empty:
+            ranks = (-1,) * len(pkey)
+        else:
+            if self._ident_rank is None:
+                self._ident_rank = self._ranks.resolve()
+            if self._rank_by_id is None or len(self._rank_by_id) != len(self._param_pos):
+                self._rank_by_id = {n: self._ident_rank.get(ident, -1)
+                                    for ident, n in self._param_pos.items()}
+            ranks = tuple(self._rank_by_id[n] for n in pkey)
+        if self._adaptive is None:
+            return ranks
+        first = self._adaptive.initial()
+        return tuple(self._adaptive_k.get(n, first) if k == -1 and len(s) >= 2 else k
+                     for n, k, s in zip(pkey, ranks, shapes))
+
+    def _adapt(self):
+        """At the first bucket of a step that decides (AdaptiveRank.decides): the numbers the
+        jobs measured at the decided step (waited for), summed over the process group's ranks
+        (one small all_reduce, the same on every rank at this step), turned into each
+        parameter's gradient norm and compression error, and the rule's ks taken for this
+        step's declarations."""
+        m = self._adaptive.decides(self.iter)
+        if m is None:
+            return
+        for worker in self._workers.values():
+            worker.drain()  # the measuring jobs of step m have run (on the host, long since)
+        local = self._signals.pop(m, {})
+        for old in [s for s in self._signals if s < m]:
+            del self._signals[old]
+        keys = sorted(local)
+        vec = torch.tensor([x for key in keys for x in local[key]], dtype=torch.float64)
+        if str(dist.get_backend(self.process_group)).lower() == "nccl":
+            vec = vec.cuda()
+        dist.all_reduce(vec, group=self.process_group)
+        vec, world = vec.cpu().tolist(), dist.get_world_size(self.process_group)
+        signals = {}
+        for i, key in enumerate(keys):
+            out2, err2, m2 = vec[3 * i:3 * i + 3]
+            signals[key] = (math.sqrt(out2 / world), math.sqrt(err2 / m2) if m2 > 0 else 0.0)
+        self._adaptive_k.update(self._adaptive.decide(signals))
 
     def _take_restores(self, device):
         """Actions for the next job on `device`: stage the loaded states meant for it (format 2:
@@ -443,6 +593,15 @@ class PowerSGDState:
         stale = {(b.device, b.ptr): b.buf for b in self._buckets.values()
                  if (b.device, b.ptr) not in live}
         stale.update({(dev, t.data_ptr()): t for dev, t in self._scratch})
+        if self._ident_rank and not self._warned_unmatched:
+            self._warned_unmatched = True
+            lost = set(self._ident_rank) - set(self._param_pos)
+            if lost:
+                names = self._ranks.names()
+                logger.warning("lowrank: exclude or rank_of names %d parameters that no bucket "
+                               "holds (frozen, not in this DDP model, or moved since): %s",
+                               len(lost), ", ".join(sorted(names.get(i, f"shape {i[3]}")
+                                                           for i in lost)[:10]))
         if self._unclaimed:
             logger.warning("lowrank: the saved states of %d tensors were not used by the first "
                            "step after loading (no bucket has those parameters: another model or "
@@ -456,6 +615,30 @@ class PowerSGDState:
             self._workers[dev].submit(functools.partial(_release, comm, bufs))
 
 
+class _Measured:
+    """A communicator as a hook's job uses it under an adaptive rank: its allreduce, then, for
+    a bucket the state asked for in this step, the numbers the rule needs (signals.measure),
+    inside the job: before DDP can write the next step's gradients into the bucket."""
+
+    def __init__(self, state, device, comm):
+        self._state, self._device, self._comm = state, device, comm
+
+    def __getattr__(self, name):
+        return getattr(self._comm, name)
+
+    def allreduce(self, buf, *args, **kwargs):
+        out = self._comm.allreduce(buf, *args, **kwargs)
+        plan = self._state._measure.pop((self._device, buf.data_ptr()), None)
+        if plan is not None:
+            step, ids, shapes = plan
+            try:
+                got = measure(self._comm, buf, ids, shapes)
+            except LowrankError:  # no state to read (a dtype lowrank does not compress): the
+                got = {}          # same on every rank, so the bucket is left out everywhere
+            self._state._signals.setdefault(step, {}).update(got)
+        return out
+
+
 _FORMAT, _VERSION = "lowrank.torch.PowerSGDState", 2
 _CHECKED = ("matrix_approximation_rank", "start_powerSGD_iter", "min_compression_rate",
             "use_error_feedback", "warm_start", "orthogonalization_epsilon", "random_seed")
@@ -464,7 +647,8 @@ _OPTIONS = ("compression_stats_logging_frequency", "batch_tensors_with_same_shap
 
 # A bucket as lowrank last took it: pkey and grad_shapes as DDP gave them, ids and shapes as
 # declared (array: the declaration, lowrank.tensor_array), buf held until its release.
-_Bucket = collections.namedtuple("_Bucket", "device ptr buf pkey grad_shapes ids shapes array")
+# ranks: each parameter's approxRank as declared (PowerSGDState._ranks_of).
+_Bucket = collections.namedtuple("_Bucket", "device ptr buf pkey grad_shapes ids shapes array ranks")
 # A saved bucket of a state_dict: device None for version 1 (saved before devices were recorded).
 _Saved = collections.namedtuple("_Saved", "params shapes state device array")
 

@@ -1,0 +1,53 @@
+"""What the adaptive rank measures of one bucket after its allreduce (on the hook's worker
+thread, inside the bucket's job, so before DDP can write the next step's gradients into it):
+per parameter, |output|^2 and this rank's |E|^2 and |E + output|^2 (E its residual, read from
+lowrank's format-2 saved state: docs/checkpoint.md). Not thread-safe: one job at a time.
+"""
+import struct
+
+import torch
+
+_HEADER = 40  # magic, version, header size, seed, comm size, comm rank, flags, tensors
+
+
+def residuals(data):
+    """{id: residual} of format-2 bytes (lowrank.Communicator.save_state of a buffer declared
+    with ids): each a float32 tensor (a view of `data`), empty without error feedback.
+    Raises ValueError on bytes that are not format 2."""
+    if data[:8] != b"LRSTATE\0" or struct.unpack_from("<I", data, 8)[0] != 2:
+        raise ValueError("not lowrank's per-tensor saved state (format 2)")
+    (count,) = struct.unpack_from("<I", data, 36)
+    at, out = _HEADER, {}
+    buf = bytearray(data)  # torch.frombuffer wants a writable buffer
+    for _ in range(count):
+        tid, ndims = struct.unpack_from("<QI", data, at)
+        at += 12 + 8 * ndims + 4 + 8 + 4  # sizes, k, calls, flags
+        nres, nq = struct.unpack_from("<QQ", data, at)
+        at += 16
+        out[tid] = torch.frombuffer(buf, dtype=torch.float32, count=nres, offset=at) if nres \
+            else torch.empty(0)
+        at += 4 * (nres + nq)
+    return out
+
+
+def measure(comm, buf, ids, shapes):
+    """{id: (|out|^2, |E|^2, |E + out|^2)} (float64 sums, this comm rank's) for the declared
+    tensors of the bucket `buf` just allreduced in place (ids and shapes as declared, in order).
+    Reads the residual through comm.save_state (a device buffer's queued work is waited for).
+    Tensors without a residual (exact, in their warm-up) measure |E|^2 = 0."""
+    res = residuals(comm.save_state(buf))
+    flat, out, at = buf.detach().reshape(-1), {}, 0
+    for tid, shape in zip(ids, shapes):
+        n = 1
+        for d in shape:
+            n *= d
+        o = flat[at:at + n].double()
+        at += n
+        e = res.get(tid)
+        if e is None or e.numel() != n:
+            out[tid] = (float(o.dot(o)), 0.0, float(o.dot(o)))
+            continue
+        e = e.to(o.device, torch.float64)
+        m = e + o
+        out[tid] = (float(o.dot(o)), float(e.dot(e)), float(m.dot(m)))
+    return out

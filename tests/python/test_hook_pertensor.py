@@ -1,0 +1,123 @@
+"""Per-tensor control in lowrank.torch's hook: exclude / rank_of reach lowrank's declaration
+(tensor_ranks, from lowrankBufferGetTensorRanks), excluded gradients are the exact mean, a change
+of ranks between steps keeps training (counted in rankChanges), a state_dict loads under other
+ranks; bad settings are clear errors before anything starts."""
+import pytest
+import torch
+import torch.nn as nn
+
+from conftest import results, run_ranks
+from lowrank.torch import PowerSGDState
+from lowrank.torch.tensor_ranks import TensorRanks
+
+BIASES = {"fc1.bias": 0, "fc2.bias": 0, "head.bias": 0}
+
+
+def test_exclude_and_rank_of_under_ddp():
+    res = results(run_ranks(2, "run", worker="pertensor_worker.py", timeout=180))
+    for r in res:
+        assert r["finite"] == [True, True, True]
+        # Phase 1: embedding and head exact, fc1 its own 4, fc2 the default 2.
+        assert r["ranks"][0] == {"embed.weight": 0, "head.weight": 0, "fc1.weight": 4,
+                                 "fc2.weight": 2, **BIASES}
+        assert r["diffs1"]["embed.weight"] < 1e-6 and r["diffs1"]["head.weight"] < 1e-6
+        assert r["diffs1"]["fc1.weight"] > 1e-4  # compressed: the check tells them apart
+        assert r["changes"][0] == 0 and r["compressed"][0] > 0
+        # Phase 2 (set_tensor_ranks): fc1 back to the default, fc2 3, head 1; three changes.
+        assert r["ranks"][1] == {"embed.weight": 0, "head.weight": 1, "fc1.weight": 2,
+                                 "fc2.weight": 3, **BIASES}
+        assert r["diffs2"]["embed.weight"] < 1e-6 and r["diffs2"]["head.weight"] > 1e-4
+        assert r["changes"][1] == 3
+        # Phase 3: loaded under other ranks; a restore is no declared change.
+        assert r["ranks"][2] == {"embed.weight": 2, "head.weight": 2, "fc1.weight": 5,
+                                 "fc2.weight": 2, **BIASES}
+        assert r["changes"][2] == 0 and r["compressed"][1] > 0
+        # The frozen layer named in exclude is in no bucket: said once.
+        assert sum("no bucket holds" in w and "frozen.weight" in w for w in r["warnings"]) == 1
+    assert res[0]["checksum"] == res[1]["checksum"]  # the ranks' models stayed identical
+
+
+def _switch_steps(history, name):
+    """(step, k) at each step where the parameter's k differs from the step before."""
+    ks = [h[name] for h in history]
+    return [(t, k) for t, k in enumerate(ks) if t and k != ks[t - 1]]
+
+
+def test_adaptive_rank_under_ddp():
+    """AdaptiveRank(low 1, high 4) with a detector that never fires (eta huge): each matrix starts
+    at high, its first decision is critical (no earlier norm), the next one quiet: low from the
+    step measured step + lag decides on, on every rank alike; an error_max below any error keeps
+    high throughout; ranks whose own signals disagree across error_max switch alike; the
+    excluded embedding stays exact."""
+    res = results(run_ranks(2, "adaptive", worker="pertensor_worker.py", timeout=180))
+    local = [r.pop("local_errors") for r in res]
+    for r in res:  # a restart from state_dict() goes on with the rule's last ks, no change
+        back = r.pop("resumed")
+        assert back["ranks"] == r["window2_lag1"]["history"][-1] and back["changes"] == 0
+        assert back["ranks"]["fc1.weight"] == 1  # not the rule's initial 4
+    for r in res:
+        for run in r.values():
+            assert run["finite"]
+            assert all(h["embed.weight"] == 0 for h in run["history"])
+        # window 2, lag 1: measured at steps 1, 3, 5; decided at 2 (critical), 4 (quiet).
+        w = r["window2_lag1"]
+        for name in ("fc1.weight", "fc2.weight", "head.weight"):
+            assert w["history"][0][name] == 4
+            assert _switch_steps(w["history"], name) == [(4, 1)], (name, w["history"])
+        assert w["changes"] == 3
+        # window 1, lag 2: measured every step; decided at 2 (critical), 3 (quiet) on.
+        w = r["window1_lag2"]
+        assert _switch_steps(w["history"], "fc1.weight") == [(3, 1)], w["history"]
+        # error_max below any compression error: high throughout, no change.
+        w = r["error_keeps_high"]
+        assert all(h["fc1.weight"] == 4 for h in w["history"]) and w["changes"] == 0
+        # Each rank's own errors disagree across error_max (rank 0 far above, rank 1 at 0):
+        # the decision, from the numbers summed over the ranks, is the same on both.
+        assert all(h["fc1.weight"] in (1, 4) for h in r["local_signals_differ"]["history"])
+    assert local[0] and min(local[0]) >= 0.9 and max(local[1]) == 0
+    assert res[0] == res[1]  # every rank the same k at every step
+
+
+class _Tiny(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(8, 4)
+        self.head = nn.Linear(4, 8)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(exclude=["embed.weight"]), "give model="),
+    (dict(exclude=lambda name, p: True), "give model="),
+    (dict(exclude=["embed.wieght"], model="m"), "which the model has not"),
+    (dict(rank_of={"head.weight": -1}, model="m"), "rank -1"),
+    (dict(rank_of={"head.weight": True}, model="m"), "rank True"),
+    (dict(rank_of=["head.weight"], model="m"), "must be a dict"),
+    (dict(exclude=[3], model="m"), "parameters (tensors) or"),
+])
+def test_bad_settings_are_clear_errors(kwargs, message):
+    """Checked before torch.distributed is needed: each raises ValueError naming the problem."""
+    if kwargs.get("model") == "m":
+        kwargs["model"] = _Tiny()
+    with pytest.raises(ValueError, match=None) as e:
+        PowerSGDState(None, **kwargs)
+    assert message in str(e.value)
+
+
+def test_model_must_be_a_module():
+    with pytest.raises(TypeError):
+        TensorRanks(exclude=["x"], model=object())
+
+
+def test_rules_resolve_to_identities():
+    """Names, parameters and functions resolve to the parameters' identities; exclude wins over
+    rank_of; a tied parameter answers to each of its names."""
+    m = _Tiny()
+    m.head.weight = m.embed.weight  # tied: (8, 4) both
+    r = TensorRanks(exclude=["head.weight"], rank_of={"embed.weight": 3, m.head.bias: 1}, model=m)
+    got = r.resolve()
+    assert got[(m.embed.weight.device.type, None, m.embed.weight.data_ptr(), (8, 4))] == 0
+    bias = m.head.bias
+    assert got[(bias.device.type, None, bias.data_ptr(), (8,))] == 1
+    r = TensorRanks(rank_of=lambda name, p: 2 if p.dim() > 1 else None, model=m)
+    assert sorted(r.resolve().values()) == [-1, 2]
+    assert TensorRanks().empty and not r.empty
