@@ -23,7 +23,7 @@ try:
 except ImportError as e:
     NO_FSDP2 = str(e)
 needs_fsdp2 = pytest.mark.skipif(NO_FSDP2 is not None, reason=str(NO_FSDP2))
-WORLD = 4
+WORLD, W = 4, "fsdp_worker.py"
 
 
 def test_import_says_what_is_missing():
@@ -43,7 +43,7 @@ def test_exact_equals_native_hsdp(k, start):
     parameter shards equal native HSDP's on a 2-D mesh, bit for bit (2 replicas: a + b is the same
     sum in either order, and lowrank's exact average divides by 2 as gloo's does), while the
     parameters did move and the ranks' data differ."""
-    for r in results(run_ranks(WORLD, "native", k, start, timeout=150)):
+    for r in results(run_ranks(WORLD, "native", k, start, timeout=150, worker=W)):
         assert r["diffs"] == [0.0] * len(r["diffs"]) and r["diffs"], r
         assert r["moved"] > 0 and r["calls"] > 0 and r["compressed"] == 0
         assert "Replicate" in r["placements"] and "Shard(dim=0)" in r["placements"]
@@ -56,7 +56,7 @@ def test_compressed_equals_direct_allreduce(k, start):
     settings driven directly on a copy of the same input, declared with a layout derived in the
     worker from a plain model (FSDP's order, torch.chunk's rows, the documented ids): bit for
     bit, every rank, every group, every step."""
-    for r in results(run_ranks(WORLD, "match", k, start, timeout=150)):
+    for r in results(run_ranks(WORLD, "match", k, start, timeout=150, worker=W)):
         assert r["mismatches"] == [] and r["compared"] == r["groups"] * r["steps"], r
         assert r["groups"] == 3 and r["layout_same"] and r["sizes_same"], r
         assert r["compressed"] > 0 and r["ratio"] > 1.5, r
@@ -66,7 +66,7 @@ def test_compressed_equals_direct_allreduce(k, start):
 def test_gradient_accumulation():
     """set_requires_gradient_sync(False) on the accumulation micro-batches: no hook call there,
     one per group at the synchronizing one; sync at every micro-batch: one per group each."""
-    for r in results(run_ranks(WORLD, "accum", timeout=150)):
+    for r in results(run_ranks(WORLD, "accum", timeout=150, worker=W)):
         g, m = r["groups"], r["micro"]
         assert r["nosync"] == ([0] * (m - 1) + [g]) * (len(r["nosync"]) // m), r
         assert r["sync"] == [g] * len(r["sync"]) and g == 3, r
@@ -79,10 +79,10 @@ def test_checkpoint_resumes_bit_for_bit(tmp_path):
     shards equal those of 6 uninterrupted steps bit for bit. Without the hook's state they
     differ (the residuals and Q matter)."""
     path = str(tmp_path)
-    saved = results(run_ranks(WORLD, "ckpt", "save", path, timeout=150))
-    resumed = results(run_ranks(WORLD, "ckpt", "resume", path, timeout=150))
-    full = results(run_ranks(WORLD, "ckpt", "full", path, timeout=150))
-    nohook = results(run_ranks(WORLD, "ckpt", "nohook", path, timeout=150))
+    saved = results(run_ranks(WORLD, "ckpt", "save", path, timeout=150, worker=W))
+    resumed = results(run_ranks(WORLD, "ckpt", "resume", path, timeout=150, worker=W))
+    full = results(run_ranks(WORLD, "ckpt", "full", path, timeout=150, worker=W))
+    nohook = results(run_ranks(WORLD, "ckpt", "nohook", path, timeout=150, worker=W))
     for s, r, f, n in zip(saved, resumed, full, nohook):
         assert s["held"] > 0 and r["loaded"] == s["held"]
         assert r["digest"] == f["digest"]
@@ -94,7 +94,7 @@ def test_checkpoint_resumes_bit_for_bit(tmp_path):
 def test_replica_killed_mid_step():
     """Rank 3 (replica 1, shard 1) is SIGKILLed in its hook at step 3: every other rank raises
     within lowrank's timeout (5 s, gloo's the same) + 10 s; none hangs."""
-    runs = run_ranks(WORLD, "peer_death", 3, timeout=90)
+    runs = run_ranks(WORLD, "peer_death", 3, timeout=90, worker=W)
     assert runs[3][0] == -9
     for rank, (rc, res, text, _) in enumerate(runs[:3]):
         assert rc == 0 and res is not None, text[-2000:]
