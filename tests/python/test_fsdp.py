@@ -12,7 +12,7 @@ from conftest import results, run_ranks
 def _has_fsdp2():
     try:
         from torch.distributed.fsdp import FSDPModule
-    except ImportError:
+    except Exception:  # noqa: BLE001 - Debian's 1.13 on Python 3.11 raises ValueError here
         return False
     return hasattr(FSDPModule, "set_all_reduce_hook")
 

@@ -33,8 +33,9 @@ _NEED = ("lowrank.torch.fsdp needs FSDP2's all-reduce hook (torch.distributed.fs
 try:
     from torch.distributed.fsdp import FSDPModule
     from torch.distributed.tensor import DTensor, Shard
-except ImportError as _e:  # torch 1.13 has FSDP1 only, and no public DTensor
-    raise ImportError(_NEED) from _e
+except Exception as _e:  # noqa: BLE001 - torch 1.13: FSDP1 only, no public DTensor; Debian's
+    # 1.13 on Python 3.11 even fails importing torch.distributed.fsdp (a dataclass ValueError)
+    raise ImportError(f"{_NEED} (importing FSDP2 failed: {type(_e).__name__}: {_e})") from _e
 if not hasattr(FSDPModule, "set_all_reduce_hook"):
     raise ImportError(_NEED)
 
@@ -150,9 +151,9 @@ class _Unit:
     """One FSDPModule as the hook sees it: its regions, the declaration, its output's size, the
     address its output had at the last call."""
 
-    def __init__(self, name, module, regions):
+    def __init__(self, name, module, regions, names):
         from ..comm import tensor_array
-        self.name, self.module, self.regions = name, module, regions
+        self.name, self.module, self.regions, self.names = name, module, regions, names
         self.decl = _declaration(regions)
         self.array = tensor_array(self.decl) if self.decl else None
         self.numel = sum(r.chunk * r.rest for r in regions)
@@ -215,7 +216,6 @@ class PowerSGDState:
             ortho_epsilon=float(orthogonalization_epsilon), seed=int(random_seed),
             timeout=timeout, pipeline=pipeline)
         self._units = []   # _Unit per registered FSDPModule
-        self._stale = set()  # CUDA: addresses of earlier outputs, released at close()
         self._closed = False
 
     # ---- queries ---------------------------------------------------------------------------------
@@ -254,6 +254,12 @@ class PowerSGDState:
                 f"({torch.__version__}) lays the output out otherwise than the hook expects")
         if unit.array is None:
             return
+        if unit.calls == 0:  # FSDP's packing order is known (lazy init) by now: check it again
+            _check_against_fsdp(unit.name, unit.module, unit.regions, unit.names)
+        if flat.is_cuda != (self.device == "cuda"):
+            raise RuntimeError(f"lowrank.torch.fsdp: FSDPModule {unit.name!r}'s output is on "
+                               f"{flat.device}, this state's communicator is for {self.device} "
+                               "(PowerSGDState's device=)")
         unit.calls += 1
         op = self.op or _fsdp_op(unit.module)
         comm, ptr = self._comm, flat.data_ptr()
@@ -265,13 +271,13 @@ class PowerSGDState:
         else:
             comm.allreduce(flat, op=op)
         old, unit.ptr = unit.ptr, ptr
-        if old is not None and old != ptr and all(u.ptr != old for u in self._units):
-            # its ids went to this output: forget the old address (CPU: nothing is queued;
-            # CUDA: release would wait for its queued work, so it waits for close())
-            if flat.is_cuda:
-                self._stale.add(old)
-            else:
-                comm.release(old)
+        if old is not None and old != ptr and not flat.is_cuda and \
+                all(u.ptr != old for u in self._units):
+            # its ids went to this output: forget the old address, unless another group's output
+            # has it now. CUDA: lowrankBufferRelease would make the host wait for the old
+            # buffer's queued work, so the communicator keeps its small record (the caching
+            # allocator hands out few addresses) until close()
+            comm.release(old)
 
     # ---- checkpoint --------------------------------------------------------------------------------
     def state_dict(self):
@@ -396,7 +402,7 @@ def register(model, state):
             continue
         regions = shard_layout(m, names)
         _check_against_fsdp(name, m, regions, names)
-        unit = _Unit(name, m, regions)
+        unit = _Unit(name, m, regions, names)
         state._units.append(unit)
 
         def hook(flat, _unit=unit):
