@@ -27,6 +27,7 @@ from lowrank.torch import communicator_from_process_group  # noqa: E402
 from lowrank.torch import fsdp  # noqa: E402
 from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
 from torch.distributed.fsdp import fully_shard  # noqa: E402
+from torch.distributed.tensor import Shard  # noqa: E402
 
 RANK, WORLD = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 REPLICAS, SHARDS = 2, 2
@@ -260,6 +261,44 @@ def peer_death(victim):
     result(raised=None)
 
 
+def _message(fn):
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 - the message is what is checked
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def errors():
+    """One process: each misuse raises a clear error; the divide-factor convention."""
+    mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=("replicate", "shard"))
+    rgroup = mesh["replicate"].get_group()
+    state = fsdp.PowerSGDState(rgroup, matrix_approximation_rank=2, start_powerSGD_iter=0)
+    out = {"plain": _message(lambda: fsdp.register(Net(), state)),
+           "mesh2d": _message(lambda: fsdp.register(make(mesh), state))}
+    m = Net()
+    fully_shard(m, mesh=mesh["shard"], shard_placement_fn=lambda p: Shard(1) if p.dim() == 2
+                else Shard(0))
+    out["shard1"] = _message(lambda: fsdp.register(m, state))
+    model = make(mesh["shard"])
+    fsdp.register(model, state)
+    out["op"] = fsdp._fsdp_op(model)
+    model.set_gradient_divide_factor(3.0)
+    out["op_factor"] = fsdp._fsdp_op(model)
+    # a step in which a parameter gets no gradient: FSDP leaves it out of the flat output
+    model2 = make(mesh["shard"])
+    fsdp.register(model2, state)
+    x, _ = batch(0)
+
+    def unused():  # the blocks and scale unused; through the root's call (FSDP's hooks)
+        model2.forward = lambda x: model2.head(model2.frozen(torch.relu(model2.emb(x))))
+        model2(x).sum().backward()
+    out["unused"] = _message(unused)
+    state.close()
+    out["closed"] = _message(lambda: state.state_dict())
+    result(**out)
+
+
 if __name__ == "__main__":
     timeout = TIMEOUT if sys.argv[1] == "peer_death" else 60
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=timeout))
@@ -268,7 +307,7 @@ if __name__ == "__main__":
         import fsdp_ckpt
         fsdp_ckpt.main(*args)
     else:
-        {"native": native, "match": match, "accum": accum,
+        {"native": native, "match": match, "accum": accum, "errors": errors,
          "peer_death": peer_death}[what](*[int(a) for a in args])
     dist.barrier()
     dist.destroy_process_group()

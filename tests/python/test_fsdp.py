@@ -101,3 +101,18 @@ def test_replica_killed_mid_step():
         print(f"rank {rank} after {res['after']:.1f} s: {res['raised']}: {res['message'][:160]}")
         assert res["raised"], res
         assert res["after"] < 5 + 10, res
+
+
+@needs_fsdp2
+def test_clear_errors_and_divide_factor():
+    """One process: a model without fully_shard, native HSDP's 2-D mesh, a Shard(1) placement
+    (each naming the parameter and the torch version where it is about the layout), a step where
+    parameters get no gradient (the size check), a closed state; FSDP's divide factor turns the
+    hook's average into a sum (native HSDP's convention)."""
+    r = results(run_ranks(1, "errors", timeout=90, worker=W))[0]
+    assert r["plain"].startswith("ValueError") and "no FSDPModule" in r["plain"], r
+    assert "mesh has 2 dimensions" in r["mesh2d"] and torch.__version__ in r["mesh2d"], r
+    assert "Shard(dim=1)" in r["shard1"] and torch.__version__ in r["shard1"], r
+    assert "handed the hook" in r["unused"] and "set_reduce_scatter_unused_params" in r["unused"]
+    assert "closed" in r["closed"], r
+    assert (r["op"], r["op_factor"]) == ("avg", "sum"), r

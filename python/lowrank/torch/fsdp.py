@@ -116,7 +116,7 @@ def _region(fqn, p):
                                "1-D mesh and give the replica group to PowerSGDState")
     pl = placements[0]
     if type(pl) is not Shard or pl.dim != 0:  # _StridedShard and the like are subclasses
-        raise _unmappable(fqn, f"placement {pl} (FSDP's shard_placement_fn?)")
+        raise _unmappable(fqn, f"placement {pl!r} (FSDP's shard_placement_fn?)")
     if p.dim() == 0:
         raise _unmappable(fqn, "a 0-dim parameter")
     shards, shard = mesh.size(), mesh.get_local_rank()
