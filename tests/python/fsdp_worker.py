@@ -294,6 +294,11 @@ def errors():
         model2.forward = lambda x: model2.head(model2.frozen(torch.relu(model2.emb(x))))
         model2(x).sum().backward()
     out["unused"] = _message(unused)
+    model3 = make(mesh["shard"])  # the fix the message names: FSDP reduces zeros for them
+    model3.set_reduce_scatter_unused_params(True)
+    fsdp.register(model3, state)
+    model3.forward = lambda x: model3.head(model3.frozen(torch.relu(model3.emb(x))))
+    out["unused_fixed"] = _message(lambda: model3(x).sum().backward())
     state.close()
     out["closed"] = _message(lambda: state.state_dict())
     result(**out)

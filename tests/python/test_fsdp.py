@@ -114,5 +114,6 @@ def test_clear_errors_and_divide_factor():
     assert "mesh has 2 dimensions" in r["mesh2d"] and torch.__version__ in r["mesh2d"], r
     assert "Shard(dim=1)" in r["shard1"] and torch.__version__ in r["shard1"], r
     assert "handed the hook" in r["unused"] and "set_reduce_scatter_unused_params" in r["unused"]
+    assert r["unused_fixed"] is None, r
     assert "closed" in r["closed"], r
     assert (r["op"], r["op_factor"]) == ("avg", "sum"), r

@@ -246,7 +246,7 @@ class PowerSGDState:
                                   "one", "fsdp all-reduce hook")
         if flat.dim() != 1 or flat.numel() != unit.numel:
             raise RuntimeError(
-                f"lowrank.torch.fsdp: FSDPModule {unit.name!r} handed the hook "
+                f"lowrank.torch.fsdp: FSDPModule {unit.name or '<root>'!r} handed the hook "
                 f"{tuple(flat.shape)} elements, its parameters' shards make {unit.numel} "
                 f"({len(unit.regions)} parameters, padded to their dim-0 chunks): some parameter "
                 "got no gradient this step (FSDP leaves it out: call "
@@ -257,8 +257,8 @@ class PowerSGDState:
         if unit.calls == 0:  # FSDP's packing order is known (lazy init) by now: check it again
             _check_against_fsdp(unit.name, unit.module, unit.regions, unit.names)
         if flat.is_cuda != (self.device == "cuda"):
-            raise RuntimeError(f"lowrank.torch.fsdp: FSDPModule {unit.name!r}'s output is on "
-                               f"{flat.device}, this state's communicator is for {self.device} "
+            raise RuntimeError(f"lowrank.torch.fsdp: FSDPModule {unit.name or '<root>'!r}'s "
+                               f"output is on {flat.device}, this state's communicator is for {self.device} "
                                "(PowerSGDState's device=)")
         unit.calls += 1
         op = self.op or _fsdp_op(unit.module)
