@@ -237,7 +237,7 @@ class PowerSGDState:
             self._closed = True
             self._comm.destroy()
 
-    # ---- the hook ----------------------------------------------------------------------------------
+    # ---- the hook --------------------------------------------------------------------------------
     def _reduce(self, unit, flat):
         """The all-reduce hook of one FSDPModule: `flat` (1-D, contiguous, FSDP's reduce dtype)
         averaged (or summed, see the class's op) over the replica group in place."""
@@ -258,8 +258,8 @@ class PowerSGDState:
             _check_against_fsdp(unit.name, unit.module, unit.regions, unit.names)
         if flat.is_cuda != (self.device == "cuda"):
             raise RuntimeError(f"lowrank.torch.fsdp: FSDPModule {unit.name or '<root>'!r}'s "
-                               f"output is on {flat.device}, this state's communicator is for {self.device} "
-                               "(PowerSGDState's device=)")
+                               f"output is on {flat.device}, this state's communicator is for "
+                               f"{self.device} (PowerSGDState's device=)")
         unit.calls += 1
         op = self.op or _fsdp_op(unit.module)
         comm, ptr = self._comm, flat.data_ptr()
@@ -279,7 +279,7 @@ class PowerSGDState:
             # allocator hands out few addresses) until close()
             comm.release(old)
 
-    # ---- checkpoint --------------------------------------------------------------------------------
+    # ---- checkpoint ------------------------------------------------------------------------------
     def state_dict(self):
         """This rank's hook state, to save beside FSDP's sharded state dict (every rank its own
         file: the residuals differ across replicas). Plain Python types:
