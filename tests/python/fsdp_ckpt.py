@@ -1,7 +1,7 @@
 """The checkpoint part of fsdp_worker.py: FSDP's sharded state (model and SGD momentum) by
 torch.distributed.checkpoint, the hook's state by torch.save, one file per rank.
 
-    ckpt full DIR     FIRST + THEN steps uninterrupted
+    ckpt full DIR     FIRST + THEN steps uninterrupted (a state_dict() taken after FIRST)
     ckpt save DIR     FIRST steps, then save
     ckpt resume DIR   new model, optimizer and hook state loaded, THEN steps
     ckpt nohook DIR   the same without the hook's state (must differ)
@@ -54,6 +54,8 @@ def main(mode, path):
             state.load_state_dict(saved)
     for step in steps:
         train_step(model, opt, step)
+        if mode == "full" and step == FIRST - 1:
+            state.state_dict()  # saving mid-run must not disturb the run (resume == full)
     held = 0
     if mode == "save":
         msd, osd = get_state_dict(model, opt)

@@ -340,13 +340,24 @@ class PowerSGDState:
             if e["state"] is not None:
                 staged.append((tid, shape, bytes(e["state"])))
         for tid, shape, data in staged:
-            scratch = torch.empty(1)  # an address of its own, never allreduced
+            scratch = self._scratch()
             self._comm.set_tensors(scratch, [(tid, shape)])
             self._comm.restore_state(scratch, data)  # staged per id, communicator-wide
             self._comm.release(scratch)  # the staged restore stays (lowrankBufferRelease)
 
+    def _scratch(self):
+        """A tensor to declare one id on, never allreduced, at an address no group's output had
+        at its last call: declaring there would take that group's ids off it, and the release
+        after would drop them (lowrankBufferRelease of their last buffer)."""
+        held, keep = {u.ptr for u in self._units}, []
+        while True:
+            t = torch.empty(1)
+            if t.data_ptr() not in held:
+                return t
+            keep.append(t)  # held until a free address comes
+
     def _save_id(self, tid, shape):
-        scratch = torch.empty(1)
+        scratch = self._scratch()
         self._comm.set_tensors(scratch, [(tid, shape)])
         try:
             return self._comm.save_state(scratch)
