@@ -14,8 +14,8 @@ chunk) to the hook set by FSDPModule.set_all_reduce_hook, which reduces it in pl
 views each parameter's region as its shard's matrix and lets lowrank's communicator over the
 replica group compress it per tensor (Communicator.set_tensors with ids from the parameter's name
 and shard index, then allreduce): state follows the parameter, not FSDP's output buffer, which
-FSDP allocates afresh at every backward. docs/pytorch.md, "FSDP2 (HSDP)", has the set-up, what is
-compressed and each error.
+FSDP allocates afresh at every backward. docs/pytorch.md, "FSDP2: hybrid sharding (HSDP)", has
+the set-up, what is compressed and each error.
 
 Needs FSDP2's all-reduce hook (torch.distributed.fsdp.FSDPModule.set_all_reduce_hook, torch >= 2.7;
 tested with 2.15): importing this module on an older torch raises ImportError saying so.
