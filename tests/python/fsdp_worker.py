@@ -282,6 +282,7 @@ def errors():
     out["shard1"] = _message(lambda: fsdp.register(m, state))
     model = make(mesh["shard"])
     fsdp.register(model, state)
+    out["twice"] = _message(lambda: fsdp.register(model, state))
     out["op"] = fsdp._fsdp_op(model)
     model.set_gradient_divide_factor(3.0)
     out["op_factor"] = fsdp._fsdp_op(model)

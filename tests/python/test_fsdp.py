@@ -116,4 +116,5 @@ def test_clear_errors_and_divide_factor():
     assert "handed the hook" in r["unused"] and "set_reduce_scatter_unused_params" in r["unused"]
     assert r["unused_fixed"] is None, r
     assert "closed" in r["closed"], r
+    assert "registered on this state already" in r["twice"], r
     assert (r["op"], r["op_factor"]) == ("avg", "sum"), r

@@ -402,8 +402,12 @@ def register(model, state):
     parameters where that private list is readable. Call it on every rank after fully_shard,
     before the first forward (or between steps), and not twice on one model.
     Returns the list of (FSDPModule, hook) set. Raises ValueError (an unmappable parameter,
-    named; no FSDPModule in model; a layout that disagrees with FSDP's)."""
+    named; no FSDPModule in model; a layout that disagrees with FSDP's; registered twice)."""
     state._check_open()
+    if any(isinstance(m, FSDPModule) and any(u.module is m for u in state._units)
+           for m in model.modules()):
+        raise ValueError("lowrank.torch.fsdp.register: this model is registered on this state "
+                         "already (one register per model and state)")
     names = {}
     for n, p in model.named_parameters():
         names.setdefault(id(p), n)
