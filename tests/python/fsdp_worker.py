@@ -121,6 +121,25 @@ def native(k, start, steps=4):
     state.close()
 
 
+def shards4(steps=2):
+    """1 replica x 4 shards: the 5-row head leaves shard 3 empty (padding only), scale's 7
+    elements are 2 + 2 + 2 + 1. At k = 0 over a replica group of one the hook must leave every
+    flat shard as it is: the shards equal those of the same model without a hook, bit for bit."""
+    mesh = init_device_mesh("cpu", (1, 4), mesh_dim_names=("replicate", "shard"))
+    ref, mine = make(mesh["shard"]), make(mesh["shard"])
+    state = fsdp.PowerSGDState(mesh["replicate"].get_group(), matrix_approximation_rank=0)
+    fsdp.register(mine, state)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (ref, mine)]
+    for step in range(steps):
+        for m, o in zip((ref, mine), opts):
+            train_step(m, o, step)
+    a, b = local(ref), local(mine)
+    rows = {r.fqn: r.rows for rs in state.layouts().values() for r in rs}
+    result(same=all(torch.equal(a[n], b[n]) for n in a), rows=rows,
+           calls=state.stats()["calls"])
+    state.close()
+
+
 # ---- an independent layout: from the plain model's parameters and torch.chunk -------------------
 def expected_layout(groups):
     """{group name: [(fqn, full shape)]} in FSDP's packing order, for Net: per group, the
@@ -313,7 +332,7 @@ if __name__ == "__main__":
         import fsdp_ckpt
         fsdp_ckpt.main(*args)
     else:
-        {"native": native, "match": match, "accum": accum, "errors": errors,
+        {"native": native, "match": match, "accum": accum, "errors": errors, "shards4": shards4,
          "peer_death": peer_death}[what](*[int(a) for a in args])
     dist.barrier()
     dist.destroy_process_group()

@@ -63,6 +63,17 @@ def test_compressed_equals_direct_allreduce(k, start):
 
 
 @needs_fsdp2
+def test_empty_and_uneven_shards():
+    """1 replica x 4 shards: a 5-row head (rows 2, 2, 1, 0: shard 3 is padding only) and 7-element
+    scale map, and the hook at k = 0 changes nothing (the same shards as without a hook)."""
+    res = results(run_ranks(WORLD, "shards4", timeout=150, worker=W))
+    assert [r["rows"]["head.weight"] for r in res] == [2, 2, 1, 0]
+    assert [r["rows"]["scale"] for r in res] == [2, 2, 2, 1]
+    for r in res:
+        assert r["same"] and r["calls"] > 0, r
+
+
+@needs_fsdp2
 def test_gradient_accumulation():
     """set_requires_gradient_sync(False) on the accumulation micro-batches: no hook call there,
     one per group at the synchronizing one; sync at every micro-batch: one per group each."""
