@@ -1,8 +1,8 @@
 """The checkpoint part of fsdp_worker.py: FSDP's sharded state (model and SGD momentum) by
 torch.distributed.checkpoint, the hook's state by torch.save, one file per rank.
 
-    ckpt full DIR     FIRST + THEN steps uninterrupted (a state_dict() taken after FIRST)
-    ckpt save DIR     FIRST steps, then save
+    ckpt save DIR     FIRST + THEN steps uninterrupted, saving after FIRST (which must not
+                      disturb the run: resume == this run)
     ckpt resume DIR   new model, optimizer and hook state loaded, THEN steps
     ckpt nohook DIR   the same without the hook's state (must differ)
 Each reports a digest of every local parameter shard after the last step.
@@ -41,8 +41,7 @@ def digest(model):
 
 def main(mode, path):
     model, opt, state = setup()
-    steps = range(FIRST + THEN) if mode == "full" else \
-        range(FIRST) if mode == "save" else range(FIRST, FIRST + THEN)
+    steps = range(FIRST + THEN) if mode == "save" else range(FIRST, FIRST + THEN)
     saved = None
     if mode in ("resume", "nohook"):
         msd, osd = get_state_dict(model, opt)
@@ -52,18 +51,16 @@ def main(mode, path):
         if mode == "resume":
             saved = torch.load(os.path.join(path, f"hook{RANK}.pt"), weights_only=True)
             state.load_state_dict(saved)
+    held = 0
     for step in steps:
         train_step(model, opt, step)
-        if mode == "full" and step == FIRST - 1:
-            state.state_dict()  # saving mid-run must not disturb the run (resume == full)
-    held = 0
-    if mode == "save":
-        msd, osd = get_state_dict(model, opt)
-        dcp.save({"model": msd, "optim": osd}, checkpoint_id=path)
-        sd = state.state_dict()
-        held = sum(e["state"] is not None for e in sd["params"].values())
-        torch.save(sd, os.path.join(path, f"hook{RANK}.pt"))
-        dist.barrier()
+        if mode == "save" and step == FIRST - 1:
+            msd, osd = get_state_dict(model, opt)
+            dcp.save({"model": msd, "optim": osd}, checkpoint_id=path)
+            sd = state.state_dict()
+            held = sum(e["state"] is not None for e in sd["params"].values())
+            torch.save(sd, os.path.join(path, f"hook{RANK}.pt"))
+            dist.barrier()
     result(digest=digest(model), held=held,
            loaded=0 if saved is None else sum(e["state"] is not None
                                               for e in saved["params"].values()),
