@@ -6,6 +6,7 @@ replica all-reduce done by
   exact      lowrank.torch.fsdp's hook at k = 0 (exact, by lowrank)
   lowrank    lowrank.torch.fsdp's hook at rank --rank, after --start-iter exact steps
 One run per call; rank 0 prints per epoch and writes --out (JSON). Needs torch >= 2.7.
+`hsdp.py --summary FOLDER` tabulates the JSON files of a folder.
 
     for s in 0 1 2; do for r in native lowrank; do
       /work/venv2/bin/python perf/train/hsdp.py --spawn 4 --model cnn --reducer $r --seed $s \\
@@ -125,7 +126,32 @@ def run(args):
     dist.destroy_process_group()
 
 
+def summary(folder):
+    """A Markdown table of the runs' JSON files in `folder`: per model and reducer, the final
+    metric (cnn: test accuracy; transformer: test loss) as mean +- standard error over seeds,
+    and the bits per worker of the whole run (mean)."""
+    import glob
+    import statistics
+    runs = {}
+    for path in sorted(glob.glob(os.path.join(folder, "*.json"))):
+        with open(path) as f:
+            d = json.load(f)
+        c = d["config"]
+        runs.setdefault((c["model"], c["reducer"]), []).append(d)
+    print("| model | reducer | seeds | final metric (mean +- SE) | bits per worker (mean) |")
+    print("|---|---|---|---|---|")
+    for (model, reducer), ds in sorted(runs.items()):
+        key = "test_accuracy" if model == "cnn" else "test_loss"
+        xs = [d["epochs"][-1][key] for d in ds]
+        se = statistics.stdev(xs) / len(xs) ** 0.5 if len(xs) > 1 else float("nan")
+        bits = statistics.mean(d["epochs"][-1]["bits_per_worker"] for d in ds)
+        print(f"| {model} | {reducer} | {len(xs)} | {key} {statistics.mean(xs):.4f} +- {se:.4f} "
+              f"| {bits:.3g} |")
+
+
 def main():
+    if sys.argv[1:2] == ["--summary"]:
+        return summary(sys.argv[2])
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", choices=["cnn", "transformer"], default="cnn")
