@@ -28,6 +28,7 @@ def test_meson_install_stages_package_and_library():
         assert len(inits) == 1, inits
         pkg = os.path.dirname(inits[0])
         assert os.path.exists(os.path.join(pkg, "torch", "hook.py"))
+        assert os.path.exists(os.path.join(pkg, "torch", "fsdp.py"))
         ns = {}
         exec(open(os.path.join(pkg, "_install.py")).read(), ns)
         libdir = ns["LIBDIR"]

@@ -5,6 +5,8 @@
     ddp_model.register_comm_hook(state, powerSGD_hook)
 
 Differences from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook: docs/pytorch.md.
+FSDP2's hybrid sharding: lowrank.torch.fsdp (torch >= 2.7; not imported here, so that this
+package works on torch 1.13).
 """
 from .adaptive import AdaptiveRank
 from .hook import PowerSGDState, powerSGD_hook
