@@ -114,6 +114,7 @@ def run(args):
             print(f"epoch {epoch}: " + ", ".join(f"{k} {v:.4g}" for k, v in rec.items()
                                                  if k != "epoch"), flush=True)
     out = dict(config=vars(args), world=world, replicas=replicas, torch=torch.__version__,
+               machine=train.machine_info(),  # its "git": the revision, "-dirty" if uncommitted
                epochs=epochs, wall_s=time.perf_counter() - t_run,
                lowrank_stats=state.stats() if state is not None else None)
     if state is not None:

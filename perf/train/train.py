@@ -32,6 +32,7 @@ import json
 import math
 import os
 import platform
+import random
 import signal
 import socket
 import subprocess
@@ -65,9 +66,19 @@ DEFAULTS = {"cnn": dict(epochs=10, batch=8, lr=0.05),
 
 # ---- launcher ------------------------------------------------------------------------------------
 def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port that binds now, drawn below Linux's ephemeral range (32768-60999): a port the kernel
+    hands out (bind to 0) may be taken by an outgoing connection before rank 0's store binds it,
+    as the many gloo connections of a run make (seen: EADDRINUSE in CI)."""
+    draw = random.Random()
+    for _ in range(200):
+        port = draw.randrange(20000, 32000)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in 20000-31999")
 
 
 def _worker_env(rank, n, port):

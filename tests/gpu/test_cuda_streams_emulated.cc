@@ -48,7 +48,8 @@ std::set<uint64_t> ancestors(const std::map<uint64_t, const emu::TracedOp*>& ops
     auto it = ops.find(seq);
     if (it == ops.end()) continue;  // queued before the trace began
     for (uint64_t d : it->second->deps) {
-      if (seq == cut && d == it->second->eventDep) continue;
+      // (An event recorded just before on the same stream is also the stream's order: kept.)
+      if (seq == cut && d == it->second->eventDep && d != it->second->streamDep) continue;
       if (seen.insert(d).second) todo.push_back(d);
     }
   }

@@ -72,14 +72,13 @@ MUTANTS = {
         "next kernels read the output before pass 3 wrote it",
         "    LR_CUDA(cudaStreamWaitEvent(s, b.done, 0));\n",
         ""),
-    "save_off_stream": (
+    "save_unbounded": (
         "backend.cc",
-        "checkpoint copy not ordered after the state's last call: stateSave copies the residual "
-        "on the legacy default stream, which the buffer's non-blocking stream is not ordered with",
-        "LR_CUDA(cudaMemcpyAsync(residual, b.e, b.plan.count * sizeof(float), cudaMemcpyDeviceToHost,\n"
-        "                              b.compute));",
-        "LR_CUDA(cudaMemcpyAsync(residual, b.e, b.plan.count * sizeof(float), cudaMemcpyDeviceToHost,\n"
-        "                              nullptr));"),
+        "unbounded host wait: the checkpoint save copies to pageable memory without first waiting "
+        "(bounded) for the state's last call, so behind a collective that never ends (a dead "
+        "peer) the copy blocks the host for good instead of timing out",
+        "    LR_TRY(waitDevice(*b.comm, b.done, nullptr, \"the state's last call (checkpoint save)\"));\n",
+        ""),
     "restore_off_stream": (
         "backend.cc",
         "restore not ordered before the next call: stateLoad copies the warm-start Q on the legacy "

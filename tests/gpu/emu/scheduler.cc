@@ -135,7 +135,7 @@ cudaError_t enqueue(cudaStream_t handle, std::string what, std::function<void()>
     t.seq = op->seq;
     t.stream = s;
     t.what = what;
-    if (s->tail) t.deps.push_back(s->tail->seq);
+    if (s->tail) t.deps.push_back(t.streamDep = s->tail->seq);
     if (waitFor) t.deps.push_back(t.eventDep = waitFor->seq);
     for (CUstream_st* other : streams())
       if (other != s && other->tail && ((s->legacy && other->blocking) || (other->legacy && s->blocking)))

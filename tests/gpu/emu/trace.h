@@ -18,6 +18,7 @@ struct TracedOp {
   const CUstream_st* stream = nullptr;
   std::string what;                 // "cudaStreamWaitEvent", "kernel launch", "ncclAllReduce", ...
   std::vector<uint64_t> deps;       // seqs of the operations that must run before it
+  uint64_t streamDep = 0;           // of those, the one before it on its stream (0: none)
   uint64_t eventDep = 0;            // of those, the event record it waits for (0: none)
 };
 
