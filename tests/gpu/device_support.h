@@ -86,6 +86,17 @@ inline void expectDeviceEngineRan(lowrankComm_t comm, const void* recv, uint64_t
   EXPECT_EQ(st.elementsSent, 0u) << "the host engine sent factors";
 }
 
+// The elements of the tensors of `shapes`.
+inline size_t countOf(const std::vector<std::vector<size_t>>& shapes) {
+  size_t count = 0;
+  for (const auto& s : shapes) {
+    size_t n = 1;
+    for (size_t d : s) n *= d;
+    count += n;
+  }
+  return count;
+}
+
 // lowrankBufferSetLayout of buf: the tensors of `shapes`, in order.
 inline void setLayoutOf(lowrankComm_t comm, const void* buf,
                         const std::vector<std::vector<size_t>>& shapes) {

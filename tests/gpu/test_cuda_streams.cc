@@ -20,16 +20,6 @@ namespace {
 
 const std::vector<std::vector<size_t>> kShapes = {{40, 24}, {16}, {24, 2, 2, 3}};
 
-size_t countOf(const std::vector<std::vector<size_t>>& shapes) {
-  size_t count = 0;
-  for (const auto& s : shapes) {
-    size_t n = 1;
-    for (size_t d : s) n *= d;
-    count += n;
-  }
-  return count;
-}
-
 // 200 in-place calls on one buffer: input copied up, the call, output copied down, each on the
 // caller's stream; `alternate`: on two non-blocking streams in turn, chained by events, with no
 // host synchronization; else on one stream, synchronized after every call. The state is saved

@@ -23,16 +23,6 @@ namespace {
 
 const std::vector<std::vector<size_t>> kShapes = {{96, 80}, {40}, {64, 3, 3, 5}};
 
-size_t countOf(const std::vector<std::vector<size_t>>& shapes) {
-  size_t count = 0;
-  for (const auto& s : shapes) {
-    size_t n = 1;
-    for (size_t d : s) n *= d;
-    count += n;
-  }
-  return count;
-}
-
 // NCCL's collectives as the double names them (lowrank calls the pnccl entries).
 bool isCommunication(const emu::TracedOp& op) { return op.what.find("ncclAllReduce") != std::string::npos; }
 

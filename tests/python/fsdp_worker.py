@@ -299,14 +299,27 @@ def errors():
     fully_shard(m, mesh=mesh["shard"], shard_placement_fn=lambda p: Shard(1) if p.dim() == 2
                 else Shard(0))
     out["shard1"] = _message(lambda: fsdp.register(m, state))
+    out["units_after_refusal"] = len(state._units)  # a refused register sets nothing
+    out["load_before_register"] = _message(lambda: state.load_state_dict(
+        {"format": fsdp._FORMAT, "version": 1, "config": {}, "replica": 0, "replicas": 1,
+         "params": {}}))
+    out["malformed"] = _message(lambda: state.load_state_dict(
+        {"format": fsdp._FORMAT, "version": 1}))
+    only_blocks = Net()  # the root not sharded: its own parameters would be reduced by nobody
+    for b in only_blocks.blocks:
+        fully_shard(b, mesh=mesh["shard"])
+    out["outside"] = _message(lambda: fsdp.register(only_blocks, state))
     model = make(mesh["shard"])
     fsdp.register(model, state)
     out["twice"] = _message(lambda: fsdp.register(model, state))
+    out["second_model"] = _message(lambda: fsdp.register(make(mesh["shard"]), state))
     out["op"] = fsdp._fsdp_op(model)
     model.set_gradient_divide_factor(3.0)
     out["op_factor"] = fsdp._fsdp_op(model)
     # a step in which a parameter gets no gradient: FSDP leaves it out of the flat output
     model2 = make(mesh["shard"])
+    state.close()  # a state per model
+    state = fsdp.PowerSGDState(rgroup, matrix_approximation_rank=2, start_powerSGD_iter=0)
     fsdp.register(model2, state)
     x, _ = batch(0)
 
@@ -316,6 +329,8 @@ def errors():
     out["unused"] = _message(unused)
     model3 = make(mesh["shard"])  # the fix the message names: FSDP reduces zeros for them
     model3.set_reduce_scatter_unused_params(True)
+    state.close()
+    state = fsdp.PowerSGDState(rgroup, matrix_approximation_rank=2, start_powerSGD_iter=0)
     fsdp.register(model3, state)
     model3.forward = lambda x: model3.head(model3.frozen(torch.relu(model3.emb(x))))
     out["unused_fixed"] = _message(lambda: model3(x).sum().backward())

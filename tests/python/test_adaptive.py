@@ -73,15 +73,18 @@ def test_window_and_lag(window, lag):
         assert m == (t - lag if t - lag in measured else None)
 
 
-def test_bind_fills_low_and_high():
-    rule = AdaptiveRank()
-    rule.bind(2)
+def test_bind_fills_low_and_high_in_a_copy():
+    given = AdaptiveRank()
+    rule = given.bind(2)
     assert (rule.low, rule.high, rule.initial()) == (2, 8, 8)
-    rule = AdaptiveRank(high=3)
-    rule.bind(2)
+    assert (given.low, given.high) == (None, None), "the caller's rule is left as it was"
+    assert given.bind(8).high == 32, "so it may serve another state with another k"
+    rule = AdaptiveRank(high=3).bind(2)
     assert (rule.low, rule.high) == (2, 3)
     with pytest.raises(ValueError, match="below"):
         AdaptiveRank(high=1).bind(2)
+    with pytest.raises(ValueError, match="above 65536"):
+        AdaptiveRank().bind(20000)
 
 
 @pytest.mark.parametrize("kwargs,word", [

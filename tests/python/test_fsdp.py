@@ -116,9 +116,11 @@ def test_replica_killed_mid_step():
 @needs_fsdp2
 def test_clear_errors_and_divide_factor():
     """One process: a model without fully_shard, native HSDP's 2-D mesh, a Shard(1) placement
-    (each naming the parameter and the torch version where it is about the layout), a step where
-    parameters get no gradient (the size check), a closed state; FSDP's divide factor turns the
-    hook's average into a sum (native HSDP's convention)."""
+    (each naming the parameter and the torch version where it is about the layout; a refused
+    register sets no hook), a load before register, a malformed state dict, a root left unsharded
+    (its parameters outside every FSDPModule), a second register on one state (the same model or
+    another), a step where parameters get no gradient (the size check), a closed state; FSDP's
+    divide factor turns the hook's average into a sum (native HSDP's convention)."""
     r = results(run_ranks(1, "errors", timeout=90, worker=W))[0]
     assert r["plain"].startswith("ValueError") and "no FSDPModule" in r["plain"], r
     assert "mesh has 2 dimensions" in r["mesh2d"] and torch.__version__ in r["mesh2d"], r
@@ -126,5 +128,10 @@ def test_clear_errors_and_divide_factor():
     assert "handed the hook" in r["unused"] and "set_reduce_scatter_unused_params" in r["unused"]
     assert r["unused_fixed"] is None, r
     assert "closed" in r["closed"], r
-    assert "registered on this state already" in r["twice"], r
+    assert r["units_after_refusal"] == 0, "a refused register leaves no hook behind"
+    assert "call register(model, state) first" in r["load_before_register"], r
+    assert r["malformed"].startswith("ValueError") and "not a state_dict()" in r["malformed"], r
+    assert "outside every FSDPModule" in r["outside"] and "scale" in r["outside"], r
+    assert "serves a model already" in r["twice"], r
+    assert "serves a model already" in r["second_model"], r
     assert (r["op"], r["op_factor"]) == ("avg", "sum"), r

@@ -8,6 +8,7 @@ import torch.nn as nn
 
 from conftest import results, run_ranks
 from lowrank.torch import PowerSGDState
+from lowrank.torch.adaptive import AdaptiveRank
 from lowrank.torch.tensor_ranks import TensorRanks
 
 BIASES = {"fc1.bias": 0, "fc2.bias": 0, "head.bias": 0}
@@ -93,11 +94,17 @@ class _Tiny(nn.Module):
     (dict(rank_of={"head.weight": True}, model="m"), "rank True"),
     (dict(rank_of=["head.weight"], model="m"), "must be a dict"),
     (dict(exclude=[3], model="m"), "parameters (tensors) or"),
+    (dict(matrix_approximation_rank=0, rank_of={"head.weight": 4}, model="m"),
+     "turns compression off for every parameter"),
+    (dict(matrix_approximation_rank=0, adaptive="rule"), "an adaptive rank needs a k > 0"),
+    (dict(matrix_approximation_rank=20000, adaptive="rule"), "above 65536"),
 ])
 def test_bad_settings_are_clear_errors(kwargs, message):
     """Checked before torch.distributed is needed: each raises ValueError naming the problem."""
     if kwargs.get("model") == "m":
         kwargs["model"] = _Tiny()
+    if kwargs.get("adaptive") == "rule":
+        kwargs["adaptive"] = AdaptiveRank()
     with pytest.raises(ValueError, match=None) as e:
         PowerSGDState(None, **kwargs)
     assert message in str(e.value)

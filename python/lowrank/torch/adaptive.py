@@ -12,6 +12,7 @@ numbers over the process group and asks decide(); the ks apply from that step on
 declaration of each bucket (lowrank keeps each parameter's residual and warm-start Q across the
 change).
 """
+import copy
 import math
 
 
@@ -58,13 +59,23 @@ class AdaptiveRank:
         self._norms = {}  # parameter -> its gradient norm at the last measurement
 
     def bind(self, k):
-        """Fills low and high from the state's k (matrix_approximation_rank) where None."""
-        if self.low is None:
-            self.low = max(1, int(k))
-        if self.high is None:
-            self.high = max(self.low, 4 * self.low)
-        if self.high < self.low:
-            raise ValueError(f"AdaptiveRank: high={self.high} is below low={self.low}")
+        """A copy of this rule with low and high filled from the state's k
+        (matrix_approximation_rank) where None (the caller's object is left as it is, so one rule
+        may serve several states). Raises ValueError: high below low, or above 65536 (lowrank's
+        largest approximation rank)."""
+        bound = copy.copy(self)
+        bound._norms = dict(self._norms)
+        if bound.low is None:
+            bound.low = max(1, int(k))
+        if bound.high is None:
+            bound.high = max(bound.low, 4 * bound.low)
+        if bound.high < bound.low:
+            raise ValueError(f"AdaptiveRank: high={bound.high} is below low={bound.low}")
+        if bound.high > 65536:
+            raise ValueError(f"AdaptiveRank: high={bound.high} is above 65536, lowrank's largest "
+                             "approximation rank (pass high=, or a smaller "
+                             "matrix_approximation_rank: high defaults to 4 times it)")
+        return bound
 
     def measures(self, step):
         """True when step (0-based) is the last of a window: its numbers are measured."""

@@ -250,7 +250,8 @@ class PowerSGDState:
                 f"{tuple(flat.shape)} elements, its parameters' shards make {unit.numel} "
                 f"({len(unit.regions)} parameters, padded to their dim-0 chunks): some parameter "
                 "got no gradient this step (FSDP leaves it out: call "
-                "set_reduce_scatter_unused_params(True)), or this torch "
+                "set_reduce_scatter_unused_params(True)), a parameter's requires_grad changed "
+                "since register() (make a new state and register it), or this torch "
                 f"({torch.__version__}) lays the output out otherwise than the hook expects")
         if unit.array is None:
             return
@@ -310,9 +311,16 @@ class PowerSGDState:
         WARNING; a parameter with nothing saved starts afresh. At the first call, every rank
         raises lowrankInvalidUsage if the replicas' restored states disagree."""
         self._check_open()
-        if not isinstance(sd, dict) or sd.get("format") != _FORMAT or sd.get("version") != 1:
+        if not isinstance(sd, dict) or sd.get("format") != _FORMAT or sd.get("version") != 1 or \
+                not isinstance(sd.get("config"), dict) or not isinstance(sd.get("params"), dict) \
+                or not all(isinstance(sd.get(k), int) for k in ("replica", "replicas")):
             raise ValueError("lowrank.torch.fsdp.PowerSGDState.load_state_dict: not a "
-                             "state_dict() of this class (version 1)")
+                             "state_dict() of this class (version 1: format, version, config, "
+                             "replica, replicas, params)")
+        if not self._units:
+            raise ValueError("lowrank.torch.fsdp.PowerSGDState.load_state_dict: no model is "
+                             "registered on this state yet: call register(model, state) first "
+                             "(the saved parameters are matched to the model's by name)")
         diffs = [f"{k}: saved {sd['config'].get(k)!r}, this state {getattr(self, k)!r}"
                  for k in _CHECKED if not _same(sd["config"].get(k), getattr(self, k))]
         if diffs:
@@ -400,33 +408,46 @@ def register(model, state):
     """Set lowrank's all-reduce hook on every FSDPModule of `model` (model itself included),
     each with the layout of its flat output (shard_layout), checked against FSDP's own list of
     parameters where that private list is readable. Call it on every rank after fully_shard,
-    before the first forward (or between steps), and not twice on one model.
+    before the first forward, once per state: a state serves one model (its tensor ids come from
+    parameter names, which another model would share). Every FSDPModule is checked before any
+    hook is set, so a refusal changes nothing.
     Returns the list of (FSDPModule, hook) set. Raises ValueError (an unmappable parameter,
-    named; no FSDPModule in model; a layout that disagrees with FSDP's; registered twice)."""
+    named; no FSDPModule in model; a trainable parameter outside every FSDPModule, whose gradient
+    nobody would reduce across replicas; a layout that disagrees with FSDP's; a state that
+    serves a model already)."""
     state._check_open()
-    if any(isinstance(m, FSDPModule) and any(u.module is m for u in state._units)
-           for m in model.modules()):
-        raise ValueError("lowrank.torch.fsdp.register: this model is registered on this state "
-                         "already (one register per model and state)")
+    if state._units:
+        raise ValueError("lowrank.torch.fsdp.register: this state serves a model already (its "
+                         "tensor ids come from parameter names, which another model, or the "
+                         "same one registered twice, would share): make a PowerSGDState per model")
     names = {}
     for n, p in model.named_parameters():
         names.setdefault(id(p), n)
-    set_ = []
+    units = []
     for name, m in model.named_modules():
-        if not isinstance(m, FSDPModule):
-            continue
-        regions = shard_layout(m, names)
-        _check_against_fsdp(name, m, regions, names)
-        unit = _Unit(name, m, regions, names)
+        if isinstance(m, FSDPModule):
+            regions = shard_layout(m, names)
+            _check_against_fsdp(name, m, regions, names)
+            units.append(_Unit(name, m, regions, names))
+    if not units:
+        raise ValueError("lowrank.torch.fsdp.register: the model has no FSDPModule (apply "
+                         "fully_shard first)")
+    covered = {r.fqn for u in units for r in u.regions}
+    outside = [n for n, p in model.named_parameters() if p.requires_grad and n not in covered]
+    if outside:
+        raise ValueError("lowrank.torch.fsdp.register: trainable parameters outside every "
+                         f"FSDPModule of the model ({', '.join(outside[:5])}"
+                         f"{', ...' if len(outside) > 5 else ''}): their gradients would not be "
+                         "reduced across replicas; apply fully_shard to the model's root (last) "
+                         "and register the root")
+    set_ = []
+    for unit in units:
         state._units.append(unit)
 
         def hook(flat, _unit=unit):
             state._reduce(_unit, flat)
-        m.set_all_reduce_hook(hook)
-        set_.append((m, hook))
-    if not set_:
-        raise ValueError("lowrank.torch.fsdp.register: the model has no FSDPModule (apply "
-                         "fully_shard first)")
+        unit.module.set_all_reduce_hook(hook)
+        set_.append((unit.module, hook))
     return set_
 
 

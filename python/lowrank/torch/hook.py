@@ -116,11 +116,19 @@ class PowerSGDState:
                  *, timeout=None, pipeline=None, device=None, exclude=None, rank_of=None,
                  model=None, adaptive=None):
         ranks = TensorRanks(exclude, rank_of, model)  # checked before anything is made
+        if matrix_approximation_rank == 0 and rank_of is not None:
+            raise ValueError("rank_of: matrix_approximation_rank=0 turns compression off for "
+                             "every parameter, rank_of's included (lowrank's k = 0 is "
+                             "uncompressed); give the default k instead, and rank_of 0 for "
+                             "the parameters to keep exact")
         if adaptive is not None:
             if not isinstance(adaptive, AdaptiveRank):
                 raise TypeError(f"adaptive must be a lowrank.torch.adaptive.AdaptiveRank, not "
                                 f"{type(adaptive).__name__}")
-            adaptive.bind(matrix_approximation_rank)
+            if matrix_approximation_rank == 0:
+                raise ValueError("adaptive: matrix_approximation_rank=0 turns compression off "
+                                 "for every parameter; an adaptive rank needs a k > 0")
+            adaptive = adaptive.bind(matrix_approximation_rank)
         require_initialized()
         self._set_settings(process_group, dict(
             matrix_approximation_rank=matrix_approximation_rank,
