@@ -17,6 +17,15 @@ cudaError_t query(cudaEvent_t ev, cudaStream_t stream) {
 
 void nap() { std::this_thread::sleep_for(std::chrono::microseconds(20)); }
 
+// ncclCommGetAsyncError under ncclMu, which commAbort takes to set the flag before
+// ncclCommAbort frees the comm: false, touching nothing, once the comm was aborted.
+bool pollNccl(const DeviceComm& dc, int* result, int* async) {
+  std::lock_guard<std::mutex> lock(dc.ncclMu);
+  if (dc.aborted) return false;
+  *result = dc.api->commGetAsyncError(dc.comm, async);
+  return true;
+}
+
 }  // namespace
 
 Err waitDevice(const DeviceComm& dc, cudaEvent_t ev, cudaStream_t stream, const char* phase) {
@@ -35,11 +44,7 @@ Err waitDevice(const DeviceComm& dc, cudaEvent_t ev, cudaStream_t stream, const 
                        ev ? "cudaEventQuery" : "cudaStreamQuery", cudaGetErrorString(q),
                        cudaGetErrorName(q));
     int async = 0, r = 0;
-    {
-      std::lock_guard<std::mutex> lock(dc.ncclMu);  // commAbort sets the flag under it
-      if (dc.aborted) return aborted();
-      r = dc.api->commGetAsyncError(dc.comm, &async);
-    }
+    if (!pollNccl(dc, &r, &async)) return aborted();
     char what[160];
     if (r) {
       snprintf(what, sizeof what, "ncclCommGetAsyncError (waiting for %s)", phase);
@@ -75,12 +80,10 @@ Err ncclIssue(const DeviceComm& dc, const char* what, const std::function<int()>
   } g{&dc};
   const int settled = lowrankNcclSettlePolled(r, dc.timeoutSec, [](void* ctx, int* async) {
     auto* g = static_cast<Guarded*>(ctx);
-    std::lock_guard<std::mutex> lock(g->dc->ncclMu);
-    if (g->dc->aborted) {
-      g->aborted = true;
-      return 1;  // any failure: reported as the abort below
-    }
-    return g->dc->api->commGetAsyncError(g->dc->comm, async);
+    int r = 0;
+    if (pollNccl(*g->dc, &r, async)) return r;
+    g->aborted = true;
+    return 1;  // any failure: reported as the abort below
   }, &g);
   if (g.aborted) return aborted();
   return fromNccl(settled, what);
