@@ -23,6 +23,11 @@ or let --spawn N start N local workers (Debian's torchrun fails on Python 3.11):
   /opt/venv-t2/bin/python perf/train/train.py --spawn 16 --model cnn --reducer lowrank --rank 2 \
       --seed 0 --out perf/results/train/cnn_lowrank_r2_s0.json
 Rank 0 prints one line per epoch and writes --out (JSON: config, machine, per-epoch metrics).
+Options of issue 28's study (perf/train/rank_study.py): --optimizer sgd|adamw (another optimizer
+needs its own --lr), --start-frac F (compression from round(F x steps)), and for lowrank
+--exclude NAMES|embeddings-head (allreduced exactly) and --adaptive LOW:HIGH (an AdaptiveRank,
+window one epoch unless --adaptive-window; the JSON's rank_trace holds each change of the ks).
+lowrank's JSON also holds bits_after_warmup: its bytesSent from the first compressed step on.
 """
 import argparse
 import datetime
@@ -385,13 +390,27 @@ def run(args):
     model = DDP(module, **ddp_kw)
 
     # Step s (0-based) is compressed by either PowerSGD hook iff s >= start_iter.
-    start_iter = 0 if args.reducer == "lowrank-exact" else args.start_iter
+    total_steps = task.steps * args.epochs
+    start_iter = args.start_iter if args.start_frac is None else round(args.start_frac * total_steps)
+    if args.reducer in TORCH_POWERSGD and start_iter <= 1:
+        raise SystemExit(f"{args.reducer}: compression from step {start_iter}; PyTorch's hook "
+                         "needs start_powerSGD_iter > 1")
+    start_iter = 0 if args.reducer == "lowrank-exact" else start_iter
     state, timer, lowrank_state = None, None, None
     if args.reducer in ("lowrank", "lowrank-exact"):
         from lowrank.torch import PowerSGDState, powerSGD_hook
         k = 0 if args.reducer == "lowrank-exact" else args.rank
+        extra = {}
+        if args.exclude:
+            extra.update(exclude=[n for n in args.exclude.split(",") if n], model=module)
+        if args.adaptive:
+            from lowrank.torch.adaptive import AdaptiveRank
+            extra.update(adaptive=AdaptiveRank(args.adaptive[0], args.adaptive[1],
+                                               window=args.adaptive_window or task.steps),
+                         model=module)
         state = lowrank_state = PowerSGDState(process_group=None, matrix_approximation_rank=k,
-                                              start_powerSGD_iter=start_iter, random_seed=args.seed)
+                                              start_powerSGD_iter=start_iter, random_seed=args.seed,
+                                              **extra)
         timer = HookTimer(powerSGD_hook)
     elif args.reducer in TORCH_POWERSGD:
         state, hook = torch_baseline.make("waited" if args.reducer.endswith("waited") else "chained",
@@ -405,11 +424,10 @@ def run(args):
     if timer is not None:
         model.register_comm_hook(state, timer.fn)
 
-    if args.model == "cnn":
+    if args.optimizer == "sgd":
         opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     else:
         opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
-    total_steps = task.steps * args.epochs
     pq, exact, ncomp, grad = powersgd_split(shapes, args.rank)
     config = dict(vars(args), world=world, start_iter_effective=start_iter,
                   steps_per_epoch=task.steps, total_steps=total_steps, data=task.data,
@@ -429,6 +447,8 @@ def run(args):
               + f": {world} workers, {task.steps} steps of {args.batch} per epoch, "
               f"{grad} parameters; torch {torch.__version__}", flush=True)
     epochs, step, bits_total, prev_sent = [], 0, 0.0, 0
+    sent_before_compression = None  # lowrank's bytesSent when step start_iter begins
+    rank_trace = []  # adaptive: [step, {name: k}] after each step whose ks differ from the last
     t_run = time.perf_counter()
     for epoch in range(1, args.epochs + 1):
         t_epoch = time.perf_counter()
@@ -439,6 +459,8 @@ def run(args):
         for b in task.batches(epoch):
             for g in opt.param_groups:
                 g["lr"] = lr_at(step, total_steps, args.lr)
+            if step == start_iter and lowrank_state is not None:
+                sent_before_compression = lowrank_state.stats()["bytesSent"]
             t0 = time.perf_counter()
             opt.zero_grad()
             loss = task.loss(model, b)
@@ -456,6 +478,10 @@ def run(args):
             loss_sum += lv
             compressed = step >= start_iter
             bits_model += model_bits_per_step(args.reducer, shapes, args.rank, world, compressed)
+            if args.adaptive:  # tensor_ranks waits for the step's work: only in adaptive runs
+                ks = lowrank_state.tensor_ranks()
+                if not rank_trace or rank_trace[-1][1] != ks:
+                    rank_trace.append([step, ks])
             step += 1
         train_s = time.perf_counter() - t_epoch
 
@@ -505,6 +531,11 @@ def run(args):
     result = dict(config=config, machine=info, epochs=epochs, wall_s=time.perf_counter() - t_run)
     if lowrank_state is not None:
         result["lowrank_stats"] = lowrank_state.stats()
+        if sent_before_compression is not None:  # the bits of the compressed steps alone
+            result["bits_after_warmup"] = 8.0 * (result["lowrank_stats"]["bytesSent"]
+                                                 - sent_before_compression)
+        if args.adaptive:
+            result["rank_trace"] = rank_trace
         result["buckets"] = []
         for i in sorted(timer.shapes):
             bshapes = timer.shapes[i]
@@ -545,6 +576,19 @@ def parse(argv=None):
     ap.add_argument("--start-iter", type=int, default=10,
                     help="start_powerSGD_iter of both PowerSGD hooks: exact steps before compression "
                          "(PyTorch's hook requires > 1)")
+    ap.add_argument("--start-frac", type=float,
+                    help="instead of --start-iter: compression from this fraction of the run's steps "
+                         "(round(F * total steps); PyTorch's advice is about 0.1)")
+    ap.add_argument("--optimizer", choices=["sgd", "adamw"],
+                    help="default: cnn sgd (momentum 0.9), transformer adamw (no weight decay)")
+    ap.add_argument("--exclude", default="",
+                    help="lowrank: comma-separated parameter names allreduced exactly (PowerSGDState's "
+                         "exclude); 'embeddings-head' names the transformer's tok, pos and head weights")
+    ap.add_argument("--adaptive", metavar="LOW:HIGH",
+                    help="lowrank: an AdaptiveRank between ranks LOW and HIGH (lowrank.torch.adaptive)")
+    ap.add_argument("--adaptive-window", type=int,
+                    help="steps between the adaptive rule's measurements (default: one epoch's steps, "
+                         "Accordion's once per epoch)")
     ap.add_argument("--windows", type=int, default=charlm.WINDOWS_PER_EPOCH * 2,
                     help="transformer: windows per epoch, all workers together (default 2048)")
     ap.add_argument("--bucket-cap-mb", type=float, help="DDP's bucket_cap_mb (default DDP's, 25)")
@@ -555,10 +599,29 @@ def parse(argv=None):
     ap.add_argument("--out", metavar="FILE.json", help="rank 0 writes the results here")
     ap.add_argument("--serve", action="store_true", help="alone: run jobs read on stdin (see serve())")
     args = ap.parse_args(argv)
+    own_optimizer = "sgd" if args.model == "cnn" else "adamw"
+    if args.optimizer not in (None, own_optimizer) and args.lr is None:
+        ap.error(f"--optimizer {args.optimizer} on the {args.model}: give its own --lr (the default "
+                 f"{DEFAULTS[args.model]['lr']} is {own_optimizer}'s)")
+    args.optimizer = args.optimizer or own_optimizer
     for key, val in DEFAULTS[args.model].items():
         if getattr(args, key) is None:
             setattr(args, key, val)
-    if args.reducer in TORCH_POWERSGD and args.start_iter <= 1:
+    if args.start_frac is not None and not 0.0 <= args.start_frac < 1.0:
+        ap.error(f"--start-frac {args.start_frac}: a fraction in [0, 1)")
+    if (args.exclude or args.adaptive) and args.reducer != "lowrank":
+        ap.error("--exclude and --adaptive are options of --reducer lowrank")
+    if args.exclude == "embeddings-head":
+        if args.model != "transformer":
+            ap.error("--exclude embeddings-head: the transformer's (tok, pos, head)")
+        args.exclude = "tok.weight,pos.weight,head.weight"
+    if args.adaptive:
+        try:
+            lo, hi = (int(x) for x in args.adaptive.split(":"))
+        except ValueError:
+            ap.error(f"--adaptive {args.adaptive!r}: LOW:HIGH, two integers")
+        args.adaptive = [lo, hi]
+    if args.reducer in TORCH_POWERSGD and args.start_iter <= 1 and args.start_frac is None:
         ap.error(f"--start-iter must be > 1 for {args.reducer} (PyTorch's hook requires it with error "
                  "feedback and warm start); use the same value for lowrank to compare")
     return args

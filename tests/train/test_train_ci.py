@@ -139,3 +139,23 @@ def test_transformer_short(tmp_path):
                 "--reducer", "lowrank", "--rank", "2", "--timeout", "60")
     assert res["epochs"][0]["test_loss"] < 4.0
     assert all(b["view"]["ncompressed"] == b["compressible"] for b in res["buckets"])
+
+
+def test_study_options(tmp_path):
+    """The options of issue 28's study (perf/train/rank_study.py) reach lowrank: embeddings and head
+    exact, compression from a fraction of the steps, an adaptive rank whose ks are recorded, and the
+    bits of the compressed steps alone."""
+    res = drive(str(tmp_path), "options", "--spawn", "2", "--model", "transformer",
+                "--windows", "256", "--batch", "4", "--epochs", "1", "--reducer", "lowrank",
+                "--rank", "2", "--exclude", "embeddings-head", "--start-frac", "0.25",
+                "--adaptive", "2:8", "--adaptive-window", "8", "--timeout", "60")
+    c = res["config"]
+    assert c["start_iter_effective"] == round(0.25 * c["total_steps"]) == 8
+    trace = res["rank_trace"]
+    assert trace[0][0] == 0 and all(k == 0 for k in trace[0][1].values())  # the warm-up: exact
+    last = trace[-1][1]
+    for name in ("tok.weight", "pos.weight", "head.weight"):
+        assert last[name] == 0, (name, last)
+    two_d = [n for n in last if n.endswith(("qkv.weight", "proj.weight", "ff1.weight", "ff2.weight"))]
+    assert two_d and all(last[n] in (2, 8) for n in two_d), last
+    assert 0 < res["bits_after_warmup"] < res["epochs"][-1]["bits_cumulative"]

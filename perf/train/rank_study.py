@@ -1,0 +1,333 @@
+#!/usr/bin/env python3
+"""The study of issue 28: how close to full precision's loss a smarter allocation of PowerSGD's bits
+gets on the character transformer (per-tensor control, compression later, another optimizer, an
+adaptive rank), and the adaptive rank on the CNN. Every rule below was fixed before the first run
+(revision of this file); no seed is added after a result is seen.
+
+The plan (16 workers, perf/train/train.py's defaults otherwise: transformer 8 epochs = 256 steps,
+AdamW lr 5e-3; CNN 10 epochs, SGD momentum 0.9 lr 0.05; compression from step 10 unless said):
+  transformer  full       allreduce (AdamW)                               seeds 0-4
+               lr         SGD + momentum at full precision, lr 0.05, 0.1, 0.2, 0.5, seed 100: the
+                          lr with the lowest final test loss is SGD's lr for sgd-full and sgd-r8
+               r4 r8 r16  lowrank at fixed ranks                           seeds 0-4
+               t4 t8 t16  PyTorch's powerSGD_hook, chained (torch-powersgd) seeds 0-4
+               r8-exact   r8, embeddings and head exact                    seeds 0-2
+               r8-late    r8, compression from 10% of the steps (26)       seeds 0-2
+               a2-8 a4-16 adaptive rank (AdaptiveRank low:high, window one epoch = 32 steps,
+                          eta 0.5, error_max 0.9, lag 1: the defaults but the window)  seeds 0-2
+               sgd-full, sgd-r8  SGD + momentum at the lr chosen above     seeds 0-2
+  cnn          full, r2   allreduce; lowrank rank 2                        seeds 0-2
+               a1-4       adaptive rank 1:4, window one epoch              seeds 0-2
+Seeds run in order (seed 0 of every configuration first), so a stopped study is balanced.
+
+Decisions, fixed here:
+  - lowrank against PyTorch's hook at r4, r8, r16: equivalent when the 90% interval of the mean
+    paired (by seed) difference of final test loss lies inside +-0.03 nats (two one-sided tests at
+    5%; 0.03 is about 1.5% of full precision's loss), 5 seeds.
+  - "within 1% of full precision": the configuration's mean final test loss at most 1.01 x full
+    precision's mean; bits: lowrank's bytesSent over the whole run against full precision's
+    ring-allreduce model (train.py's model_bits_per_step), both per worker.
+  - the adaptive point below the fixed front: its (bits, loss) lies below the straight line between
+    the neighbouring fixed ranks' points by more than the two seeds' SEs combined.
+  - the CNN: adaptive within max(0.5 points, 2 SE) of full precision's accuracy and its bits after
+    the warm-up at most fixed rank 2's.
+
+  /usr/bin/python3 perf/train/rank_study.py --python /work/venv2/bin/python [--budget-min M]
+  /usr/bin/python3 perf/train/rank_study.py --dry-run      # what is left, nothing run
+  /usr/bin/python3 perf/train/rank_study.py --report       # summary and figures from the JSON present
+Resumable (a run whose JSON exists is not rerun); a file named PAUSE in the results folder makes
+it wait between runs. Refuses a tree with uncommitted changes (the revision goes in every JSON).
+Writes perf/results/train/rank/<model>_<config>_s<seed>.{json,log}; the report writes
+perf/results/train/rank/summary.{md,json} and docs/img/rank_*.png.
+"""
+import argparse
+import glob
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+DRIVER = os.path.join(HERE, "train.py")
+OUT = os.path.join(ROOT, "perf", "results", "train", "rank")
+IMG = os.path.join(ROOT, "docs", "img")
+SGD_LRS = [0.05, 0.1, 0.2, 0.5]
+SWEEP_SEED = 100
+EQ_MARGIN = 0.03  # nats
+S5, S3 = range(5), range(3)
+
+
+def plan():
+    """[(model, config, driver args, seeds)], in the order of the docstring."""
+    fixed = [("transformer", f"r{k}", ["--reducer", "lowrank", "--rank", str(k)], S5) for k in (4, 8, 16)]
+    torch = [("transformer", f"t{k}", ["--reducer", "torch-powersgd", "--rank", str(k)], S5)
+             for k in (4, 8, 16)]
+    return ([("transformer", "full", ["--reducer", "allreduce"], S5)] + fixed + torch + [
+        ("transformer", "r8-exact", ["--reducer", "lowrank", "--rank", "8", "--exclude", "embeddings-head"], S3),
+        ("transformer", "r8-late", ["--reducer", "lowrank", "--rank", "8", "--start-frac", "0.1"], S3),
+        ("transformer", "a2-8", ["--reducer", "lowrank", "--rank", "2", "--adaptive", "2:8"], S3),
+        ("transformer", "a4-16", ["--reducer", "lowrank", "--rank", "4", "--adaptive", "4:16"], S3),
+        ("transformer", "sgd-full", ["--reducer", "allreduce", "--optimizer", "sgd"], S3),
+        ("transformer", "sgd-r8", ["--reducer", "lowrank", "--rank", "8", "--optimizer", "sgd"], S3),
+        ("cnn", "full", ["--reducer", "allreduce"], S3),
+        ("cnn", "r2", ["--reducer", "lowrank", "--rank", "2"], S3),
+        ("cnn", "a1-4", ["--reducer", "lowrank", "--rank", "1", "--adaptive", "1:4"], S3)])
+
+
+def path(model, config, seed, ext="json"):
+    return os.path.join(OUT, f"{model}_{config}_s{seed}.{ext}")
+
+
+def load(p):
+    with open(p) as f:
+        return json.load(f)
+
+
+def final_metric(d):
+    e = d["epochs"][-1]
+    return e["test_accuracy"] if d["config"]["model"] == "cnn" else e["test_loss"]
+
+
+def sgd_lr():
+    """The sweep's lr with the lowest final test loss, or None while the sweep is incomplete."""
+    got = {}
+    for lr in SGD_LRS:
+        p = path("transformer", f"sgd-lr{lr}", SWEEP_SEED)
+        if not os.path.exists(p):
+            return None
+        got[lr] = final_metric(load(p))
+    return min(got, key=lambda lr: (got[lr] if math.isfinite(got[lr]) else math.inf))
+
+
+def jobs():
+    """[(model, config, seed, driver args)] in run order; SGD's configs only once its lr is known."""
+    out = [("transformer", f"sgd-lr{lr}", SWEEP_SEED,
+            ["--reducer", "allreduce", "--optimizer", "sgd", "--lr", str(lr)]) for lr in SGD_LRS]
+    lr = sgd_lr()
+    for seed in range(5):
+        for model, config, args, seeds in plan():
+            if seed not in seeds:
+                continue
+            if "--optimizer" in args:
+                if lr is None:
+                    continue
+                args = args + ["--lr", str(lr)]
+            out.append((model, config, seed, args))
+    return out
+
+
+def dirty():
+    r = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"],
+                       capture_output=True, text=True)
+    return r.stdout.strip()
+
+
+def run_all(args):
+    os.makedirs(OUT, exist_ok=True)
+    t_start, failed, i = time.monotonic(), [], 0
+    while True:
+        left = [j for j in jobs() if not os.path.exists(path(j[0], j[1], j[2]))
+                and (j[0], j[1], j[2]) not in failed]
+        print(f"{len(left)} runs left" + ("" if sgd_lr() else " (SGD's runs wait for the lr sweep)"),
+              flush=True)
+        if args.dry_run:
+            for model, config, seed, a in left:
+                print(f"  {model}_{config}_s{seed}: {' '.join(a)}")
+            return
+        if not left:
+            break
+        if args.budget_min and time.monotonic() - t_start > 60 * args.budget_min:
+            print(f"budget of {args.budget_min} min spent")
+            break
+        while os.path.exists(os.path.join(OUT, "PAUSE")):
+            time.sleep(10)
+        model, config, seed, a = left[0]
+        cmd = [args.python, DRIVER, "--spawn", "16", "--model", model, "--seed", str(seed),
+               "--out", path(model, config, seed)] + a
+        t0 = time.monotonic()
+        with open(path(model, config, seed, "log"), "w") as log:
+            log.write(" ".join(cmd) + "\n")
+            log.flush()
+            p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            try:
+                rc = p.wait(timeout=1800)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, 9)
+                p.wait()
+                rc = "timeout"
+        ok = rc == 0 and os.path.exists(path(model, config, seed))
+        if not ok:
+            failed.append((model, config, seed))
+        i += 1
+        print(f"[{i}] {model}_{config}_s{seed}: {'ok' if ok else f'FAILED ({rc})'}, "
+              f"{time.monotonic() - t0:.0f} s", flush=True)
+    if failed:
+        print("failed (see their .log): " + ", ".join("_".join(map(str, f)) for f in failed))
+
+
+# ---- report --------------------------------------------------------------------------------------
+T95 = {1: 12.71, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571}   # two-sided 95%, by df
+T90 = {1: 6.314, 2: 2.920, 3: 2.353, 4: 2.132, 5: 2.015}   # two-sided 90% (TOST at 5%)
+
+
+def mean_se(xs):
+    n = len(xs)
+    m = sum(xs) / n
+    if n < 2:
+        return m, None
+    return m, math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1) / n)
+
+
+def bits_full(d):
+    """Full precision's bits per worker over the run: DDP's allreduce, by the ring's model."""
+    return d["epochs"][-1]["bits_cumulative"]
+
+
+def collect():
+    runs = {}
+    for p in sorted(glob.glob(os.path.join(OUT, "*.json"))):
+        if p.endswith("summary.json"):
+            continue
+        d = load(p)
+        base = os.path.basename(p)[:-5]
+        model, rest = base.split("_", 1)
+        config, seed = rest.rsplit("_s", 1)
+        runs.setdefault((model, config), {})[int(seed)] = d
+    return runs
+
+
+def row(model, config, ds, full_bits):
+    seeds = sorted(ds)
+    vals = [final_metric(ds[s]) for s in seeds]
+    m, se = mean_se(vals)
+    bits = [ds[s]["epochs"][-1]["bits_cumulative"] for s in seeds]
+    after = [ds[s].get("bits_after_warmup") for s in seeds]
+    revs = sorted({ds[s]["machine"].get("git", "?") for s in seeds})
+    return dict(model=model, config=config, seeds=seeds, metric=m, se=se, values=vals,
+                bits=sum(bits) / len(bits), bits_frac=(sum(bits) / len(bits)) / full_bits if full_bits else None,
+                bits_after_warmup=(sum(after) / len(after)) if all(a is not None for a in after) else None,
+                revisions=revs)
+
+
+def tost(a, b):
+    """Paired (by seed) difference a - b of final metrics: mean, 90% interval, equivalent?"""
+    seeds = sorted(set(a) & set(b))
+    if len(seeds) < 2:
+        return None
+    d = [final_metric(a[s]) - final_metric(b[s]) for s in seeds]
+    m, se = mean_se(d)
+    half = T90[min(len(d) - 1, 5)] * se
+    return dict(seeds=seeds, diff=m, lo=m - half, hi=m + half,
+                equivalent=(m - half > -EQ_MARGIN and m + half < EQ_MARGIN))
+
+
+def report():
+    runs = collect()
+    rows, lines = [], ["# Issue 28's study: loss against bits (perf/train/rank_study.py)", ""]
+    fullb = {m: (sum(bits_full(d) for d in runs[(m, "full")].values()) / len(runs[(m, "full")])
+                 if (m, "full") in runs else None) for m in ("transformer", "cnn")}
+    for (model, config), ds in sorted(runs.items()):
+        if config.startswith("sgd-lr"):
+            continue
+        rows.append(row(model, config, ds, fullb[model]))
+    lines += ["| model | config | seeds | final metric (mean +- SE) | bits per worker | of full's | "
+              "after warm-up | revisions |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        se = f" +- {r['se']:.4f}" if r["se"] is not None else ""
+        frac = f"{r['bits_frac']:.3f}" if r["bits_frac"] else "-"
+        aw = f"{r['bits_after_warmup']:.3g}" if r["bits_after_warmup"] else "-"
+        lines.append(f"| {r['model']} | {r['config']} | {len(r['seeds'])} | {r['metric']:.4f}{se} | "
+                     f"{r['bits']:.3g} | {frac} | {aw} | {', '.join(r['revisions'])} |")
+    sweep = {lr: final_metric(load(path("transformer", f"sgd-lr{lr}", SWEEP_SEED)))
+             for lr in SGD_LRS if os.path.exists(path("transformer", f"sgd-lr{lr}", SWEEP_SEED))}
+    if sweep:
+        lines += ["", "SGD's learning-rate sweep (full precision, seed 100): " +
+                  ", ".join(f"lr {lr}: {v:.4f}" for lr, v in sweep.items()) +
+                  (f"; chosen {sgd_lr()}" if sgd_lr() else "; incomplete")]
+    lines += ["", f"lowrank against PyTorch's hook (paired by seed, margin +-{EQ_MARGIN} nats, "
+              "90% interval):", ""]
+    tests = {}
+    for k in (4, 8, 16):
+        a, b = runs.get(("transformer", f"r{k}")), runs.get(("transformer", f"t{k}"))
+        t = tost(a, b) if a and b else None
+        tests[k] = t
+        lines.append(f"- rank {k}: " + ("not enough seeds" if t is None else
+                     f"{t['diff']:+.4f} [{t['lo']:+.4f}, {t['hi']:+.4f}] over seeds {t['seeds']}: "
+                     + ("equivalent" if t["equivalent"] else "not shown equivalent")))
+    with open(os.path.join(OUT, "summary.json"), "w") as f:
+        json.dump(dict(rows=rows, sgd_sweep=sweep, equivalence=tests, margin=EQ_MARGIN), f, indent=1)
+    with open(os.path.join(OUT, "summary.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    plot(runs, rows)
+
+
+def plot(runs, rows):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("no matplotlib: figures skipped")
+        return
+    os.makedirs(IMG, exist_ok=True)
+    tr = [r for r in rows if r["model"] == "transformer" and r["config"] not in ("full",)
+          and not r["config"].startswith("sgd")]
+    full = next((r for r in rows if (r["model"], r["config"]) == ("transformer", "full")), None)
+    if tr and full:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for r in tr:
+            ax.errorbar(r["bits_frac"], r["metric"], yerr=r["se"] or 0, fmt="o" if r["config"][0] == "r"
+                        else ("s" if r["config"][0] == "t" else "^"), capsize=3)
+            ax.annotate(r["config"], (r["bits_frac"], r["metric"]), textcoords="offset points",
+                        xytext=(4, 4), fontsize=8)
+        ax.axhline(full["metric"], color="k", lw=1, label="full precision")
+        ax.axhline(1.01 * full["metric"], color="k", lw=0.5, ls="--", label="+1%")
+        ax.set_xlabel("bits per worker over the run, fraction of full precision's")
+        ax.set_ylabel("final test loss")
+        ax.set_title("transformer, 16 workers (perf/results/train/rank)")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(os.path.join(IMG, "rank_loss_bits.png"), dpi=110)
+        plt.close(fig)
+    ad = [(c, ds) for (m, c), ds in runs.items() if c.startswith("a") and 0 in ds and ds[0].get("rank_trace")]
+    if ad:
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        for c, ds in ad:
+            d = ds[0]
+            total = d["config"]["total_steps"]
+            xs, ys = [], []
+            for step, ks in d["rank_trace"]:
+                xs.append(step)
+                ys.append(sum(ks.values()))
+            xs.append(total)
+            ys.append(ys[-1])
+            ax.step(xs, ys, where="post", label=f"{d['config']['model']} {c} (seed 0)")
+        ax.set_xlabel("step")
+        ax.set_ylabel("sum of the tensors' k")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(os.path.join(IMG, "rank_adaptive_steps.png"), dpi=110)
+        plt.close(fig)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--python", default=sys.executable, help="the interpreter of the runs (torch 2.x)")
+    ap.add_argument("--budget-min", type=float, help="start no run after this many minutes")
+    ap.add_argument("--dry-run", action="store_true")
+    ap.add_argument("--report", action="store_true")
+    ap.add_argument("--allow-dirty", action="store_true", help="for trying the driver, never for results")
+    args = ap.parse_args()
+    if args.report:
+        return report()
+    if not args.dry_run and dirty() and not args.allow_dirty:
+        sys.exit("rank_study: uncommitted changes in the tree; the runs record the revision, commit first")
+    run_all(args)
+
+
+if __name__ == "__main__":
+    main()
