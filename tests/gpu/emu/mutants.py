@@ -7,6 +7,7 @@ emulated engine tests fail on every one.
   mutants.py list                   one line per mutant: its name and the file it edits
   mutants.py make NAME OUTDIR SOURCE   writes OUTDIR/NAME_<file>: SOURCE with NAME's edit
   mutants.py describe NAME           what the mutant breaks
+  mutants.py first NAME              the check to try first ("two-rank", or a gtest filter)
 
 An edit whose text is not found exactly once fails the build: the schedule changed, and the
 mutant must be brought up to date with it.
@@ -96,6 +97,24 @@ MUTANTS = {
         "    LR_CUDA(cudaMemcpy(dc.planCheck, words, kBytes, cudaMemcpyHostToDevice));\n"),
 }
 
+# The check seen to catch each mutant, tried first so that the run does not wait through the whole
+# suite (fail-fast stops at the first failure, but a mutant caught late, or only by the two-rank
+# check, ran most of it). Only an order: a mutant the hint misses still meets every check.
+FIRST = {
+    "no_wait_for_q_allreduce": "two-rank",
+    "allreduce_before_compute": "two-rank",
+    "residual_never_written": "DeviceEngine.ExactOnRankKInput",
+    "tables_not_ordered": "DeviceStreams.*",
+    "fresh_q_dropped": "DeviceEngine.ExactOnRankKInput",
+    "decompress_on_comm_stream": "DeviceCheckpoint.ResumeIsBitIdenticalOnEveryRank",
+    "schedule_on_callers_stream": "DeviceEngine.ExactOnRankKInput",
+    "no_fork": "Gpu/DeviceTensorIds.*",
+    "no_join": "DeviceCheckpoint.ResumeIsBitIdenticalOnEveryRank",
+    "save_unbounded": "DeviceWaits.SaveThatNeverEnds*",
+    "restore_off_stream": "DeviceStreams.*",
+    "plan_check_pageable": "DeviceEngine.ExactOnRankKInput",
+}
+
 
 def make(name, outdir, src):
     target, _, old, new = MUTANTS[name]
@@ -114,6 +133,8 @@ def main(argv):
         print("\n".join(f"{name} {m[0]}" for name, m in MUTANTS.items()))
     elif argv[1:2] == ["describe"] and len(argv) == 3:
         print(MUTANTS[argv[2]][1])
+    elif argv[1:2] == ["first"] and len(argv) == 3:
+        print(FIRST.get(argv[2], ""))
     elif argv[1:2] == ["make"] and len(argv) == 5:
         make(argv[2], argv[3], argv[4])
     else:
