@@ -205,10 +205,18 @@ def row(model, config, ds, full_bits):
     m, se = mean_se(vals)
     bits = [ds[s]["epochs"][-1]["bits_cumulative"] for s in seeds]
     after = [ds[s].get("bits_after_warmup") for s in seeds]
+    # lowrank's payload at the ring's 2(N-1)/N, as the models of full precision and PyTorch's hook
+    # count: its transport picks a latency-bound algorithm for the small factor messages, which
+    # sends more than the ring would (bytesSent / payload is about 3.6 at 16 workers)
+    ring = [ds[s]["lowrank_stats"]["payloadElements"] * 32.0 * ds[s]["config"]["ring_factor"]
+            if ds[s].get("lowrank_stats") else ds[s]["epochs"][-1]["bits_cumulative"] for s in seeds]
     revs = sorted({ds[s]["machine"].get("git", "?") for s in seeds})
     return dict(model=model, config=config, seeds=seeds, metric=m, se=se, values=vals,
                 bits=sum(bits) / len(bits), bits_frac=(sum(bits) / len(bits)) / full_bits if full_bits else None,
                 bits_after_warmup=(sum(after) / len(after)) if all(a is not None for a in after) else None,
+                bits_ring=sum(ring) / len(ring),
+                bits_ring_frac=(sum(ring) / len(ring)) / full_bits if full_bits else None,
+                rank_changes=[ds[s].get("lowrank_stats", {}).get("rankChanges") for s in seeds],
                 revisions=revs)
 
 
@@ -233,14 +241,26 @@ def report():
         if config.startswith("sgd-lr"):
             continue
         rows.append(row(model, config, ds, fullb[model]))
-    lines += ["| model | config | seeds | final metric (mean +- SE) | bits per worker | of full's | "
-              "after warm-up | revisions |", "|---|---|---|---|---|---|---|---|"]
+    lines += ["Bits per worker over the whole run: `sent` is lowrank's bytesSent (measured; full "
+              "precision's and PyTorch's hook's are the ring model); `ring` is every reducer's payload at "
+              "the ring's 2(N-1)/N (lowrank's payloadElements), the same model for all. `after warm-up`: "
+              "lowrank's bytesSent from the first compressed step on.", "",
+              "| model | config | seeds | final metric (mean +- SE) | of full | bits sent | of full's | "
+              "ring model | of full's | after warm-up | rank changes | revisions |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    # each against its own full-precision run: SGD's configurations against sgd-full
+    full = {(r["model"], r["config"].startswith("sgd")): r for r in rows if r["config"] in ("full", "sgd-full")}
     for r in rows:
         se = f" +- {r['se']:.4f}" if r["se"] is not None else ""
+        ref = full.get((r["model"], r["config"].startswith("sgd")))
+        rel = f"{r['metric'] / ref['metric'] - 1:+.2%}" if ref else "-"
         frac = f"{r['bits_frac']:.3f}" if r["bits_frac"] else "-"
+        rfrac = f"{r['bits_ring_frac']:.3f}" if r["bits_ring_frac"] else "-"
         aw = f"{r['bits_after_warmup']:.3g}" if r["bits_after_warmup"] else "-"
-        lines.append(f"| {r['model']} | {r['config']} | {len(r['seeds'])} | {r['metric']:.4f}{se} | "
-                     f"{r['bits']:.3g} | {frac} | {aw} | {', '.join(r['revisions'])} |")
+        rc = ",".join("-" if c is None else str(c) for c in r["rank_changes"])
+        lines.append(f"| {r['model']} | {r['config']} | {len(r['seeds'])} | {r['metric']:.4f}{se} | {rel} | "
+                     f"{r['bits']:.3g} | {frac} | {r['bits_ring']:.3g} | {rfrac} | {aw} | {rc} | "
+                     f"{', '.join(r['revisions'])} |")
     sweep = {lr: final_metric(load(path("transformer", f"sgd-lr{lr}", SWEEP_SEED)))
              for lr in SGD_LRS if os.path.exists(path("transformer", f"sgd-lr{lr}", SWEEP_SEED))}
     if sweep:
@@ -279,14 +299,18 @@ def plot(runs, rows):
     full = next((r for r in rows if (r["model"], r["config"]) == ("transformer", "full")), None)
     if tr and full:
         fig, ax = plt.subplots(figsize=(6, 4))
+        colour = {"r": "C0", "t": "C1", "a": "C2"}
         for r in tr:
-            ax.errorbar(r["bits_frac"], r["metric"], yerr=r["se"] or 0, fmt="o" if r["config"][0] == "r"
-                        else ("s" if r["config"][0] == "t" else "^"), capsize=3)
-            ax.annotate(r["config"], (r["bits_frac"], r["metric"]), textcoords="offset points",
+            c = colour.get(r["config"][0], "C0")
+            ax.errorbar(r["bits_ring_frac"], r["metric"], yerr=r["se"] or 0, fmt="o", color=c, capsize=3)
+            ax.annotate(r["config"], (r["bits_ring_frac"], r["metric"]), textcoords="offset points",
                         xytext=(4, 4), fontsize=8)
+            if r["bits_frac"] and abs(r["bits_frac"] - r["bits_ring_frac"]) > 1e-6:  # lowrank's sent bytes
+                ax.plot([r["bits_frac"]], [r["metric"]], "o", mfc="none", color=c)
         ax.axhline(full["metric"], color="k", lw=1, label="full precision")
         ax.axhline(1.01 * full["metric"], color="k", lw=0.5, ls="--", label="+1%")
-        ax.set_xlabel("bits per worker over the run, fraction of full precision's")
+        ax.set_xlabel("bits per worker over the run / full precision's (filled: ring model;\n"
+                      "hollow: lowrank's bytes sent). r: lowrank, t: PyTorch's hook, a: adaptive")
         ax.set_ylabel("final test loss")
         ax.set_title("transformer, 16 workers (perf/results/train/rank)")
         ax.legend()
@@ -307,7 +331,7 @@ def plot(runs, rows):
             ys.append(ys[-1])
             ax.step(xs, ys, where="post", label=f"{d['config']['model']} {c} (seed 0)")
         ax.set_xlabel("step")
-        ax.set_ylabel("sum of the tensors' k")
+        ax.set_ylabel("sum of the tensors' k in force\n(0: exact; k = 16 leaves 64 x 64 exact)")
         ax.legend(fontsize=8)
         fig.tight_layout()
         fig.savefig(os.path.join(IMG, "rank_adaptive_steps.png"), dpi=110)
