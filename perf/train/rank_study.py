@@ -126,7 +126,8 @@ def dirty():
 
 
 def run_all(args):
-    os.makedirs(OUT, exist_ok=True)
+    if not args.dry_run:
+        os.makedirs(OUT, exist_ok=True)
     t_start, failed, i = time.monotonic(), [], 0
     while True:
         left = [j for j in jobs() if not os.path.exists(path(j[0], j[1], j[2]))
@@ -232,7 +233,59 @@ def tost(a, b):
                 equivalent=(m - half > -EQ_MARGIN and m + half < EQ_MARGIN))
 
 
+def decisions(rows):
+    """The rules of the docstring applied to the rows: a list of markdown lines."""
+    get = {(r["model"], r["config"]): r for r in rows}
+    out = []
+    full = get.get(("transformer", "full"))
+    if full:
+        ok = [r for r in rows if r["model"] == "transformer" and r["config"][0] in "ra"
+              and r["metric"] <= 1.01 * full["metric"]]
+        for r in ok:
+            out.append(f"- transformer {r['config']}: within 1% of full precision ({r['metric']:.4f} "
+                       f"against {full['metric']:.4f}) at {r['bits_frac']:.3f} of its bits sent "
+                       f"({r['bits_ring_frac']:.3f} by the ring model): "
+                       + ("meets" if r["bits_frac"] <= 0.25 else "misses") + " the 0.25 budget")
+        if not ok:
+            out.append("- transformer: no lowrank configuration within 1% of full precision")
+    fixed = sorted((r for r in rows if r["model"] == "transformer" and r["config"] in ("r4", "r8", "r16")),
+                   key=lambda r: r["bits_frac"])
+    for a in (r for r in rows if r["model"] == "transformer" and r["config"].startswith("a")):
+        for key, what in (("bits_frac", "bits sent"), ("bits_ring_frac", "ring model")):
+            lo = [f for f in fixed if f[key] <= a[key]]
+            hi = [f for f in fixed if f[key] >= a[key]]
+            if not lo or not hi:
+                out.append(f"- adaptive {a['config']} ({what}): outside the fixed ranks' range of bits")
+                continue
+            f0, f1 = lo[-1], hi[0]
+            w = 0.0 if f1[key] == f0[key] else (a[key] - f0[key]) / (f1[key] - f0[key])
+            front = f0["metric"] + w * (f1["metric"] - f0["metric"])
+            se = math.sqrt((a["se"] or 0) ** 2 + max(f0["se"] or 0, f1["se"] or 0) ** 2)
+            below = a["metric"] < front - se
+            out.append(f"- adaptive {a['config']} ({what}): loss {a['metric']:.4f} against the fixed "
+                       f"front's {front:.4f} at {a[key]:.3f} of full's bits (between {f0['config']} and "
+                       f"{f1['config']}), SEs combined {se:.4f}: "
+                       + ("below the front" if below else "not below the front"))
+    cf, cr, ca = get.get(("cnn", "full")), get.get(("cnn", "r2")), get.get(("cnn", "a1-4"))
+    if cf and ca:
+        d = ca["metric"] - cf["metric"]
+        sd = math.sqrt((ca["se"] or 0) ** 2 + (cf["se"] or 0) ** 2)
+        tol = max(0.005, 2 * sd)
+        bits_ok = (cr and ca["bits_after_warmup"] is not None and cr["bits_after_warmup"] is not None
+                   and ca["bits_after_warmup"] <= cr["bits_after_warmup"])
+        out.append(f"- cnn a1-4: accuracy {ca['metric']:.4f} against full's {cf['metric']:.4f} "
+                   f"(difference {d:+.4f}, tolerance {tol:.4f}): "
+                   + ("within" if abs(d) <= tol else "outside")
+                   + (f"; bits after warm-up {ca['bits_after_warmup']:.3g} against r2's "
+                      f"{cr['bits_after_warmup']:.3g}: " + ("no more" if bits_ok else "more")
+                      if cr else "; no r2 runs yet"))
+    return out
+
+
 def report():
+    if not glob.glob(os.path.join(OUT, "*.json")):
+        print(f"no runs in {OUT}")
+        return
     runs = collect()
     rows, lines = [], ["# Issue 28's study: loss against bits (perf/train/rank_study.py)", ""]
     fullb = {m: (sum(bits_full(d) for d in runs[(m, "full")].values()) / len(runs[(m, "full")])
@@ -277,8 +330,11 @@ def report():
         lines.append(f"- rank {k}: " + ("not enough seeds" if t is None else
                      f"{t['diff']:+.4f} [{t['lo']:+.4f}, {t['hi']:+.4f}] over seeds {t['seeds']}: "
                      + ("equivalent" if t["equivalent"] else "not shown equivalent")))
+    rules = decisions(rows)
+    lines += ["", "The other rules of the docstring:", ""] + rules
     with open(os.path.join(OUT, "summary.json"), "w") as f:
-        json.dump(dict(rows=rows, sgd_sweep=sweep, equivalence=tests, margin=EQ_MARGIN), f, indent=1)
+        json.dump(dict(rows=rows, sgd_sweep=sweep, equivalence=tests, margin=EQ_MARGIN, rules=rules),
+                  f, indent=1)
     with open(os.path.join(OUT, "summary.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))

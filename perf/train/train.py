@@ -163,7 +163,9 @@ def _child(args, env, log=None, run_fn=None):
         os.environ.update(env)
         (run_fn or run)(args)
         code = 0
-    except SystemExit as e:
+    except SystemExit as e:  # a message (SystemExit("...")) is printed, as the interpreter would
+        if e.code is not None and not isinstance(e.code, int):
+            print(e.code, file=sys.stderr)
         code = e.code if isinstance(e.code, int) else 1
     except BaseException:
         import traceback
@@ -395,6 +397,9 @@ def run(args):
     if args.reducer in TORCH_POWERSGD and start_iter <= 1:
         raise SystemExit(f"{args.reducer}: compression from step {start_iter}; PyTorch's hook "
                          "needs start_powerSGD_iter > 1")
+    if args.reducer in TORCH_POWERSGD + ("lowrank",) and start_iter >= total_steps:
+        raise SystemExit(f"{args.reducer}: compression from step {start_iter} of {total_steps}: no "
+                         "step would be compressed (--start-iter or --start-frac)")
     start_iter = 0 if args.reducer == "lowrank-exact" else start_iter
     state, timer, lowrank_state = None, None, None
     if args.reducer in ("lowrank", "lowrank-exact"):
@@ -406,7 +411,8 @@ def run(args):
         if args.adaptive:
             from lowrank.torch.adaptive import AdaptiveRank
             extra.update(adaptive=AdaptiveRank(args.adaptive[0], args.adaptive[1],
-                                               window=args.adaptive_window or task.steps),
+                                               window=args.adaptive_window if args.adaptive_window
+                                               is not None else task.steps),
                          model=module)
         state = lowrank_state = PowerSGDState(process_group=None, matrix_approximation_rank=k,
                                               start_powerSGD_iter=start_iter, random_seed=args.seed,
@@ -573,9 +579,9 @@ def parse(argv=None):
     ap.add_argument("--batch", type=int, help="samples per worker per step (default: cnn 8 images, "
                                               "transformer 4 windows)")
     ap.add_argument("--lr", type=float, help="peak learning rate (default: cnn 0.05, transformer 5e-3)")
-    ap.add_argument("--start-iter", type=int, default=10,
+    ap.add_argument("--start-iter", type=int,
                     help="start_powerSGD_iter of both PowerSGD hooks: exact steps before compression "
-                         "(PyTorch's hook requires > 1)")
+                         "(PyTorch's hook requires > 1; default 10)")
     ap.add_argument("--start-frac", type=float,
                     help="instead of --start-iter: compression from this fraction of the run's steps "
                          "(round(F * total steps); PyTorch's advice is about 0.1)")
@@ -609,19 +615,32 @@ def parse(argv=None):
             setattr(args, key, val)
     if args.start_frac is not None and not 0.0 <= args.start_frac < 1.0:
         ap.error(f"--start-frac {args.start_frac}: a fraction in [0, 1)")
+    if args.start_frac is not None and args.start_iter is not None:
+        ap.error("--start-iter and --start-frac: give one")
+    if args.start_iter is None:
+        args.start_iter = 10
     if (args.exclude or args.adaptive) and args.reducer != "lowrank":
         ap.error("--exclude and --adaptive are options of --reducer lowrank")
-    if args.exclude == "embeddings-head":
+    names = [n for n in args.exclude.split(",") if n]
+    if "embeddings-head" in names:
         if args.model != "transformer":
             ap.error("--exclude embeddings-head: the transformer's (tok, pos, head)")
-        args.exclude = "tok.weight,pos.weight,head.weight"
+        i = names.index("embeddings-head")
+        names[i:i + 1] = ["tok.weight", "pos.weight", "head.weight"]
+    args.exclude = ",".join(names)
     if args.adaptive:
         try:
             lo, hi = (int(x) for x in args.adaptive.split(":"))
         except ValueError:
             ap.error(f"--adaptive {args.adaptive!r}: LOW:HIGH, two integers")
         args.adaptive = [lo, hi]
-    if args.reducer in TORCH_POWERSGD and args.start_iter <= 1 and args.start_frac is None:
+        if not lo <= args.rank <= hi:
+            ap.error(f"--rank {args.rank} with --adaptive {lo}:{hi}: give a rank in LOW..HIGH (the "
+                     "study gives LOW); bits_model counts every step at --rank, the measured bits "
+                     "count what was sent")
+    if args.adaptive_window is not None and args.adaptive_window < 1:
+        ap.error(f"--adaptive-window {args.adaptive_window}: steps, at least 1")
+    if args.reducer in TORCH_POWERSGD and args.start_frac is None and args.start_iter <= 1:
         ap.error(f"--start-iter must be > 1 for {args.reducer} (PyTorch's hook requires it with error "
                  "feedback and warm start); use the same value for lowrank to compare")
     return args

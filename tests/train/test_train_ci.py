@@ -159,3 +159,39 @@ def test_study_options(tmp_path):
     two_d = [n for n in last if n.endswith(("qkv.weight", "proj.weight", "ff1.weight", "ff2.weight"))]
     assert two_d and all(last[n] in (2, 8) for n in two_d), last
     assert 0 < res["bits_after_warmup"] < res["epochs"][-1]["bits_cumulative"]
+
+
+@pytest.mark.parametrize("argv, word", [
+    (["--model", "transformer", "--optimizer", "sgd"], "--lr"),
+    (["--reducer", "allreduce", "--exclude", "x"], "options of --reducer lowrank"),
+    (["--reducer", "lowrank", "--exclude", "embeddings-head"], "transformer"),
+    (["--reducer", "lowrank", "--rank", "16", "--adaptive", "2:8"], "LOW..HIGH"),
+    (["--reducer", "lowrank", "--adaptive", "2-8"], "LOW:HIGH"),
+    (["--reducer", "lowrank", "--rank", "2", "--adaptive", "2:8", "--adaptive-window", "0"], "at least 1"),
+    (["--reducer", "lowrank", "--start-iter", "5", "--start-frac", "0.1"], "give one"),
+    (["--reducer", "lowrank", "--start-frac", "1.0"], "[0, 1)"),
+])
+def test_study_options_refused(argv, word, capsys):
+    import train
+    with pytest.raises(SystemExit):
+        train.parse(argv)
+    assert word in capsys.readouterr().err
+
+
+def test_exclude_expands_embeddings_head_in_a_list():
+    import train
+    args = train.parse(["--model", "transformer", "--reducer", "lowrank",
+                        "--exclude", "embeddings-head,blocks.0.qkv.weight"])
+    assert args.exclude.split(",") == ["tok.weight", "pos.weight", "head.weight", "blocks.0.qkv.weight"]
+    assert args.start_iter == 10 and args.optimizer == "adamw"
+
+
+def test_no_compressed_step_is_an_error_with_its_message():
+    """A start at or past the last step would compress nothing: each worker's SystemExit text
+    reaches the output (forked workers used to exit 1 silently)."""
+    p = subprocess.run([sys.executable, DRIVER, "--spawn", "2", "--model", "transformer", "--windows",
+                        "256", "--batch", "16", "--epochs", "1", "--reducer", "lowrank", "--rank", "2",
+                        "--start-frac", "0.99", "--timeout", "60"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0
+    assert "no step would be compressed" in p.stdout + p.stderr
