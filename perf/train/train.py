@@ -412,7 +412,8 @@ def run(args):
             from lowrank.torch.adaptive import AdaptiveRank
             extra.update(adaptive=AdaptiveRank(args.adaptive[0], args.adaptive[1],
                                                window=args.adaptive_window if args.adaptive_window
-                                               is not None else task.steps),
+                                               is not None else task.steps,
+                                               error_max=args.adaptive_error_max),
                          model=module)
         state = lowrank_state = PowerSGDState(process_group=None, matrix_approximation_rank=k,
                                               start_powerSGD_iter=start_iter, random_seed=args.seed,
@@ -595,6 +596,9 @@ def parse(argv=None):
     ap.add_argument("--adaptive-window", type=int,
                     help="steps between the adaptive rule's measurements (default: one epoch's steps, "
                          "Accordion's once per epoch)")
+    ap.add_argument("--adaptive-error-max", default="0.9",
+                    help="the adaptive rule's error_max: a compression error at or above it keeps the "
+                         "high rank; 'none' turns that test off (default 0.9, the rule's)")
     ap.add_argument("--windows", type=int, default=charlm.WINDOWS_PER_EPOCH * 2,
                     help="transformer: windows per epoch, all workers together (default 2048)")
     ap.add_argument("--bucket-cap-mb", type=float, help="DDP's bucket_cap_mb (default DDP's, 25)")
@@ -638,6 +642,11 @@ def parse(argv=None):
             ap.error(f"--rank {args.rank} with --adaptive {lo}:{hi}: give a rank in LOW..HIGH (the "
                      "study gives LOW); bits_model counts every step at --rank, the measured bits "
                      "count what was sent")
+    try:
+        args.adaptive_error_max = (None if args.adaptive_error_max == "none"
+                                   else float(args.adaptive_error_max))
+    except ValueError:
+        ap.error(f"--adaptive-error-max {args.adaptive_error_max!r}: a number or 'none'")
     if args.adaptive_window is not None and args.adaptive_window < 1:
         ap.error(f"--adaptive-window {args.adaptive_window}: steps, at least 1")
     if args.reducer in TORCH_POWERSGD and args.start_frac is None and args.start_iter <= 1:

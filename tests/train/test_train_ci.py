@@ -170,6 +170,7 @@ def test_study_options(tmp_path):
     (["--reducer", "lowrank", "--rank", "2", "--adaptive", "2:8", "--adaptive-window", "0"], "at least 1"),
     (["--reducer", "lowrank", "--start-iter", "5", "--start-frac", "0.1"], "give one"),
     (["--reducer", "lowrank", "--start-frac", "1.0"], "[0, 1)"),
+    (["--reducer", "lowrank", "--adaptive", "2:8", "--rank", "2", "--adaptive-error-max", "x"], "'none'"),
 ])
 def test_study_options_refused(argv, word, capsys):
     import train
