@@ -56,6 +56,8 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from study import final_metric, mean_se  # noqa: E402  (the accuracy study's, shared)
 ROOT = os.path.dirname(os.path.dirname(HERE))
 DRIVER = os.path.join(HERE, "train.py")
 OUT = os.path.join(ROOT, "perf", "results", "train", "rank")
@@ -92,11 +94,6 @@ def load(p):
         return json.load(f)
 
 
-def final_metric(d):
-    e = d["epochs"][-1]
-    return e["test_accuracy"] if d["config"]["model"] == "cnn" else e["test_loss"]
-
-
 def sgd_lr():
     """The sweep's lr with the lowest final test loss, or None while the sweep is incomplete."""
     got = {}
@@ -131,7 +128,7 @@ def jobs():
 def dirty():
     r = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"],
                        capture_output=True, text=True)
-    return r.stdout.strip()
+    return r.returncode != 0 or bool(r.stdout.strip())  # a git that fails counts as dirty
 
 
 def run_all(args):
@@ -179,16 +176,7 @@ def run_all(args):
 
 
 # ---- report --------------------------------------------------------------------------------------
-T95 = {1: 12.71, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571}   # two-sided 95%, by df
 T90 = {1: 6.314, 2: 2.920, 3: 2.353, 4: 2.132, 5: 2.015}   # two-sided 90% (TOST at 5%)
-
-
-def mean_se(xs):
-    n = len(xs)
-    m = sum(xs) / n
-    if n < 2:
-        return m, None
-    return m, math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1) / n)
 
 
 def bits_full(d):
@@ -212,7 +200,7 @@ def collect():
 def row(model, config, ds, full_bits):
     seeds = sorted(ds)
     vals = [final_metric(ds[s]) for s in seeds]
-    m, se = mean_se(vals)
+    m, se, _ = mean_se(vals)
     bits = [ds[s]["epochs"][-1]["bits_cumulative"] for s in seeds]
     after = [ds[s].get("bits_after_warmup") for s in seeds]
     # lowrank's payload at the ring's 2(N-1)/N, as the models of full precision and PyTorch's hook
@@ -236,7 +224,7 @@ def tost(a, b):
     if len(seeds) < 2:
         return None
     d = [final_metric(a[s]) - final_metric(b[s]) for s in seeds]
-    m, se = mean_se(d)
+    m, se, _ = mean_se(d)
     half = T90[min(len(d) - 1, 5)] * se
     return dict(seeds=seeds, diff=m, lo=m - half, hi=m + half,
                 equivalent=(m - half > -EQ_MARGIN and m + half < EQ_MARGIN))
@@ -249,7 +237,7 @@ def paired(a, b):
         return seeds, None, None, None
     xa = [final_metric(a[s]) for s in seeds]
     xb = [final_metric(b[s]) for s in seeds]
-    _, se = mean_se([x - y for x, y in zip(xa, xb)])
+    _, se, _ = mean_se([x - y for x, y in zip(xa, xb)])
     return seeds, sum(xa) / len(xa), sum(xb) / len(xb), se
 
 
@@ -287,7 +275,7 @@ def decisions(rows, runs):
             seeds = sorted(set(ad) & set(d0) & set(d1))
             diffs = [final_metric(ad[s]) - ((1 - w) * final_metric(d0[s]) + w * final_metric(d1[s]))
                      for s in seeds]
-            m, se = mean_se(diffs)
+            m, se, _ = mean_se(diffs)
             below = se is not None and m < -se
             out.append(f"- adaptive {a['config']} ({what}): at {a[key]:.3f} of full's bits (between "
                        f"{f0['config']} and {f1['config']}), loss minus the fixed front's on seeds {seeds}: "
