@@ -47,14 +47,4 @@ inline Shapes randomLayout(size_t total, std::mt19937_64& rng) {
   return out;
 }
 
-inline size_t numel(const Shapes& s) {
-  size_t t = 0;
-  for (const auto& shape : s) {
-    size_t n = 1;
-    for (size_t d : shape) n *= d;
-    t += n;
-  }
-  return t;
-}
-
 }  // namespace lowrank::soak
