@@ -7,8 +7,10 @@ hosts as cores, worker i is pinned to core i. Run i of every setting takes Latin
 settings rotated from one round to the next, so a slow change of the machine spreads over them.
 
 Protocol guards: a tree with uncommitted changes runs nothing (every JSON must name a committed
-revision); a run does not start while the 1-minute load average exceeds --max-load (the machine
-must be quiet: nothing else running). Resumable: a run whose JSON exists is not rerun; stops
+revision); a run does not start while more than --max-busy of the machine's CPU time was busy
+over the last 5 s (procstat.busy_fraction: the machine must be quiet, nothing else running; the
+1-minute load average, which an earlier version used, made each run wait ~2 minutes for the
+previous run's own load to decay). Resumable: a run whose JSON exists is not rerun; stops
 before a run that would start past --budget-min. Then perf/train/switch_report.py makes the table.
 
   sudo /usr/bin/python3 perf/train/switch_study.py --python /work/venv2/bin/python
@@ -25,6 +27,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+import procstat  # noqa: E402  (busy_fraction: the quiet-machine guard)
 import time_study  # noqa: E402  (Hosts, Servers: the namespaces and the per-host servers)
 
 ROOT = time_study.ROOT
@@ -67,7 +70,8 @@ def main():
     ap.add_argument("--python", default=sys.executable, help="the Python with torch for the workers")
     ap.add_argument("--switch-args", default="", help="more arguments for every switch.py run")
     ap.add_argument("--results", default=os.path.join(ROOT, "perf", "results", "train", "switch"))
-    ap.add_argument("--max-load", type=float, default=0.5, help="1-minute load average to start a run")
+    ap.add_argument("--max-busy", type=float, default=0.05,
+                    help="the machine's busy CPU share over 5 s above which a run waits")
     ap.add_argument("--budget-min", type=float, default=180)
     ap.add_argument("--timeout", type=float, default=300, help="the process group's timeout (s)")
     ap.add_argument("--dry-run", action="store_true")
@@ -92,9 +96,10 @@ def main():
             if time.monotonic() - t0 > 60 * args.budget_min:
                 print("switch_study.py: --budget-min reached; rerun to resume", file=sys.stderr)
                 return 3
-            while os.getloadavg()[0] > args.max_load:
-                print(f"waiting: load {os.getloadavg()[0]:.2f} > --max-load {args.max_load}", flush=True)
-                time.sleep(30)
+            while (busy := procstat.busy_fraction(5.0)) > args.max_busy:
+                print(f"waiting: {busy:.0%} of the CPU busy > --max-busy {args.max_busy:.0%}",
+                      flush=True)
+                time.sleep(10)
             net = "loopback" if rate == "loopback" else "hosts"
             h = loop[n] if net == "loopback" else hosts[n]
             if net == "hosts" and not h.up:

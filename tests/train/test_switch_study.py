@@ -27,3 +27,18 @@ def test_bad_settings():
     for bad in ("100mbit", "1:100mbit", "x:1gbit", "4:"):
         with pytest.raises(SystemExit):
             switch_study.parse_settings(bad)
+
+
+def test_busy_fraction(monkeypatch):
+    """The guard's number: idle jiffies against all jiffies between two reads of /proc/stat."""
+    import procstat
+    reads = iter([(100, 1000), (190, 1200)])  # 200 jiffies passed, 90 of them idle
+    monkeypatch.setattr(procstat, "_cpu_idle_total", lambda stat="/proc/stat": next(reads))
+    assert procstat.busy_fraction(0.0) == pytest.approx(0.55)
+
+
+def test_cpu_idle_total_parses_proc_stat(tmp_path):
+    import procstat
+    f = tmp_path / "stat"
+    f.write_text("cpu  10 2 30 400 5 0 7 0 0 0\ncpu0 1 1 1 1 1 1 1 0 0 0\n")
+    assert procstat._cpu_idle_total(str(f)) == (405, 454)
