@@ -58,6 +58,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from study import final_metric, mean_se  # noqa: E402  (the accuracy study's, shared)
+import provenance  # noqa: E402  (dirty: results must name a committed revision)
 ROOT = os.path.dirname(os.path.dirname(HERE))
 DRIVER = os.path.join(HERE, "train.py")
 OUT = os.path.join(ROOT, "perf", "results", "train", "rank")
@@ -123,12 +124,6 @@ def jobs():
         out.append(("transformer", "a2-8-noerr", seed, ["--reducer", "lowrank", "--rank", "2",
                                                          "--adaptive", "2:8", "--adaptive-error-max", "none"]))
     return out
-
-
-def dirty():
-    r = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"],
-                       capture_output=True, text=True)
-    return r.returncode != 0 or bool(r.stdout.strip())  # a git that fails counts as dirty
 
 
 def run_all(args):
@@ -427,7 +422,7 @@ def main():
     args = ap.parse_args()
     if args.report:
         return report()
-    if not args.dry_run and dirty() and not args.allow_dirty:
+    if not args.dry_run and provenance.dirty(ROOT) and not args.allow_dirty:
         sys.exit("rank_study: uncommitted changes in the tree; the runs record the revision, commit first")
     run_all(args)
 

@@ -21,13 +21,13 @@ root (namespaces, tc, nice -20) unless every setting is loopback.
 """
 import argparse
 import os
-import subprocess
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import procstat  # noqa: E402  (busy_fraction: the quiet-machine guard)
+import provenance  # noqa: E402  (dirty: results must name a committed revision)
 import time_study  # noqa: E402  (Hosts, Servers: the namespaces and the per-host servers)
 
 ROOT = time_study.ROOT
@@ -57,12 +57,6 @@ def out_path(results, i, hosts, rate):
     return os.path.join(results, f"{hosts}h_{rate}", f"run{i}.json")
 
 
-def dirty():
-    st = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"],
-                        capture_output=True, text=True)
-    return st.returncode != 0 or bool(st.stdout.strip())
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--settings", default="2:100mbit,4:100mbit,2:1gbit,4:1gbit,4:loopback")
@@ -84,7 +78,7 @@ def main():
         for c in todo:
             print(f"  run {c[0]} {c[1]} hosts {c[2]}")
         return 0
-    if dirty():
+    if provenance.dirty(ROOT):
         raise SystemExit("switch_study.py: the tree has uncommitted changes; commit them first "
                          "(each run's JSON names its revision)")
     hosts = {n: time_study.Hosts(n, tag=f"lrs{os.getpid() % 100000}n{n}")

@@ -1,0 +1,134 @@
+#!/usr/bin/env python3
+"""Issue 27 item 5, time to accuracy: the CNN trained to the end of its schedule (train.py's
+defaults: 10 epochs, per-worker batch 8, SGD with momentum, warm-up then cosine) on 4 hosts, one
+worker per network namespace of perf/netns_hosts.sh on links shaped to 100 Mbit/s, by full
+precision (DDP's allreduce), fp16, PyTorch's PowerSGD hook chained bucket after bucket (the fair
+baseline, perf/train/torch_baseline.py) and lowrank's hook, both PowerSGD hooks at ranks 2 and 4;
+3 seeds each. Each run's JSON holds every epoch's training time (`train_s`: the steps alone, the
+evaluation that follows each epoch left out) and test accuracy: perf/train/tta_report.py turns
+them into the table, the verdicts and the figure of accuracy against wall-clock time.
+
+Order: seed by seed, every configuration once per seed, the order reversed on odd seeds (no
+configuration always follows the same one). Guards, as switch_study.py's: a tree with uncommitted
+changes runs nothing; a run starts only when at most --max-busy of the machine's CPU time was busy
+over the last 5 s (nothing else running). Resumable: a run whose JSON exists is not rerun; stops
+before a run that would start past --budget-min.
+
+  sudo /usr/bin/python3 perf/train/tta_study.py --python /work/venv2/bin/python
+  /usr/bin/python3 perf/train/tta_study.py --dry-run           # the plan, nothing run
+
+Writes perf/results/train/tta/<rate>/cnn_<reducer>[_r<k>]_s<seed>.json (and .log, rank 0's
+output). Needs root (namespaces, tc, nice -20).
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import procstat  # noqa: E402  (busy_fraction: the quiet-machine guard)
+import provenance  # noqa: E402  (dirty: results must name a committed revision)
+import time_study  # noqa: E402  (Hosts, Servers: the namespaces and the per-host servers)
+
+ROOT = time_study.ROOT
+HOSTS = 4
+CONFIGS = "allreduce,fp16,torch-powersgd:2,torch-powersgd:4,lowrank:2,lowrank:4"
+
+
+def parse_configs(text):
+    """"reducer[:k],..." -> [(reducer, k or 0)]."""
+    out = []
+    for item in text.split(","):
+        reducer, _, k = item.partition(":")
+        if reducer not in ("allreduce", "fp16", "torch-powersgd", "lowrank", "lowrank-exact"):
+            raise SystemExit(f"tta_study.py: unknown reducer {reducer!r} in {item!r}")
+        if (reducer in ("torch-powersgd", "lowrank")) != k.isdigit() or (k and int(k) < 1):
+            raise SystemExit(f"tta_study.py: {item!r}: the PowerSGD reducers take :RANK, "
+                             "the others none")
+        out.append((reducer, int(k) if k else 0))
+    return out
+
+
+def plan(configs, seeds):
+    """(seed, reducer, k) in the order run."""
+    out = []
+    for s in range(seeds):
+        order = configs[::-1] if s % 2 else configs
+        out += [(s, r, k) for r, k in order]
+    return out
+
+
+def name(reducer, k, seed):
+    return f"cnn_{reducer}" + (f"_r{k}" if k else "") + f"_s{seed}"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--configs", default=CONFIGS, help="reducer[:rank],... (default: %(default)s)")
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--rate", default="100mbit", help="every link's rate (tc's syntax)")
+    ap.add_argument("--python", default=sys.executable, help="the Python with torch for the workers")
+    ap.add_argument("--results", default=os.path.join(ROOT, "perf", "results", "train", "tta"))
+    ap.add_argument("--max-busy", type=float, default=0.05,
+                    help="the machine's busy CPU share over 5 s above which a run waits")
+    ap.add_argument("--budget-min", type=float, default=60)
+    ap.add_argument("--timeout", type=float, default=300, help="the process group's timeout (s)")
+    ap.add_argument("--dry-run", action="store_true")
+    args = ap.parse_args()
+    configs = parse_configs(args.configs)
+    outdir = os.path.join(args.results, args.rate)
+    todo = [c for c in plan(configs, args.seeds)
+            if not os.path.exists(os.path.join(outdir, name(c[1], c[2], c[0]) + ".json"))]
+    print(f"# tta_study: {HOSTS} hosts at {args.rate}, {len(configs)} configurations x "
+          f"{args.seeds} seeds; {len(todo)} to do", flush=True)
+    if args.dry_run or not todo:
+        for s, r, k in todo:
+            print(f"  seed {s} {r}" + (f" k={k}" if k else ""))
+        return 0
+    if provenance.dirty(ROOT):
+        raise SystemExit("tta_study.py: the tree has uncommitted changes; commit them first "
+                         "(each run's JSON names its revision)")
+    os.makedirs(outdir, exist_ok=True)
+    hosts = time_study.Hosts(HOSTS, tag=f"lrt{os.getpid() % 100000}")
+    servers, failed, t0 = None, 0, time.monotonic()
+    try:
+        hosts.make()
+        hosts.shape(args.rate)
+        servers = time_study.Servers(args.python, hosts)  # train.py --serve on each host
+        for n, (seed, reducer, k) in enumerate(todo):
+            if time.monotonic() - t0 > 60 * args.budget_min:
+                print("tta_study.py: --budget-min reached; rerun to resume", file=sys.stderr)
+                return 3
+            while (busy := procstat.busy_fraction(5.0)) > args.max_busy:
+                print(f"waiting: {busy:.0%} of the CPU busy > --max-busy {args.max_busy:.0%}",
+                      flush=True)
+                time.sleep(10)
+            out = os.path.join(outdir, name(reducer, k, seed) + ".json")
+            argv = ["--model", "cnn", "--reducer", reducer, "--rank", str(k or 4), "--seed",
+                    str(seed), "--timeout", str(args.timeout), "--out", out]
+            ts = time.monotonic()
+            port = 23000 + (os.getpid() % 500) * 40 + n % 40
+            rcs = servers.run(args.rate, argv, out[:-5] + ".log", port)
+            ok = all(rc == 0 for rc in rcs) and os.path.exists(out)
+            if ok:
+                e = json.load(open(out))["epochs"][-1]
+                note = f"test accuracy {e['test_accuracy']:.4f}"
+            else:
+                failed += 1
+                note = f"FAILED (exit statuses {rcs}; see {out[:-5]}.log)"
+                if os.path.exists(out):
+                    os.remove(out)
+            print(f"{time.strftime('%H:%M:%S')} seed {seed} {reducer}" + (f" k={k}" if k else "")
+                  + f": {time.monotonic() - ts:.0f} s, {note}", flush=True)
+    finally:
+        if servers is not None:
+            servers.close()
+        hosts.down()
+    print(f"# tta_study: done in {(time.monotonic() - t0) / 60:.0f} min, {failed} runs failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
