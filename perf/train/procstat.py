@@ -32,10 +32,12 @@ def delta_ms(before, after):
 
 
 def _cpu_idle_total(stat="/proc/stat"):
-    """(idle + iowait, all) jiffies of the machine's CPUs, from /proc/stat's first line."""
+    """(idle + iowait, all) jiffies of the machine's CPUs, from /proc/stat's first line: user nice
+    system idle iowait irq softirq steal, then guest and guest_nice, which user and nice already
+    include (so they are not added again)."""
     with open(stat) as f:
         v = [int(x) for x in f.readline().split()[1:]]
-    return v[3] + v[4], sum(v)
+    return v[3] + v[4], sum(v[:8])
 
 
 def busy_fraction(seconds=5.0, stat="/proc/stat"):
@@ -47,3 +49,14 @@ def busy_fraction(seconds=5.0, stat="/proc/stat"):
     time.sleep(seconds)
     i1, t1 = _cpu_idle_total(stat)
     return 1.0 - (i1 - i0) / max(1, t1 - t0)
+
+
+def wait_quiet(max_busy, deadline, sample_s=5.0, pause_s=10.0):
+    """Wait until at most `max_busy` of the CPU was busy over `sample_s`, printing why it waits;
+    False if time.monotonic() passes `deadline` first (a study's budget, also while waiting)."""
+    while (busy := busy_fraction(sample_s)) > max_busy:
+        print(f"waiting: {busy:.0%} of the CPU busy > {max_busy:.0%}", flush=True)
+        if time.monotonic() + pause_s > deadline:
+            return False
+        time.sleep(pause_s)
+    return True

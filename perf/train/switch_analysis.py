@@ -69,7 +69,8 @@ def t_crit(n):
 
 # ---- intervals over runs -------------------------------------------------------------------------
 def mean_ci(xs):
-    """(mean, low, high): the t-interval of the mean over runs (low = high = mean for n < 2)."""
+    """(mean, low, high): the t-interval of the mean over runs (low and high NaN for n < 2: one
+    run gives no interval)."""
     n, m = len(xs), st.mean(xs)
     if n < 2:
         return m, math.nan, math.nan

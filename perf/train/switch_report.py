@@ -23,6 +23,8 @@ import switch_analysis as sa  # noqa: E402
 def inputs(paths):
     files = []
     for p in paths:
+        if not os.path.exists(p):
+            raise SystemExit(f"switch_report.py: no such file or folder: {p}")
         files += sorted(glob.glob(os.path.join(p, "**", "*.json"), recursive=True)) if os.path.isdir(p) else [p]
     return files
 
@@ -45,9 +47,13 @@ def report(files, allow_dirty=False):
     lines = [f"Report at revision {revision()}; {len(files)} input files:"]
     groups, left_out, revs = {}, [], set()
     for f in files:
-        with open(f) as fh:
-            d = json.load(fh)
-        if d.get("kind") != "switch":
+        try:
+            with open(f) as fh:
+                d = json.load(fh)
+        except (OSError, ValueError) as e:
+            left_out.append((f, f"unreadable ({e})"))
+            continue
+        if not isinstance(d, dict) or d.get("kind") != "switch":
             left_out.append((f, "not a switching run"))
             continue
         ok, why = sa.usable(d)

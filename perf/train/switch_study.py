@@ -71,6 +71,10 @@ def main():
     ap.add_argument("--dry-run", action="store_true")
     args = ap.parse_args()
     settings = parse_settings(args.settings)
+    if args.runs < 1:
+        raise SystemExit("switch_study.py: --runs must be at least 1")
+    if not 0 <= args.max_busy < 1:
+        raise SystemExit("switch_study.py: --max-busy is a share of the CPU, in [0, 1)")
     todo = [c for c in plan(settings, args.runs) if not os.path.exists(out_path(args.results, *c))]
     print(f"# switch_study: {len(settings)} settings x {args.runs} runs; {len(todo)} to do",
           flush=True)
@@ -90,10 +94,10 @@ def main():
             if time.monotonic() - t0 > 60 * args.budget_min:
                 print("switch_study.py: --budget-min reached; rerun to resume", file=sys.stderr)
                 return 3
-            while (busy := procstat.busy_fraction(5.0)) > args.max_busy:
-                print(f"waiting: {busy:.0%} of the CPU busy > --max-busy {args.max_busy:.0%}",
-                      flush=True)
-                time.sleep(10)
+            if not procstat.wait_quiet(args.max_busy, t0 + 60 * args.budget_min):
+                print("switch_study.py: --budget-min reached while waiting for a quiet machine; "
+                      "rerun to resume", file=sys.stderr)
+                return 3
             net = "loopback" if rate == "loopback" else "hosts"
             h = loop[n] if net == "loopback" else hosts[n]
             if net == "hosts" and not h.up:

@@ -13,7 +13,12 @@ every reducer's run of it). Rules, fixed with the script before its runs:
   lower end > 1/4, UNDECIDED otherwise;
 - time against the fair PyTorch hook at the same rank: MET when the upper end of lowrank / PyTorch
   < 1, NOT MET when the lower end >= 1.
-The target is met by rank k when all three are met; the issue asks for rank 2 or 4. Runs from a
+The target is met by rank k when all three are met; the issue asks for rank 2 or 4. The accuracy
+rule tests the mean difference, not an interval: with 3 seeds the paired 95% t-interval (reported
+beside it) is about two points wide, so a met accuracy rule says the mean loss is within the
+tolerance, not that a larger loss is ruled out. The figure plots each configuration's accuracy per
+epoch against its training time: the fixed schedule's time, not the time to reach a given
+accuracy. Runs from a
 tree with uncommitted changes are left out and listed (--allow-dirty keeps them, for trying).
 
   /usr/bin/python3 perf/train/tta_report.py perf/results/train/tta/100mbit \
@@ -37,6 +42,7 @@ from switch_report import revision  # noqa: E402
 ACC_POINTS = 0.005     # half a point of accuracy
 TIME_TARGET = 0.25     # lowrank's training time at most a quarter of full precision's
 FULL, TORCH = "allreduce", "torch-powersgd"
+TARGET_RANKS = (2, 4)  # the issue's: lowrank at rank 2 or 4
 
 
 def label(reducer, k):
@@ -48,22 +54,32 @@ def load(folder, allow_dirty=False):
     curve=[(cumulative train s, test accuracy)] per epoch, git)."""
     runs, left = {}, []
     for path in sorted(glob.glob(os.path.join(folder, "*.json"))):
-        d = json.load(open(path))
-        if "epochs" not in d or "config" not in d:
-            continue  # the summary, not a run
-        git = d["machine"].get("git") or ""
-        if (not git or git.endswith("-dirty")) and not allow_dirty:
-            left.append((os.path.basename(path), f"uncommitted changes or no revision ({git!r})"))
+        name = os.path.basename(path)
+        try:
+            with open(path) as f:
+                d = json.load(f)
+        except (OSError, ValueError) as e:
+            left.append((name, f"unreadable ({e})"))
             continue
-        c = d["config"]
-        reducer = runlabel.reducer(c)
-        k = c["rank"] if runlabel.has_rank(reducer) else 0
-        t, curve = 0.0, []
-        for e in d["epochs"]:
-            t += e["train_s"]
-            curve.append((t, e["test_accuracy"]))
-        runs.setdefault((reducer, k), {})[c["seed"]] = dict(
-            acc=curve[-1][1], train_s=t, wall_s=d["wall_s"], curve=curve, git=git)
+        if not isinstance(d, dict) or ("epochs" not in d and "config" not in d):
+            continue  # the summary, not a run
+        try:
+            git = (d.get("machine") or {}).get("git") or ""
+            if (not git or git.endswith("-dirty")) and not allow_dirty:
+                left.append((name, f"uncommitted changes or no revision ({git!r})"))
+                continue
+            c = d["config"]
+            reducer = runlabel.reducer(c)
+            k = c["rank"] if runlabel.has_rank(reducer) else 0
+            t, curve = 0.0, []
+            for e in d["epochs"]:
+                t += e["train_s"]
+                curve.append((t, e["test_accuracy"]))
+            run = dict(acc=curve[-1][1], train_s=t, wall_s=d["wall_s"], curve=curve, git=git)
+        except (KeyError, IndexError, TypeError) as e:
+            left.append((name, f"not a complete train.py run of the CNN (missing {e})"))
+            continue
+        runs.setdefault((reducer, k), {})[c["seed"]] = run
     return runs, left
 
 
@@ -95,24 +111,33 @@ def targets(runs):
     for k in ranks:
         lr = runs[("lowrank", k)]
         t = dict(rank=k)
+        missing = []
         a, b, seeds = paired(lr, full, "acc")
         if len(seeds) >= 2:
             diffs = [x - y for x, y in zip(a, b)]
             m, se, n = mean_se(diffs)
             tol = max(ACC_POINTS, 2 * se)
             t["accuracy"] = dict(seeds=seeds, diff=m, se=se, tolerance=tol,
+                                 interval95=sa.mean_ci(diffs)[1:],  # reported, not the rule
                                  verdict="MET" if m >= -tol else "NOT MET")
+        else:
+            missing.append(f"accuracy: {len(seeds)} seed(s) paired with {FULL}'s runs, 2 needed")
         a, b, seeds = paired(lr, full, "train_s")
         if len(seeds) >= 2:
             ci = sa.ratio_ci(a, b)
             t["time_vs_full"] = dict(seeds=seeds, ratio=ci, target=TIME_TARGET,
                                      verdict=verdict_ratio(ci, TIME_TARGET))
+        else:
+            missing.append(f"time against {FULL}: {len(seeds)} seed(s) paired, 2 needed")
         tor = runs.get((TORCH, k), {})
         a, b, seeds = paired(lr, tor, "train_s")
         if len(seeds) >= 2:
             ci = sa.ratio_ci(a, b)
             t["time_vs_torch"] = dict(seeds=seeds, ratio=ci, target=1.0,
                                       verdict=verdict_ratio(ci, 1.0, strict=True))
+        else:
+            missing.append(f"time against {TORCH} k={k}: {len(seeds)} seed(s) paired, 2 needed")
+        t["missing"] = missing
         checks = [t.get(x, {}).get("verdict", "UNDECIDED")
                   for x in ("accuracy", "time_vs_full", "time_vs_torch")]
         t["verdict"] = ("MET" if all(v == "MET" for v in checks)
@@ -129,7 +154,7 @@ def report(folder, allow_dirty=False):
              f"{', '.join(revs) or 'none'}.", ""]
     for f, why in left:
         lines.append(f"- left out: {f}: {why}")
-    lines += ["| configuration | seeds | final test accuracy | training time (s) | run wall time (s) |",
+    lines += ([""] if left else []) + ["| configuration | seeds | final test accuracy | training time (s) | run wall time (s) |",
               "|---|---|---|---|---|"]
     rows = {}
     order = [(FULL, 0), ("fp16", 0)] + sorted(k for k in runs if k[0] not in (FULL, "fp16"))
@@ -146,17 +171,19 @@ def report(folder, allow_dirty=False):
         lines.append(f"**lowrank at rank {k}: {t['verdict']}**")
         if "accuracy" in t:
             a = t["accuracy"]
+            lo, hi = a["interval95"]
             lines.append(f"- accuracy minus full precision's, paired over seeds {a['seeds']}: "
                          f"{a['diff']:+.4f} (SE {a['se']:.4f}; tolerance -{a['tolerance']:.4f}): "
-                         f"{a['verdict']}")
+                         f"{a['verdict']}; its 95% t-interval, reported, not the rule: "
+                         f"[{lo:+.4f}, {hi:+.4f}]")
         for key, what in (("time_vs_full", "training time / full precision's"),
                           ("time_vs_torch", f"training time / PyTorch's hook's at rank {k}")):
             if key in t:
                 m, lo, hi = t[key]["ratio"]
                 lines.append(f"- {what}: {m:.3f} [{lo:.3f}, {hi:.3f}] (target {t[key]['target']:.3g}, "
                              f"seeds {t[key]['seeds']}): {t[key]['verdict']}")
-        lines.append("")
-    met = [k for k, t in tg.items() if t["verdict"] == "MET"]
+        lines += [f"- not decided: {m}" for m in t["missing"]] + [""]
+    met = [k for k, t in tg.items() if t["verdict"] == "MET" and k in TARGET_RANKS]
     lines.append("Target (lowrank at rank 2 or 4): " + (f"MET at rank {met}" if met else
                  "not shown") + ".")
     return lines, dict(revision=revision(), runs_from=revs, left_out=left, rows=rows, targets=tg)
@@ -193,7 +220,12 @@ def main():
     ap.add_argument("--figure")
     ap.add_argument("--allow-dirty", action="store_true", help="for trying, never for results")
     args = ap.parse_args()
+    if not os.path.isdir(args.folder):
+        raise SystemExit(f"tta_report.py: no folder {args.folder}")
     lines, summary = report(args.folder, args.allow_dirty)
+    if not summary["rows"]:  # never overwrite a summary with an empty one
+        sys.stderr.write("\n".join(lines) + "\n")
+        raise SystemExit(f"tta_report.py: no usable run in {args.folder}")
     text = "\n".join(lines) + "\n"
     sys.stdout.write(text)
     if args.md:

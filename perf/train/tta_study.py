@@ -6,7 +6,7 @@ precision (DDP's allreduce), fp16, PyTorch's PowerSGD hook chained bucket after 
 baseline, perf/train/torch_baseline.py) and lowrank's hook, both PowerSGD hooks at ranks 2 and 4;
 3 seeds each. Each run's JSON holds every epoch's training time (`train_s`: the steps alone, the
 evaluation that follows each epoch left out) and test accuracy: perf/train/tta_report.py turns
-them into the table, the verdicts and the figure of accuracy against wall-clock time.
+them into the table, the verdicts and the figure of accuracy against training time.
 
 Order: seed by seed, every configuration once per seed, the order reversed on odd seeds (no
 configuration always follows the same one). Guards, as switch_study.py's: a tree with uncommitted
@@ -23,6 +23,7 @@ output). Needs root (namespaces, tc, nice -20).
 import argparse
 import json
 import os
+import re
 import sys
 import time
 
@@ -41,13 +42,17 @@ def parse_configs(text):
     """"reducer[:k],..." -> [(reducer, k or 0)]."""
     out = []
     for item in text.split(","):
-        reducer, _, k = item.partition(":")
+        reducer, _, k = item.strip().partition(":")
         if reducer not in ("allreduce", "fp16", "torch-powersgd", "lowrank", "lowrank-exact"):
             raise SystemExit(f"tta_study.py: unknown reducer {reducer!r} in {item!r}")
-        if (reducer in ("torch-powersgd", "lowrank")) != k.isdigit() or (k and int(k) < 1):
+        if (reducer in ("torch-powersgd", "lowrank")) != bool(re.fullmatch(r"[0-9]+", k)) \
+                or (k and int(k) < 1):
             raise SystemExit(f"tta_study.py: {item!r}: the PowerSGD reducers take :RANK, "
                              "the others none")
-        out.append((reducer, int(k) if k else 0))
+        c = (reducer, int(k) if k else 0)
+        if c in out:
+            raise SystemExit(f"tta_study.py: {item!r} given twice")
+        out.append(c)
     return out
 
 
@@ -78,6 +83,10 @@ def main():
     ap.add_argument("--dry-run", action="store_true")
     args = ap.parse_args()
     configs = parse_configs(args.configs)
+    if args.seeds < 1:
+        raise SystemExit("tta_study.py: --seeds must be at least 1")
+    if not 0 <= args.max_busy < 1:
+        raise SystemExit("tta_study.py: --max-busy is a share of the CPU, in [0, 1)")
     outdir = os.path.join(args.results, args.rate)
     todo = [c for c in plan(configs, args.seeds)
             if not os.path.exists(os.path.join(outdir, name(c[1], c[2], c[0]) + ".json"))]
@@ -101,10 +110,10 @@ def main():
             if time.monotonic() - t0 > 60 * args.budget_min:
                 print("tta_study.py: --budget-min reached; rerun to resume", file=sys.stderr)
                 return 3
-            while (busy := procstat.busy_fraction(5.0)) > args.max_busy:
-                print(f"waiting: {busy:.0%} of the CPU busy > --max-busy {args.max_busy:.0%}",
-                      flush=True)
-                time.sleep(10)
+            if not procstat.wait_quiet(args.max_busy, t0 + 60 * args.budget_min):
+                print("tta_study.py: --budget-min reached while waiting for a quiet machine; "
+                      "rerun to resume", file=sys.stderr)
+                return 3
             out = os.path.join(outdir, name(reducer, k, seed) + ".json")
             argv = ["--model", "cnn", "--reducer", reducer, "--rank", str(k or 4), "--seed",
                     str(seed), "--timeout", str(args.timeout), "--out", out]

@@ -40,5 +40,17 @@ def test_busy_fraction(monkeypatch):
 def test_cpu_idle_total_parses_proc_stat(tmp_path):
     import procstat
     f = tmp_path / "stat"
-    f.write_text("cpu  10 2 30 400 5 0 7 0 0 0\ncpu0 1 1 1 1 1 1 1 0 0 0\n")
+    # guest and guest_nice (the last two) are inside user and nice already: not counted twice
+    f.write_text("cpu  10 2 30 400 5 0 7 0 3 1\ncpu0 1 1 1 1 1 1 1 0 0 0\n")
     assert procstat._cpu_idle_total(str(f)) == (405, 454)
+
+
+def test_wait_quiet_waits_then_goes_and_gives_up_at_the_deadline(monkeypatch):
+    import time
+    import procstat
+    seen = iter([0.5, 0.3, 0.01])
+    monkeypatch.setattr(procstat, "busy_fraction", lambda s=5.0: next(seen))
+    monkeypatch.setattr(time, "sleep", lambda s: None)
+    assert procstat.wait_quiet(0.05, time.monotonic() + 3600)
+    monkeypatch.setattr(procstat, "busy_fraction", lambda s=5.0: 0.9)  # never quiet
+    assert not procstat.wait_quiet(0.05, time.monotonic() + 1.0)

@@ -90,3 +90,42 @@ def test_training_time_sums_epochs_and_curve_is_cumulative(tmp_path):
     r = tta_report.load(str(tmp_path))[0][("fp16", 0)][1]
     assert r["train_s"] == pytest.approx(30.0) and r["acc"] == pytest.approx(0.97)
     assert [x for x, _ in r["curve"]] == pytest.approx([7.5, 15.0, 22.5, 30.0])
+
+
+def test_bad_files_left_out_with_the_reason(tmp_path):
+    make(str(tmp_path), lowrank_s=15.0, lowrank_acc_drop=0.0)
+    (tmp_path / "broken.json").write_text("{not json")
+    (tmp_path / "cnn_fp16_s9.json").write_text(json.dumps(dict(config=dict(reducer="fp16", seed=9),
+                                                               machine=dict(git="abc"), epochs=[])))
+    runs, left = tta_report.load(str(tmp_path))
+    why = dict(left)
+    assert "unreadable" in why["broken.json"] and "not a complete" in why["cnn_fp16_s9.json"]
+    assert ("fp16", 0) not in runs and len(runs[("lowrank", 4)]) == 3
+
+
+def test_a_missing_baseline_is_named_and_nothing_decided(tmp_path):
+    for s in range(3):
+        write_run(str(tmp_path), "allreduce", 0, s, 0.98, 100.0 + s)
+        write_run(str(tmp_path), "lowrank", 4, s, 0.98, 10.0 + s)
+    t = tta_report.targets(tta_report.load(str(tmp_path))[0])[4]
+    assert t["verdict"] == "UNDECIDED" and any("torch-powersgd" in m for m in t["missing"])
+    lines, _ = tta_report.report(str(tmp_path))
+    assert any(ln.startswith("- not decided") for ln in lines)
+
+
+def test_report_refuses_an_empty_or_missing_folder(tmp_path, monkeypatch):
+    for folder in (str(tmp_path), str(tmp_path / "nope")):
+        monkeypatch.setattr(sys, "argv", ["tta_report.py", folder, "--md", str(tmp_path / "s.md")])
+        with pytest.raises(SystemExit) as e:
+            tta_report.main()
+        assert e.value.code not in (0, None)
+    assert not (tmp_path / "s.md").exists()
+
+
+@pytest.mark.parametrize("argv", [["--seeds", "0"], ["--configs", "lowrank:2,lowrank:2"],
+                                  ["--configs", "lowrank:\u00b2"], ["--max-busy", "-1"]])
+def test_study_refuses_bad_arguments(argv, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["tta_study.py", "--dry-run"] + argv)
+    with pytest.raises(SystemExit) as e:
+        tta_study.main()
+    assert isinstance(e.value.code, str) and e.value.code.startswith("tta_study.py")
