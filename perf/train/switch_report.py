@@ -30,9 +30,17 @@ def inputs(paths):
 
 
 def revision():
+    """The revision of the code that makes the report: `git describe`, "-dirty" when a tracked file
+    outside perf/results and docs/img differs (results and figures a report writes do not make the
+    next report's code dirty)."""
     try:
-        return subprocess.run(["git", "-C", HERE, "describe", "--always", "--dirty"],
-                              capture_output=True, text=True, timeout=10).stdout.strip() or "unknown"
+        run = dict(capture_output=True, text=True, timeout=10)
+        rev = subprocess.run(["git", "-C", HERE, "describe", "--always"], **run).stdout.strip()
+        st = subprocess.run(["git", "-C", HERE, "status", "--porcelain", "--untracked-files=no",
+                             "--", ":/", ":(exclude,top)perf/results", ":(exclude,top)docs/img"], **run)
+        if not rev or st.returncode:
+            return "unknown"
+        return rev + ("-dirty" if st.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
 
