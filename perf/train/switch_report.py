@@ -25,7 +25,8 @@ def inputs(paths):
     for p in paths:
         if not os.path.exists(p):
             raise SystemExit(f"switch_report.py: no such file or folder: {p}")
-        files += sorted(glob.glob(os.path.join(p, "**", "*.json"), recursive=True)) if os.path.isdir(p) else [p]
+        files += sorted(f for f in glob.glob(os.path.join(p, "**", "*.json"), recursive=True)
+                        if os.path.basename(f) != "summary.json") if os.path.isdir(p) else [p]
     return files
 
 
@@ -139,6 +140,9 @@ def main():
     if not files:
         raise SystemExit("switch_report.py: no JSON files in " + " ".join(args.paths))
     lines, summary = report(files, args.allow_dirty)
+    if not summary:  # never overwrite a summary with an empty one
+        sys.stderr.write("\n".join(lines) + "\n")
+        raise SystemExit("switch_report.py: no usable switching run in " + " ".join(args.paths))
     print("\n".join(lines))
     if args.json:
         with open(args.json, "w") as f:

@@ -21,6 +21,7 @@ root (namespaces, tc, nice -20) unless every setting is loopback.
 """
 import argparse
 import os
+import re
 import sys
 import time
 
@@ -37,9 +38,13 @@ DRIVER = os.path.join(HERE, "switch.py")
 def parse_settings(text):
     out = []
     for item in text.split(","):
-        hosts, _, rate = item.partition(":")
-        if not hosts.isdigit() or int(hosts) < 2 or not rate:
-            raise SystemExit(f"switch_study.py: bad setting {item!r} (HOSTS:RATE, e.g. 4:100mbit)")
+        hosts, _, rate = item.strip().partition(":")
+        if not re.fullmatch(r"[0-9]+", hosts) or int(hosts) < 2 or not (
+                rate == "loopback" or re.fullmatch(r"[0-9]+(\.[0-9]+)?[kmg]?bit", rate)):
+            raise SystemExit(f"switch_study.py: bad setting {item!r} (HOSTS:RATE, e.g. 4:100mbit, "
+                             "4:1gbit or 4:loopback; RATE in bits per second, tc's syntax)")
+        if (int(hosts), rate) in out:
+            raise SystemExit(f"switch_study.py: setting {item!r} given twice")
         out.append((int(hosts), rate))
     return out
 
@@ -82,9 +87,8 @@ def main():
         for c in todo:
             print(f"  run {c[0]} {c[1]} hosts {c[2]}")
         return 0
-    if provenance.dirty(ROOT):
-        raise SystemExit("switch_study.py: the tree has uncommitted changes; commit them first "
-                         "(each run's JSON names its revision)")
+    provenance.refuse_unless_ready("switch_study.py", ROOT, args.python,
+                                   need_root=any(r != "loopback" for _, r in settings))
     hosts = {n: time_study.Hosts(n, tag=f"lrs{os.getpid() % 100000}n{n}")
              for n in sorted({h for h, r in settings if r != "loopback"})}
     loop = {n: time_study.Hosts(n) for n in sorted({h for h, r in settings if r == "loopback"})}

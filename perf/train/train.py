@@ -357,7 +357,10 @@ def machine_info():
                 cpus_allowed=len(os.sched_getaffinity(0)), torch_threads=torch.get_num_threads(),
                 blas=next((w.split("=", 1)[1].split(",")[0] for w in torch.__config__.show().split()
                            if w.startswith("BLAS_INFO=")), None),
-                loadavg_start=os.getloadavg())
+                loadavg_start=os.getloadavg(),
+                # what changes lowrank's, UCX's and gloo's choices (LOWRANK_UCX_BETA_NS, ...)
+                env={k: v for k, v in sorted(os.environ.items())
+                     if k.startswith(("LOWRANK_", "UCX_", "GLOO_", "NCCL_", "OMP_"))})
     try:
         with open("/proc/cpuinfo") as f:
             info["cpu"] = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), None)

@@ -225,7 +225,12 @@ def main():
     lines, summary = report(args.folder, args.allow_dirty)
     if not summary["rows"]:  # never overwrite a summary with an empty one
         sys.stderr.write("\n".join(lines) + "\n")
-        raise SystemExit(f"tta_report.py: no usable run in {args.folder}")
+        subs = sorted(d for d in os.listdir(args.folder) if os.path.isdir(os.path.join(args.folder, d)))
+        raise SystemExit(f"tta_report.py: no usable run in {args.folder}"
+                         + (f" (its folders, one per rate: {', '.join(subs)})" if subs else ""))
+    for path in (args.md, args.json, args.figure):
+        if path and os.path.dirname(path):
+            os.makedirs(os.path.dirname(path), exist_ok=True)
     text = "\n".join(lines) + "\n"
     sys.stdout.write(text)
     if args.md:

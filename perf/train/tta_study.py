@@ -83,6 +83,9 @@ def main():
     ap.add_argument("--dry-run", action="store_true")
     args = ap.parse_args()
     configs = parse_configs(args.configs)
+    if not re.fullmatch(r"[0-9]+(\.[0-9]+)?[kmg]?bit", args.rate):
+        raise SystemExit(f"tta_study.py: --rate {args.rate!r}: a rate in bits per second in tc's "
+                         "syntax, e.g. 100mbit or 1gbit")
     if args.seeds < 1:
         raise SystemExit("tta_study.py: --seeds must be at least 1")
     if not 0 <= args.max_busy < 1:
@@ -96,9 +99,7 @@ def main():
         for s, r, k in todo:
             print(f"  seed {s} {r}" + (f" k={k}" if k else ""))
         return 0
-    if provenance.dirty(ROOT):
-        raise SystemExit("tta_study.py: the tree has uncommitted changes; commit them first "
-                         "(each run's JSON names its revision)")
+    provenance.refuse_unless_ready("tta_study.py", ROOT, args.python, need_root=True)
     os.makedirs(outdir, exist_ok=True)
     hosts = time_study.Hosts(HOSTS, tag=f"lrt{os.getpid() % 100000}")
     servers, failed, t0 = None, 0, time.monotonic()

@@ -54,3 +54,29 @@ def test_wait_quiet_waits_then_goes_and_gives_up_at_the_deadline(monkeypatch):
     assert procstat.wait_quiet(0.05, time.monotonic() + 3600)
     monkeypatch.setattr(procstat, "busy_fraction", lambda s=5.0: 0.9)  # never quiet
     assert not procstat.wait_quiet(0.05, time.monotonic() + 1.0)
+
+
+def test_settings_refused_twice_or_in_bytes():
+    for bad in ("4:100mbit,4:100mbit", "4:100Mbps", "4:fast"):
+        with pytest.raises(SystemExit):
+            switch_study.parse_settings(bad)
+    assert switch_study.parse_settings("2:1.5gbit,4:loopback") == [(2, "1.5gbit"), (4, "loopback")]
+
+
+def test_refuse_unless_ready_names_the_reason(tmp_path):
+    import provenance
+    with pytest.raises(SystemExit, match="git failed"):  # not a repository
+        provenance.refuse_unless_ready("x.py", str(tmp_path), sys.executable, need_root=False)
+    root = os.path.dirname(os.path.dirname(HERE))
+    if provenance.unclean(root) is None:  # a clean checkout: the Python is checked next
+        with pytest.raises(SystemExit, match="cannot"):
+            provenance.refuse_unless_ready("x.py", root, str(tmp_path / "no-python"), need_root=False)
+
+
+def test_report_refuses_a_folder_without_switching_runs(tmp_path, monkeypatch):
+    import switch_report
+    (tmp_path / "run.json").write_text('{"kind": "something else"}')
+    monkeypatch.setattr(sys, "argv", ["switch_report.py", str(tmp_path), "--json", str(tmp_path / "s.json")])
+    with pytest.raises(SystemExit) as e:
+        switch_report.main()
+    assert "no usable" in str(e.value.code) and not (tmp_path / "s.json").exists()
