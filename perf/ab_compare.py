@@ -13,8 +13,15 @@ Each run writes its JSON (-J); per pair the script takes cand/base of
   - inp: the in-place time per call,
   - compute, comm: compute_us and comm_us (each phase alone; --phases 1),
   - wall: the whole process's wall time (reading the gradient files included).
+  - call: the time per call of out-of-place and in-place calls together ((oop + inp) / 2: all of a
+    run's timed calls, so less noisy than either alone).
 The 95% interval of a ratio: the per-pair ratios' logarithms, mean +- t(0.975, n-1) * sd / sqrt(n),
-exponentiated (the interval of the geometric mean ratio). The load average is read before every run.
+exponentiated (the interval of the geometric mean ratio); "upper95" is the one-sided 95% upper bound,
+mean + t(0.95, n-1) * sd / sqrt(n), the test of "no slowdown". --verdict METRIC:BOUND states, before
+the run, the metric and bound that decide: "no slowdown shown" when its upper95 <= BOUND, otherwise
+"not shown". --alternate runs base first in even pairs and cand first in odd ones, so that a run's
+place in its pair (a warmer cache, the other's leftovers) falls on both sides alike.
+The load average is read before every run.
 --wait-quiet N: before each pair, wait until at most N tasks are runnable (a shared machine's quiet
 moment, decided before the pair, never from a result). --logs: compute the same statistics from the
 printed output of an interleaved run made by another harness (every run's output appended in order).
@@ -40,11 +47,32 @@ T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8
         26: 2.056, 27: 2.052, 28: 2.048, 29: 2.045, 30: 2.042, 40: 2.021, 60: 2.000, 120: 1.980}
 
 
+# one-sided 95% quantiles of Student's t, by degrees of freedom
+T95 = {1: 6.314, 2: 2.920, 3: 2.353, 4: 2.132, 5: 2.015, 6: 1.943, 7: 1.895, 8: 1.860, 9: 1.833,
+       10: 1.812, 11: 1.796, 12: 1.782, 13: 1.771, 14: 1.761, 15: 1.753, 16: 1.746, 17: 1.740,
+       18: 1.734, 19: 1.729, 20: 1.725, 21: 1.721, 22: 1.717, 23: 1.714, 24: 1.711, 25: 1.708,
+       26: 1.706, 27: 1.703, 28: 1.701, 29: 1.699, 30: 1.697, 40: 1.684, 60: 1.671, 120: 1.658}
+
+
+def t_quantile(table, df):
+    """The table's quantile at df, or at the largest tabulated df below it (conservative)."""
+    if df in table:
+        return table[df]
+    keys = sorted(k for k in table if k <= df)
+    return table[keys[-1]] if keys else table[1]
+
+
 def t975(df):
-    if df in T975:
-        return T975[df]
-    keys = sorted(k for k in T975 if k <= df)
-    return T975[keys[-1]] if keys else T975[1]
+    return t_quantile(T975, df)
+
+
+def upper95(ratios):
+    """The one-sided 95% upper bound of the geometric mean ratio (None below 2 pairs)."""
+    logs = [math.log(r) for r in ratios]
+    n = len(logs)
+    if n < 2:
+        return None
+    return math.exp(statistics.fmean(logs) + t_quantile(T95, n - 1) * statistics.stdev(logs) / math.sqrt(n))
 
 
 def interval(ratios):
@@ -131,6 +159,7 @@ def parse_text(text):
 
 METRICS = [("oop", "oop_us", "out-of-place time per call"),
            ("inp", "inp_us", "in-place time per call"),
+           ("call", "call_us", "time per call, out-of-place and in-place together"),
            ("compute", "compute_us", "compute_us (compression alone)"),
            ("comm", "comm_us", "comm_us (factor allreduces alone)"),
            ("wall", "wall_s", "whole process wall time"),
@@ -152,10 +181,28 @@ def main():
     ap.add_argument("--wait-quiet", type=int, default=0, metavar="N",
                     help="before each pair, wait until at most N tasks are runnable (procs_running; 0: no wait)")
     ap.add_argument("--wait-longest", type=float, default=60.0, help="seconds, the longest such wait (default 60)")
+    ap.add_argument("--alternate", action="store_true",
+                    help="base first in even pairs, cand first in odd ones (default: base first always)")
+    ap.add_argument("--verdict", metavar="METRIC:BOUND",
+                    help="the decision stated before the run: no slowdown shown when METRIC's one-sided "
+                         "95%% upper bound is <= BOUND (e.g. call:1.03)")
     ap.add_argument("--label-base", default="base")
     ap.add_argument("--label-cand", default="cand")
     ap.add_argument("perf_args", nargs="*", help="after --: the perf binary's arguments (without -J)")
     a = ap.parse_args()
+    verdict = None
+    if a.verdict:
+        key, _, bound = a.verdict.partition(":")
+        if key not in [m[0] for m in METRICS]:
+            ap.error(f"--verdict {a.verdict}: {key!r} is not one of {[m[0] for m in METRICS]}")
+        try:
+            verdict = (key, float(bound))
+        except ValueError:
+            ap.error(f"--verdict {a.verdict}: the bound {bound!r} is not a number")
+        if not verdict[1] > 0:
+            ap.error(f"--verdict {a.verdict}: the bound must be > 0")
+    if a.pairs < 2:
+        ap.error("--pairs must be at least 2 (an interval needs two pairs)")
 
     if not os.path.exists(os.path.join(a.grads, "synth_worker0.safetensors")):
         subprocess.run([sys.executable, os.path.join(HERE, "gradsets.py"), "resnet50", a.grads, "4"], check=True)
@@ -188,7 +235,11 @@ def main():
         pair = {"index": i - a.warmup_pairs, "counted": counted}
         if a.wait_quiet > 0:
             pair["waited_s"] = wait_quiet(a.wait_quiet, a.wait_longest)
-        for side, binary in (("base", a.base), ("cand", a.cand)):
+        order = (("base", a.base), ("cand", a.cand))
+        if a.alternate and i % 2 == 1:
+            order = order[::-1]
+        pair["order"] = [side for side, _ in order]
+        for side, binary in order:
             pair[side] = run_one(binary, perf_args, os.path.join(a.out, f"{side}_{i:02d}.json"), env)
         runs.append(pair)
         tag = f"pair {pair['index']:2d}" if counted else "warm-up"
@@ -199,6 +250,9 @@ def main():
         ended = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
     counted = [p for p in runs if p["counted"]]
+    for p in runs:
+        for s in ("base", "cand"):
+            p[s]["call_us"] = (p[s]["oop_us"] + p[s]["inp_us"]) / 2
     summary = {"started": started, "ended": ended, "pairs": len(counted), "perf_args": perf_args,
                "base": a.base, "cand": a.cand, "label_base": a.label_base, "label_cand": a.label_cand,
                "load_1min": [p[s]["load_before"][0] for p in counted for s in ("base", "cand")
@@ -210,9 +264,15 @@ def main():
         ratios = [p["cand"][field] / p["base"][field] for p in counted]
         gm, lo, hi = interval(ratios)
         summary["metrics"][key] = {
-            "what": what, "ratios": ratios, "geomean": gm, "ci95": [lo, hi], "median_ratio": statistics.median(ratios),
+            "what": what, "ratios": ratios, "geomean": gm, "ci95": [lo, hi], "upper95": upper95(ratios),
+            "median_ratio": statistics.median(ratios),
             "base_median": statistics.median(p["base"][field] for p in counted),
             "cand_median": statistics.median(p["cand"][field] for p in counted)}
+    if verdict:
+        key, bound = verdict
+        up = summary["metrics"].get(key, {}).get("upper95")
+        summary["verdict"] = {"metric": key, "bound": bound, "upper95": up,
+                              "decision": "no slowdown shown" if up is not None and up <= bound else "not shown"}
     with open(os.path.join(a.out, "runs.json"), "w") as f:
         json.dump(runs, f, indent=1)
     with open(os.path.join(a.out, "summary.json"), "w") as f:
@@ -224,16 +284,23 @@ def main():
              (f"min {min(loads):.2f}, median {statistics.median(loads):.2f}, max {max(loads):.2f}"
               if loads else "not recorded"),
              f"- base: `{a.base}`", f"- cand: `{a.cand}`",
-             f"- perf arguments: `{' '.join(perf_args)}`", "",
-             "| metric | base median | cand median | geomean ratio cand/base | 95% interval | median ratio |",
-             "|---|---|---|---|---|---|"]
+             f"- perf arguments: `{' '.join(perf_args)}`",
+             f"- order within a pair: {'alternating (base first in even pairs)' if a.alternate else 'base first'}", "",
+             "| metric | base median | cand median | geomean ratio cand/base | 95% interval | upper95 (one-sided) | median ratio |",
+             "|---|---|---|---|---|---|---|"]
     for key, m in summary["metrics"].items():
         unit = "s" if key in ("wall", "cpu", "user") else "ms"
         scale = 1.0 if unit == "s" else 1e-3
         lo, hi = m["ci95"]
+        up = "-" if m["upper95"] is None else f"{m['upper95']:.4f}"
         lines.append(f"| {m['what']} | {m['base_median'] * scale:.2f} {unit} | {m['cand_median'] * scale:.2f} {unit} | "
                      f"{m['geomean']:.4f} | {'-' if lo is None else f'[{lo:.4f}, {hi:.4f}]'} | "
-                     f"{m['median_ratio']:.4f} |")
+                     f"{up} | {m['median_ratio']:.4f} |")
+    if "verdict" in summary:
+        v = summary["verdict"]
+        up = "-" if v["upper95"] is None else f"{v['upper95']:.4f}"
+        lines += ["", f"**Verdict (stated before the run: {v['metric']}'s one-sided 95% upper bound <= "
+                  f"{v['bound']}): {v['decision']}** (upper95 {up})"]
     lines += ["", "| pair | load | base oop ms | cand oop ms | oop ratio | base inp ms | cand inp ms | inp ratio | "
               "base compute ms | cand compute ms | base comm ms | cand comm ms | base wall s | cand wall s | "
               "base cpu s | cand cpu s | cpu ratio |",
