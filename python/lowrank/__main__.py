@@ -1,5 +1,6 @@
-"""python -m lowrank [--shim-path]: the environment report (lowrank/_report.py), or the path of the
-LD_PRELOAD shim: LD_PRELOAD=$(python -m lowrank --shim-path) torchrun ..."""
+"""python -m lowrank [--shim-path]: the environment report (lowrank/_report.py; exit 1 when lowrank's
+library could not be loaded), or the path of the LD_PRELOAD shim:
+LD_PRELOAD=$(python -m lowrank --shim-path) torchrun ..."""
 import argparse
 import sys
 
@@ -23,7 +24,12 @@ def main(argv=None):
             return 1
         print(path)
         return 0
-    print("\n".join(_report.report()))
+    lines, loaded = _report.report_status()
+    print("\n".join(lines))
+    if not loaded:  # the report is for bug reports; a script checking an install needs the status
+        print("lowrank: the library could not be loaded (see \"lowrank: failed\" above)",
+              file=sys.stderr)
+        return 1
     return 0
 
 

@@ -1,7 +1,8 @@
 """`python -m lowrank`: what a user pastes into a bug report (as `python -m torch.utils.collect_env`
 does): lowrank's version and the libraries it loaded, UCX and its transports, the CUDA backend and
 driver, the NCCL lowrank would use, torch, and the LOWRANK_* variables. Each part that fails says
-why in its own lines; the report never needs a GPU, NCCL or torch, and the command exits 0."""
+why in its own lines; the report never needs a GPU, NCCL or torch. The command exits 0, or 1 when
+lowrank's own library could not be loaded (the report is printed all the same)."""
 import ctypes
 import os
 import platform
@@ -139,6 +140,11 @@ def _section(out, name, fn, *args):
 
 def report():
     """The report's lines."""
+    return report_status()[0]
+
+
+def report_status():
+    """(the report's lines, whether lowrank's library loaded)."""
     out = [f"Python {platform.python_version()} ({sys.executable}), {platform.platform()}"]
     lib = _section(out, "lowrank", _lowrank)
     if lib is not None:
@@ -159,4 +165,4 @@ def report():
         out.append("  (LOWRANK_NCCL_WHEEL_PATH: set by the package to sys.path)")
     if _capi.cuda_backend_set:
         out.append("  (LOWRANK_CUDA_BACKEND: set by the package to its build's backend)")
-    return out
+    return out, lib is not None

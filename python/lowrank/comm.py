@@ -426,8 +426,8 @@ def tensor_array(tensors):
     for n, entry in enumerate(entries):
         try:
             tid, shape, *rest = entry
-            if len(rest) > 1:
-                raise ValueError
+            if len(rest) > 1 or any(isinstance(v, bool) for v in [tid, *rest, *shape]):
+                raise ValueError  # True is an int to Python, never an id, size or rank to lowrank
             tid = operator.index(tid)
             shape = [operator.index(d) for d in shape]
             rank = rest[0] if rest else None

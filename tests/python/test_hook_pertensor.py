@@ -110,6 +110,39 @@ def test_bad_settings_are_clear_errors(kwargs, message):
     assert message in str(e.value)
 
 
+@pytest.mark.parametrize("kwargs,error,message", [
+    (dict(matrix_approximation_rank=-1), ValueError, "matrix_approximation_rank=-1 is out of range"),
+    (dict(matrix_approximation_rank=70000), ValueError, "[0, 65536]"),
+    (dict(matrix_approximation_rank=2.0), TypeError, "matrix_approximation_rank must be an int"),
+    (dict(matrix_approximation_rank=True), TypeError, "matrix_approximation_rank must be an int"),
+    (dict(start_powerSGD_iter=2.7), TypeError, "start_powerSGD_iter must be an int, not 2.7"),
+    (dict(start_powerSGD_iter=-1), ValueError, "start_powerSGD_iter=-1 is out of range"),
+    (dict(random_seed=-5), ValueError, "random_seed=-5"),
+    (dict(min_compression_rate=0.5), ValueError, "min_compression_rate must be a finite number >= 1"),
+    (dict(orthogonalization_epsilon=float("nan")), ValueError, "orthogonalization_epsilon"),
+    (dict(timeout=0), ValueError, "timeout must be a finite number > 0"),
+])
+def test_arguments_out_of_lowranks_range_are_named(kwargs, error, message):
+    """Checked before torch.distributed is needed, under PyTorch's argument names (not the C
+    API's field names, and never truncated: 2.7 is not taken as 2)."""
+    with pytest.raises(error) as e:
+        PowerSGDState(None, **kwargs)
+    assert message in str(e.value)
+
+
+def test_the_hook_refuses_a_state_that_is_not_lowranks():
+    """PyTorch's own PowerSGDState (or anything else) given to lowrank's hook: a TypeError that
+    says which state to make, at the first call, before the bucket is touched."""
+    from lowrank.torch import powerSGD_hook
+
+    class PowerSGDStateOfAnotherLibrary:
+        pass
+    with pytest.raises(TypeError) as e:
+        powerSGD_hook(PowerSGDStateOfAnotherLibrary(), object())
+    assert "takes a lowrank.torch.PowerSGDState" in str(e.value)
+    assert "PowerSGDStateOfAnotherLibrary" in str(e.value)
+
+
 def test_model_must_be_a_module():
     with pytest.raises(TypeError):
         TensorRanks(exclude=["x"], model=object())

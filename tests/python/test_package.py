@@ -136,6 +136,9 @@ def test_set_tensors_bad_arguments():
         "shape_int": [(1, 16)],
         "rank_low": [(1, (4, 4), -2)],
         "rank_high": [(1, (4, 4), 65537)],
+        "bool_rank": [(1, (4, 4), True)],
+        "bool_id": [(False, (4, 4))],
+        "bool_size": [(1, (4, True))],
     }
     seen = {}
     for name, tensors in bad.items():

@@ -1,6 +1,7 @@
-"""`python -m lowrank`: exits 0 and names the library loaded, the CUDA backend that goes with it
-(an in-tree build's own, not beside its liblowrank, named for it through LOWRANK_CUDA_BACKEND), the
-shim, and what it set itself apart from what the user set."""
+"""`python -m lowrank`: exits 0 (1 when lowrank's library cannot be loaded) and names the library
+loaded, the CUDA backend that goes with it (an in-tree build's own, not beside its liblowrank,
+named for it through LOWRANK_CUDA_BACKEND), the shim, and what it set itself apart from what the
+user set."""
 import os
 import re
 import subprocess
@@ -46,3 +47,12 @@ def test_a_variable_the_user_set_is_reported_as_set():
     assert "LOWRANK_CUDA_BACKEND=/nonexistent/liblowrank_cuda.so" in r.stdout, r.stdout
     assert "set by the package" not in r.stdout, r.stdout
     assert re.search(r"^CUDA backend: absent", r.stdout, re.M), r.stdout
+
+
+def test_a_library_that_cannot_be_loaded_exits_1_with_the_report():
+    r = _report(LOWRANK_LIBRARY="/nonexistent/liblowrank.so")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert re.search(r"^lowrank: failed: ", r.stdout, re.M), r.stdout
+    assert "/nonexistent/liblowrank.so" in r.stdout, r.stdout
+    assert re.search(r"^torch", r.stdout, re.M), "the rest of the report is printed: " + r.stdout
+    assert "the library could not be loaded" in r.stderr, r.stderr

@@ -14,6 +14,7 @@ import collections
 import functools
 import logging
 import math
+import numbers
 import zlib
 
 import torch
@@ -24,7 +25,7 @@ from ..comm import tensor_array
 from ..errors import InvalidArgumentError, LowrankError
 from .adaptive import AdaptiveRank
 from .process_group import communicator_from_process_group, require_initialized
-from .signals import measure
+from .signals import combine, measure
 from .tensor_ranks import TensorRanks
 from .worker import Worker
 
@@ -101,7 +102,9 @@ class PowerSGDState:
         memory (its last norms and ks), which load_state_dict gives back to a state made with
         a rule (one without ignores it; a pickled state has no rule: give it again).
     Raises LowrankError if torch.distributed is not initialized or lowrank cannot start;
-    ValueError or TypeError for bad exclude, rank_of or model (each named).
+    ValueError or TypeError for an argument outside lowrank's range (an int where one is needed,
+    matrix_approximation_rank in [0, 65536], min_compression_rate >= 1, ...) and for bad
+    exclude, rank_of or model (each named).
     Thread safety: one state serves one DDP model; its hook is called by DDP's autograd thread.
 
     The ids: every parameter is numbered in the order DDP first hands it to the hook in the
@@ -115,7 +118,16 @@ class PowerSGDState:
                  compression_stats_logging_frequency=10_000, batch_tensors_with_same_shape=False,
                  *, timeout=None, pipeline=None, device=None, exclude=None, rank_of=None,
                  model=None, adaptive=None):
-        ranks = TensorRanks(exclude, rank_of, model)  # checked before anything is made
+        settings = dict(
+            matrix_approximation_rank=matrix_approximation_rank,
+            start_powerSGD_iter=start_powerSGD_iter, min_compression_rate=min_compression_rate,
+            use_error_feedback=use_error_feedback, warm_start=warm_start,
+            orthogonalization_epsilon=orthogonalization_epsilon, random_seed=random_seed,
+            compression_stats_logging_frequency=compression_stats_logging_frequency,
+            batch_tensors_with_same_shape=batch_tensors_with_same_shape,
+            timeout=timeout, pipeline=pipeline)
+        _check_settings(settings)  # these and the next checked before anything is made
+        ranks = TensorRanks(exclude, rank_of, model)
         if matrix_approximation_rank == 0 and rank_of is not None:
             raise ValueError("rank_of: matrix_approximation_rank=0 turns compression off for "
                              "every parameter, rank_of's included (lowrank's k = 0 is "
@@ -130,14 +142,7 @@ class PowerSGDState:
                                  "for every parameter; an adaptive rank needs a k > 0")
             adaptive = adaptive.bind(matrix_approximation_rank)
         require_initialized()
-        self._set_settings(process_group, dict(
-            matrix_approximation_rank=matrix_approximation_rank,
-            start_powerSGD_iter=start_powerSGD_iter, min_compression_rate=min_compression_rate,
-            use_error_feedback=use_error_feedback, warm_start=warm_start,
-            orthogonalization_epsilon=orthogonalization_epsilon, random_seed=random_seed,
-            compression_stats_logging_frequency=compression_stats_logging_frequency,
-            batch_tensors_with_same_shape=batch_tensors_with_same_shape,
-            timeout=timeout, pipeline=pipeline))
+        self._set_settings(process_group, settings)
         self._ranks, self._adaptive = ranks, adaptive
         if device is None:
             backend = str(dist.get_backend(process_group)).lower()
@@ -145,9 +150,9 @@ class PowerSGDState:
         self._comm(device)
 
     def _set_settings(self, process_group, kw):
-        """The arguments of __init__ (kw: by name) and an empty runtime: no communicator yet."""
-        if kw["start_powerSGD_iter"] < 0:
-            raise ValueError(f"start_powerSGD_iter must be >= 0, not {kw['start_powerSGD_iter']}")
+        """The arguments of __init__ (kw: by name, checked) and an empty runtime: no communicator
+        yet."""
+        _check_settings(kw)
         self.process_group = process_group
         self.matrix_approximation_rank = kw["matrix_approximation_rank"]
         self.start_powerSGD_iter = kw["start_powerSGD_iter"]
@@ -565,17 +570,7 @@ class PowerSGDState:
         local = self._signals.pop(m, {})
         for old in [s for s in self._signals if s < m]:
             del self._signals[old]
-        keys = sorted(local)
-        vec = torch.tensor([x for key in keys for x in local[key]], dtype=torch.float64)
-        if str(dist.get_backend(self.process_group)).lower() == "nccl":
-            vec = vec.cuda()
-        dist.all_reduce(vec, group=self.process_group)
-        vec, world = vec.cpu().tolist(), dist.get_world_size(self.process_group)
-        signals = {}
-        for i, key in enumerate(keys):
-            out2, err2, m2 = vec[3 * i:3 * i + 3]
-            signals[key] = (math.sqrt(out2 / world), math.sqrt(err2 / m2) if m2 > 0 else 0.0)
-        self._adaptive_k.update(self._adaptive.decide(signals))
+        self._adaptive_k.update(self._adaptive.decide(combine(local, self.process_group)))
 
     def _take_restores(self, device):
         """Actions for the next job on `device`: stage the loaded states meant for it (format 2:
@@ -621,6 +616,35 @@ class PowerSGDState:
             comm = self._comms[dev]
             bufs = [(ptr, buf) for (d, ptr), buf in stale.items() if d == dev]
             self._workers[dev].submit(functools.partial(_release, comm, bufs))
+
+
+def _check_settings(kw):
+    """PowerSGDState's arguments checked under their own names before anything is made, in
+    lowrank's ranges (lowrank.h, lowrankConfig_t), so that a bad one is not reported later in the
+    C API's terms or silently truncated: TypeError for a non-integer where an int is needed (a
+    bool or 2.7 included), ValueError for a value out of range. kw is updated with plain ints."""
+    def integer(name, lo, hi):
+        v = kw[name]
+        if isinstance(v, bool) or not hasattr(type(v), "__index__"):
+            raise TypeError(f"PowerSGDState: {name} must be an int, not {v!r}")
+        v = int(v.__index__())
+        if not lo <= v <= hi:
+            raise ValueError(f"PowerSGDState: {name}={v} is out of range [{lo}, {hi}]")
+        kw[name] = v
+
+    def number(name, lo, what):
+        v = kw[name]
+        ok = not isinstance(v, bool) and isinstance(v, numbers.Real) and math.isfinite(v)
+        if not ok or not (v > lo if what == ">" else v >= lo):
+            raise ValueError(f"PowerSGDState: {name} must be a finite number {what} {lo}, "
+                             f"not {v!r}")
+    integer("matrix_approximation_rank", 0, 1 << 16)
+    integer("start_powerSGD_iter", 0, 2**31 - 1)
+    integer("random_seed", 0, 2**63 - 1)
+    number("min_compression_rate", 1, ">=")
+    number("orthogonalization_epsilon", 0, ">=")
+    if kw.get("timeout") is not None:
+        number("timeout", 0, ">")
 
 
 class _Measured:
@@ -798,11 +822,16 @@ def powerSGD_hook(state, bucket):
     bucket's buffer, reduced in place: completed by the communicator's own thread, so backward
     goes on meanwhile; CUDA buckets are queued on the autograd thread (the call only queues device
     work) on a side stream forked from the current one, and the future carries that dependency.
-    Raises InvalidArgumentError (a non-contiguous or mixed-device bucket, an unsupported dtype),
+    Raises TypeError (a state that is not lowrank's PowerSGDState, e.g. PyTorch's),
+    InvalidArgumentError (a non-contiguous or mixed-device bucket, an unsupported dtype),
     LowrankError (a closed state; a bucket index twice in a step with other buffers; a numbering
     that differs from a loaded state's); the future completes with LowrankError when lowrank fails
     (a dead peer, ranks whose buckets differ, a restored state that does not fit or that not
     every rank restored: lowrankInvalidUsage on every rank)."""
+    if not isinstance(state, PowerSGDState):
+        raise TypeError(f"lowrank.torch.powerSGD_hook takes a lowrank.torch.PowerSGDState, not "
+                        f"{type(state).__module__}.{type(state).__qualname__}: make the state "
+                        "with lowrank.torch.PowerSGDState (PyTorch's arguments)")
     buf = bucket.buffer()
     info = describe(buf, f"bucket {bucket.index()}'s buffer", "powerSGD_hook")
     for g in bucket.gradients():

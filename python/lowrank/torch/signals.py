@@ -1,11 +1,15 @@
-"""What the adaptive rank measures of one bucket after its allreduce (on the hook's worker
-thread, inside the bucket's job, so before DDP can write the next step's gradients into it):
-per parameter, |output|^2 and this rank's |E|^2 and |E + output|^2 (E its residual, read from
-lowrank's format-2 saved state: docs/checkpoint.md). Not thread-safe: one job at a time.
+"""The adaptive rank's numbers. measure: what it measures of one bucket after its allreduce (on
+the hook's worker thread inside the bucket's job for a CPU bucket, inline for a CUDA one; either
+way before DDP can write the next step's gradients into it): per parameter, |output|^2 and this
+rank's |E|^2 and |E + output|^2 (E its residual, read from lowrank's format-2 saved state:
+docs/checkpoint.md). combine: those numbers summed over the comm ranks into the signals the rule
+decides from. Not thread-safe: one job at a time.
 """
+import math
 import struct
 
 import torch
+import torch.distributed as dist
 
 _HEADER = 40  # magic, version, header size, seed, comm size, comm rank, flags, tensors
 
@@ -50,4 +54,26 @@ def measure(comm, buf, ids, shapes):
         e = e.to(o.device, torch.float64)
         m = e + o
         out[tid] = (float(o.dot(o)), float(e.dot(e)), float(m.dot(m)))
+    return out
+
+
+def combine(local, group=None):
+    """The rule's signals of one measured step, the same numbers on every comm rank:
+    {key: (gradient norm, compression error)} from each rank's {key: (|out|^2, |E|^2,
+    |E + out|^2)} (measure()'s numbers of the step's buckets, by parameter): the norm of the
+    averaged gradient sqrt(sum_i |out|^2 / world) (|out|^2 is alike on every rank) and the
+    error sqrt(sum_i |E_i|^2 / sum_i |E_i + out|^2) (0 where nothing was sent).
+    Collective over `group` (None: the default group): one all_reduce of 3 float64 per key, on
+    the current CUDA device where the group's backend is NCCL; every rank must pass the same
+    keys (it measured the same buckets). Used by PowerSGDState's adaptive rank on every path."""
+    keys = sorted(local)
+    vec = torch.tensor([x for key in keys for x in local[key]], dtype=torch.float64)
+    if str(dist.get_backend(group)).lower() == "nccl":
+        vec = vec.cuda()
+    dist.all_reduce(vec, group=group)
+    vec, world = vec.cpu().tolist(), dist.get_world_size(group)
+    out = {}
+    for i, key in enumerate(keys):
+        out2, err2, m2 = vec[3 * i:3 * i + 3]
+        out[key] = (math.sqrt(out2 / world), math.sqrt(err2 / m2) if m2 > 0 else 0.0)
     return out
