@@ -19,7 +19,8 @@ The 95% interval of a ratio: the per-pair ratios' logarithms, mean +- t(0.975, n
 exponentiated (the interval of the geometric mean ratio); "upper95" is the one-sided 95% upper bound,
 mean + t(0.95, n-1) * sd / sqrt(n), the test of "no slowdown". --verdict METRIC:BOUND states, before
 the run, the metric and bound that decide: "no slowdown shown" when its upper95 <= BOUND, otherwise
-"not shown". --alternate runs base first in even pairs and cand first in odd ones, so that a run's
+"not shown". --alternate runs base first in the first pair run (the warm-up, when there is one)
+and swaps the order in every pair after it (each pair's order is in runs.json), so that a run's
 place in its pair (a warmer cache, the other's leftovers) falls on both sides alike.
 The load average is read before every run.
 --wait-quiet N: before each pair, wait until at most N tasks are runnable (a shared machine's quiet
@@ -182,7 +183,8 @@ def main():
                     help="before each pair, wait until at most N tasks are runnable (procs_running; 0: no wait)")
     ap.add_argument("--wait-longest", type=float, default=60.0, help="seconds, the longest such wait (default 60)")
     ap.add_argument("--alternate", action="store_true",
-                    help="base first in even pairs, cand first in odd ones (default: base first always)")
+                    help="base first in the first pair run (the warm-up), the order swapped in every "
+                         "pair after it (default: base first always)")
     ap.add_argument("--verdict", metavar="METRIC:BOUND",
                     help="the decision stated before the run: no slowdown shown when METRIC's one-sided "
                          "95%% upper bound is <= BOUND (e.g. call:1.03)")
@@ -191,7 +193,7 @@ def main():
     ap.add_argument("perf_args", nargs="*", help="after --: the perf binary's arguments (without -J)")
     a = ap.parse_args()
     verdict = None
-    if a.verdict:
+    if a.verdict is not None:
         key, _, bound = a.verdict.partition(":")
         if key not in [m[0] for m in METRICS]:
             ap.error(f"--verdict {a.verdict}: {key!r} is not one of {[m[0] for m in METRICS]}")
@@ -199,8 +201,10 @@ def main():
             verdict = (key, float(bound))
         except ValueError:
             ap.error(f"--verdict {a.verdict}: the bound {bound!r} is not a number")
-        if not verdict[1] > 0:
-            ap.error(f"--verdict {a.verdict}: the bound must be > 0")
+        if not (verdict[1] > 0 and math.isfinite(verdict[1])):
+            ap.error(f"--verdict {a.verdict}: the bound must be a finite number > 0")
+    if a.alternate and a.logs:
+        ap.error("--alternate runs the pairs; with --logs the order is the other harness's")
     if a.pairs < 2:
         ap.error("--pairs must be at least 2 (an interval needs two pairs)")
 
@@ -221,7 +225,13 @@ def main():
             base_runs = parse_text(f.read())
         with open(a.cand) as f:
             cand_runs = parse_text(f.read())
-        n = min(len(base_runs), len(cand_runs))
+        if len(base_runs) != len(cand_runs):
+            raise SystemExit(f"ab_compare: {a.base} has {len(base_runs)} runs, {a.cand} "
+                             f"{len(cand_runs)}: pairs need the same number")
+        n = len(base_runs)
+        if n - a.warmup_pairs < 2:
+            raise SystemExit(f"ab_compare: {n} runs each with {a.warmup_pairs} warm-up pairs leave "
+                             "fewer than 2 counted pairs")
         for i in range(n):
             runs.append({"index": i - a.warmup_pairs, "counted": i >= a.warmup_pairs,
                          "base": base_runs[i], "cand": cand_runs[i]})
@@ -261,6 +271,8 @@ def main():
     for key, field, what in METRICS:
         if any(p[s][field] is None for p in counted for s in ("base", "cand")):
             continue
+        if any(p[s][field] <= 0 for p in counted for s in ("base", "cand")):
+            raise SystemExit(f"ab_compare: a run has {field} <= 0: no ratio can be taken")
         ratios = [p["cand"][field] / p["base"][field] for p in counted]
         gm, lo, hi = interval(ratios)
         summary["metrics"][key] = {
@@ -271,13 +283,20 @@ def main():
     if verdict:
         key, bound = verdict
         up = summary["metrics"].get(key, {}).get("upper95")
-        summary["verdict"] = {"metric": key, "bound": bound, "upper95": up,
-                              "decision": "no slowdown shown" if up is not None and up <= bound else "not shown"}
+        decision = ("no slowdown shown" if up is not None and up <= bound else "not shown")
+        if key not in summary["metrics"]:  # the runs are written all the same, then exit 1
+            decision = ("undecided: the runs lack this metric (wall and cpu need runs made here; "
+                        "compute and comm need --phases 1)")
+        summary["verdict"] = {"metric": key, "bound": bound, "upper95": up, "decision": decision}
     with open(os.path.join(a.out, "runs.json"), "w") as f:
         json.dump(runs, f, indent=1)
     with open(os.path.join(a.out, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
 
+    firsts = [p.get("order", ["base"])[0] for p in counted]
+    order_text = ("base first (as the other harness ran them)" if a.logs else
+                  f"base first in {firsts.count('base')} counted pairs, cand first in "
+                  f"{firsts.count('cand')}" + (" (alternating)" if a.alternate else ""))
     loads = summary["load_1min"]
     lines = [f"# A/B: {a.label_cand} / {a.label_base}, {len(counted)} interleaved pairs", "",
              f"- {started} .. {ended}; load average (1 min) before each run: " +
@@ -285,7 +304,7 @@ def main():
               if loads else "not recorded"),
              f"- base: `{a.base}`", f"- cand: `{a.cand}`",
              f"- perf arguments: `{' '.join(perf_args)}`",
-             f"- order within a pair: {'alternating (base first in even pairs)' if a.alternate else 'base first'}", "",
+             f"- order within a pair: {order_text}", "",
              "| metric | base median | cand median | geomean ratio cand/base | 95% interval | upper95 (one-sided) | median ratio |",
              "|---|---|---|---|---|---|---|"]
     for key, m in summary["metrics"].items():
@@ -327,7 +346,7 @@ def main():
     with open(os.path.join(a.out, "summary.md"), "w") as f:
         f.write(text)
     print(text)
-    return 0
+    return 1 if summary.get("verdict", {}).get("decision", "").startswith("undecided") else 0
 
 
 if __name__ == "__main__":

@@ -65,7 +65,7 @@ Status resolveConfig(const lowrankConfig_t* user, EngineConfig* out) {
       c.minCompressionRate = u.minCompressionRate;
     }
     if (u.startIter != LOWRANK_CONFIG_UNDEF_INT) {
-      if (u.startIter < 0) return argError("startIter", ">= 0");
+      if (u.startIter < 0 || u.startIter > (1 << 30)) return argError("startIter", "in [0, 2^30]");
       c.startIter = u.startIter;
     }
     if (u.errorFeedback != LOWRANK_CONFIG_UNDEF_INT) {

@@ -5,7 +5,7 @@ threads; abort() may be called from any thread while a call runs and makes that 
 Every C call runs with the GIL released (ctypes), so other Python threads go on meanwhile.
 """
 import ctypes
-import operator
+import numbers
 import threading
 
 from . import _capi
@@ -17,6 +17,15 @@ CONFIG_FIELDS = {"approx_rank": "approxRank", "min_compression_rate": "minCompre
                  "start_iter": "startIter", "error_feedback": "errorFeedback",
                  "warm_start": "warmStart", "ortho_epsilon": "orthoEpsilon", "seed": "seed",
                  "timeout": "timeoutSec", "pipeline": "pipeline"}
+
+
+def as_int(v):
+    """v as a Python int when it is an integer and not a boolean: int, NumPy's integers (any
+    numbers.Integral); TypeError for anything else (2.7, "3", True, numpy.bool_, a tensor), so
+    that an id, a size or a rank is never a truncated float or a flag taken for 1."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+        raise TypeError(f"{v!r} is not an integer")
+    return int(v)
 
 
 def make_config(**kwargs):
@@ -426,12 +435,12 @@ def tensor_array(tensors):
     for n, entry in enumerate(entries):
         try:
             tid, shape, *rest = entry
-            if len(rest) > 1 or any(isinstance(v, bool) for v in [tid, *rest, *shape]):
-                raise ValueError  # True is an int to Python, never an id, size or rank to lowrank
-            tid = operator.index(tid)
-            shape = [operator.index(d) for d in shape]
+            if len(rest) > 1 or isinstance(shape, (set, frozenset, dict)):  # a set has no order
+                raise ValueError
+            tid = as_int(tid)
+            shape = [as_int(d) for d in shape]
             rank = rest[0] if rest else None
-            rank = _capi.RANK_DEFAULT if rank is None else operator.index(rank)
+            rank = _capi.RANK_DEFAULT if rank is None else as_int(rank)
         except (TypeError, ValueError):
             raise InvalidArgumentError(4, f"tensors[{n}] is {entry!r}, not (id, shape) or "
                                           "(id, shape, approx_rank) with ints", fn) from None

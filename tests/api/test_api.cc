@@ -54,6 +54,7 @@ TEST(Api, CommInitBadArguments) {
       {"approxRank", [](lowrankConfig_t& x) { x.approxRank = -1; }},
       {"minCompressionRate", [](lowrankConfig_t& x) { x.minCompressionRate = 0.5; }},
       {"startIter", [](lowrankConfig_t& x) { x.startIter = -3; }},
+      {"startIter", [](lowrankConfig_t& x) { x.startIter = (1 << 30) + 1; }},  // lowrank.h's range
       {"errorFeedback", [](lowrankConfig_t& x) { x.errorFeedback = 2; }},
       {"warmStart", [](lowrankConfig_t& x) { x.warmStart = 7; }},
       {"orthoEpsilon", [](lowrankConfig_t& x) { x.orthoEpsilon = -1e-3; }},

@@ -8,8 +8,9 @@ of three matrices and a bias, declared with ids and a k per id as the hook decla
 drives the hook's own pieces: lowrank.torch.signals.measure after the allreduce of a measured step
 (it waits for the buffer's queued device work, as in the hook), signals.combine over a gloo group
 at the deciding step, AdaptiveRank.decide. Gradients are copied in on a non-blocking stream and
-each call is queued on it; the host never synchronizes the stream, so when the device work runs
-is the emulation's choice (LOWRANK_EMU_SEED: in a random order).
+each call is queued on it; the host synchronizes the stream only after a measurement has read the
+buffer (to check that it read the call's output), so when the device work runs is otherwise the
+emulation's choice (LOWRANK_EMU_SEED: in a random order).
 
 Each rank's gradient is (1 + rank) * scale(step) * u v^T plus noise of its own, scale 1 before
 step 5 and 4 from it, so each rank's own residual and error differ (the averaged output, whose norm
@@ -21,8 +22,8 @@ detector; together every rank keeps high (the combined error is above error_max)
 
   adaptive_device_check.py            launch RANKS workers; exit 0 when every check holds
   adaptive_device_check.py worker     one rank (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)
-Needs LOWRANK_TEST_CUDA_EMU (the emulation's libcuda.so.1), LOWRANK_CUDA_BACKEND and
-LOWRANK_NCCL_LIBRARY (meson sets them). Exits 77 (skip) without torch.
+Needs LOWRANK_TEST_CUDA_EMU (the emulation's libcuda.so.1), LOWRANK_LIBRARY, LOWRANK_CUDA_BACKEND
+and LOWRANK_NCCL_LIBRARY (meson sets them). Exits 77 (skip) without torch.
 """
 import ctypes
 import datetime
@@ -113,7 +114,7 @@ def run(torch, dev, comm, setting, rank):
     shapes = [tuple(s) for s in SHAPES]
     ids = [i + 1000 * list(SETTINGS).index(setting) for i in IDS]
     before = comm.stats()
-    ks, pending, kept, history, local_errors = {}, {}, [], [], []
+    ks, pending, kept, history, local_errors, measured = {}, {}, [], [], [], []
     for step in range(STEPS):
         m = rule.decides(step)
         if m is not None:  # the hook's _adapt: this rank's numbers of step m, combined
@@ -129,6 +130,18 @@ def run(torch, dev, comm, setting, rank):
                    ctypes.c_void_p(stream))
         if rule.measures(step):
             got = signals.measure(comm, buf, ids, shapes)
+            # What measure read must be this call's output: the same numbers as the output
+            # read once the stream has finished (and, as the outputs, alike on every rank).
+            seen = [got[i][0] for i in ids]
+            dev.check(dev.lib.cudaStreamSynchronize(ctypes.c_void_p(stream)), "cudaStreamSynchronize")
+            host = torch.empty(n)
+            dev.copy_out(host, ptr)
+            at, want = 0, []
+            for shape in SHAPES:
+                o = host[at:at + torch.Size(shape).numel()].double()
+                at += o.numel()
+                want.append(float(o.dot(o)))
+            measured.append({"step": step, "out2": seen, "after_sync": want})
             if setting == "skewed_errors":
                 got = {i: (o, e * (1e6 if rank == 0 else 0.0), s) for i, (o, e, s) in got.items()}
                 local_errors.append(max((e / s) ** 0.5 for _, e, s in got.values() if s > 0))
@@ -144,7 +157,8 @@ def run(torch, dev, comm, setting, rank):
     dev.check(dev.lib.cudaFree(ctypes.c_void_p(ptr)), "cudaFree")
     return {"history": history, "changes": counts["rankChanges"], "counts": counts,
             "finite": bool(torch.isfinite(out).all()),
-            "output": hashlib.sha256(out.numpy().tobytes()).hexdigest(), "local_errors": local_errors}
+            "output": hashlib.sha256(out.numpy().tobytes()).hexdigest(), "local_errors": local_errors,
+            "measured": measured}
 
 
 def worker():
@@ -204,6 +218,9 @@ def main():
         text = logs[r].read()
         if p.returncode == 77:
             print(text)
+            for q in procs:
+                q.kill()
+                q.wait()
             return 77
         lines = [ln for ln in text.splitlines() if ln.startswith("RESULT ")]
         if p.returncode != 0 or not lines:
@@ -225,6 +242,11 @@ def main():
               f"{name}: every rank has the same k in force at every step")
         check(all(r["output"] == runs[0]["output"] for r in runs), f"{name}: outputs bit-identical")
         check(all(r["finite"] for r in runs), f"{name}: outputs finite")
+        check(all(m["out2"] == m["after_sync"] for r in runs for m in r["measured"]) and
+              all(r["measured"] == runs[0]["measured"] for r in runs) and
+              len(runs[0]["measured"]) == STEPS // 2,
+              f"{name}: each measurement read its call's output (as read after the stream "
+              "finished, and alike on every rank)")
         check(all(r["changes"] == runs[0]["changes"] for r in runs), f"{name}: rank changes counted alike")
         check(all(r["counts"]["compressedCalls"] == STEPS and r["counts"]["fallbackCalls"] == 0
                   for r in runs), f"{name}: every call compressed on the device path ({[r['counts'] for r in runs]})")

@@ -2,6 +2,7 @@
 (tensor_ranks, from lowrankBufferGetTensorRanks), excluded gradients are the exact mean, a change
 of ranks between steps keeps training (counted in rankChanges), a state_dict loads under other
 ranks; bad settings are clear errors before anything starts."""
+import numpy as np
 import pytest
 import torch
 import torch.nn as nn
@@ -121,6 +122,14 @@ def test_bad_settings_are_clear_errors(kwargs, message):
     (dict(min_compression_rate=0.5), ValueError, "min_compression_rate must be a finite number >= 1"),
     (dict(orthogonalization_epsilon=float("nan")), ValueError, "orthogonalization_epsilon"),
     (dict(timeout=0), ValueError, "timeout must be a finite number > 0"),
+    (dict(timeout="30"), TypeError, "timeout must be a number"),
+    (dict(min_compression_rate=None), TypeError, "min_compression_rate must be a number"),
+    (dict(matrix_approximation_rank=np.bool_(True)), TypeError, "must be an int"),
+    (dict(matrix_approximation_rank=torch.tensor(4)), TypeError, "must be an int"),
+    (dict(start_powerSGD_iter=(1 << 30) + 1), ValueError, "[0, 1073741824]"),
+    (dict(compression_stats_logging_frequency=None), TypeError, "compression_stats_logging_frequency"),
+    (dict(pipeline="yes"), TypeError, "pipeline must be True or False or None"),
+    (dict(use_error_feedback=2), TypeError, "use_error_feedback must be True or False"),
 ])
 def test_arguments_out_of_lowranks_range_are_named(kwargs, error, message):
     """Checked before torch.distributed is needed, under PyTorch's argument names (not the C
@@ -128,6 +137,25 @@ def test_arguments_out_of_lowranks_range_are_named(kwargs, error, message):
     with pytest.raises(error) as e:
         PowerSGDState(None, **kwargs)
     assert message in str(e.value)
+
+
+def test_settings_are_kept_as_plain_python_types():
+    """NumPy scalars and a timedelta are taken, and kept as int, float and bool: the state_dict
+    of a state made from them loads with torch.load(weights_only=True)."""
+    import datetime
+    from lowrank.torch.hook import _check_settings
+    kw = dict(matrix_approximation_rank=np.int64(4), start_powerSGD_iter=np.int32(10),
+              min_compression_rate=np.float32(1.5), use_error_feedback=np.bool_(True),
+              warm_start=1, orthogonalization_epsilon=np.float64(1e-8), random_seed=np.uint8(3),
+              compression_stats_logging_frequency=np.int64(100),
+              batch_tensors_with_same_shape=False, timeout=datetime.timedelta(seconds=30),
+              pipeline=None)
+    _check_settings(kw)
+    assert kw == dict(matrix_approximation_rank=4, start_powerSGD_iter=10, min_compression_rate=1.5,
+                      use_error_feedback=True, warm_start=True, orthogonalization_epsilon=1e-8,
+                      random_seed=3, compression_stats_logging_frequency=100,
+                      batch_tensors_with_same_shape=False, timeout=30.0, pipeline=None)
+    assert all(type(v) in (int, float, bool, type(None)) for v in kw.values()), kw
 
 
 def test_the_hook_refuses_a_state_that_is_not_lowranks():

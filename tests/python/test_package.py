@@ -139,6 +139,9 @@ def test_set_tensors_bad_arguments():
         "bool_rank": [(1, (4, 4), True)],
         "bool_id": [(False, (4, 4))],
         "bool_size": [(1, (4, True))],
+        "numpy_bool_rank": [(1, (4, 4), np.bool_(True))],
+        "tensor_rank": [(1, (4, 4), torch.tensor(2))],
+        "set_shape": [(1, {4, 3})],
     }
     seen = {}
     for name, tensors in bad.items():

@@ -11,6 +11,7 @@ the parameters and follows them through DDP's bucket rebuilds and restarts.
 """
 import atexit
 import collections
+import datetime
 import functools
 import logging
 import math
@@ -21,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from .._buffers import describe
-from ..comm import tensor_array
+from ..comm import as_int, tensor_array
 from ..errors import InvalidArgumentError, LowrankError
 from .adaptive import AdaptiveRank
 from .process_group import communicator_from_process_group, require_initialized
@@ -621,30 +622,53 @@ class PowerSGDState:
 def _check_settings(kw):
     """PowerSGDState's arguments checked under their own names before anything is made, in
     lowrank's ranges (lowrank.h, lowrankConfig_t), so that a bad one is not reported later in the
-    C API's terms or silently truncated: TypeError for a non-integer where an int is needed (a
-    bool or 2.7 included), ValueError for a value out of range. kw is updated with plain ints."""
+    C API's terms or silently truncated: TypeError for a value of the wrong type (2.7 or True
+    where an int is needed, a string where a number is), ValueError for a value out of range.
+    kw is updated with plain Python types (the state_dict holds them: a checkpoint loads with
+    torch.load(weights_only=True)); a timeout may be a datetime.timedelta (as torch.distributed's),
+    kept as seconds."""
     def integer(name, lo, hi):
-        v = kw[name]
-        if isinstance(v, bool) or not hasattr(type(v), "__index__"):
-            raise TypeError(f"PowerSGDState: {name} must be an int, not {v!r}")
-        v = int(v.__index__())
+        try:
+            v = as_int(kw[name])
+        except TypeError:
+            raise TypeError(f"PowerSGDState: {name} must be an int, not {kw[name]!r}") from None
         if not lo <= v <= hi:
             raise ValueError(f"PowerSGDState: {name}={v} is out of range [{lo}, {hi}]")
         kw[name] = v
 
     def number(name, lo, what):
         v = kw[name]
-        ok = not isinstance(v, bool) and isinstance(v, numbers.Real) and math.isfinite(v)
-        if not ok or not (v > lo if what == ">" else v >= lo):
-            raise ValueError(f"PowerSGDState: {name} must be a finite number {what} {lo}, "
-                             f"not {v!r}")
+        if isinstance(v, bool) or not isinstance(v, numbers.Real):
+            raise TypeError(f"PowerSGDState: {name} must be a number, not {v!r}")
+        v = float(v)
+        if not math.isfinite(v) or not (v > lo if what == ">" else v >= lo):
+            raise ValueError(f"PowerSGDState: {name} must be a finite number {what} {lo}, not {v!r}")
+        kw[name] = v
+
+    def flag(name, allow_none=False):
+        v = kw[name]
+        if v is None and allow_none:
+            return
+        numpy_bool = type(v).__module__ == "numpy" and type(v).__name__ in ("bool_", "bool")
+        if isinstance(v, bool) or numpy_bool or \
+                isinstance(v, numbers.Integral) and v in (0, 1):
+            kw[name] = bool(v)
+            return
+        raise TypeError(f"PowerSGDState: {name} must be True or False{' or None' if allow_none else ''}, "
+                        f"not {v!r}")
     integer("matrix_approximation_rank", 0, 1 << 16)
-    integer("start_powerSGD_iter", 0, 2**31 - 1)
+    integer("start_powerSGD_iter", 0, 1 << 30)
     integer("random_seed", 0, 2**63 - 1)
+    integer("compression_stats_logging_frequency", -2**63, 2**63 - 1)
     number("min_compression_rate", 1, ">=")
     number("orthogonalization_epsilon", 0, ">=")
+    if isinstance(kw.get("timeout"), datetime.timedelta):
+        kw["timeout"] = kw["timeout"].total_seconds()
     if kw.get("timeout") is not None:
         number("timeout", 0, ">")
+    for name in ("use_error_feedback", "warm_start", "batch_tensors_with_same_shape"):
+        flag(name)
+    flag("pipeline", allow_none=True)
 
 
 class _Measured:
