@@ -175,14 +175,18 @@ def test_python_m_lowrank_without_torch_nccl_or_gpu(tmp_path):
 
 def test_missing_ucx_is_the_documented_error_not_a_crash(tmp_path):
     """UCX's libraries hidden (a mount namespace): importing lowrank works, making a communicator
-    raises LibraryNotFoundError naming Debian's libucx0, and `python -m lowrank` still exits 0."""
+    raises LibraryNotFoundError naming Debian's libucx0, and `python -m lowrank` prints its whole
+    report with the reason and exits 1 (the library did not load)."""
     _need_namespaces()
     libs = _cached(r"lib(?:ucp|uct|ucs|ucm)\.so")
     assert libs
     code = ("import lowrank\n"
             "try:\n    lowrank.Communicator.init_rank(1, lowrank.get_unique_id(), 0)\n"
             "except lowrank.LibraryNotFoundError as e:\n    print('ERR', e)\n")
-    r = _hide(libs, f"{VPY} -c \"$CODE\" && {VPY} -m lowrank", str(tmp_path), CODE=code)
+    r = _hide(libs, f"{VPY} -c \"$CODE\" && {{ {VPY} -m lowrank; echo \"report exit $?\"; }}",
+              str(tmp_path), CODE=code)
     assert r.returncode == 0, r.stdout + r.stderr
+    assert re.search(r"^report exit 1$", r.stdout, re.M), r.stdout + r.stderr
+    assert "the library could not be loaded" in r.stderr, r.stderr
     assert re.search(r"^ERR .*liblowrank needs UCX.*apt-get install libucx0", r.stdout, re.M), r.stdout
     assert re.search(r"^lowrank: failed: LibraryNotFoundError: .*liblowrank needs UCX", r.stdout, re.M), r.stdout
