@@ -63,28 +63,27 @@ def t_quantile(table, df):
     return table[keys[-1]] if keys else table[1]
 
 
-def t975(df):
-    return t_quantile(T975, df)
+def _logs(ratios):
+    """(mean, standard error) of the ratios' logarithms; the error is None below 2 pairs."""
+    logs = [math.log(r) for r in ratios]
+    n = len(logs)
+    m = statistics.fmean(logs)
+    return m, (statistics.stdev(logs) / math.sqrt(n) if n >= 2 else None)
+
+
+def interval(ratios):
+    """Geometric mean of the ratios and its two-sided 95% t-interval (on the logarithms)."""
+    m, se = _logs(ratios)
+    if se is None:
+        return math.exp(m), None, None
+    half = t_quantile(T975, len(ratios) - 1) * se
+    return math.exp(m), math.exp(m - half), math.exp(m + half)
 
 
 def upper95(ratios):
     """The one-sided 95% upper bound of the geometric mean ratio (None below 2 pairs)."""
-    logs = [math.log(r) for r in ratios]
-    n = len(logs)
-    if n < 2:
-        return None
-    return math.exp(statistics.fmean(logs) + t_quantile(T95, n - 1) * statistics.stdev(logs) / math.sqrt(n))
-
-
-def interval(ratios):
-    """Geometric mean of the ratios and its 95% t-interval (on the logarithms)."""
-    logs = [math.log(r) for r in ratios]
-    n = len(logs)
-    m = statistics.fmean(logs)
-    if n < 2:
-        return math.exp(m), None, None
-    half = t975(n - 1) * statistics.stdev(logs) / math.sqrt(n)
-    return math.exp(m), math.exp(m - half), math.exp(m + half)
+    m, se = _logs(ratios)
+    return None if se is None else math.exp(m + t_quantile(T95, len(ratios) - 1) * se)
 
 
 def loadavg():
@@ -280,13 +279,14 @@ def main():
             "median_ratio": statistics.median(ratios),
             "base_median": statistics.median(p["base"][field] for p in counted),
             "cand_median": statistics.median(p["cand"][field] for p in counted)}
+    undecided = False
     if verdict:
         key, bound = verdict
         up = summary["metrics"].get(key, {}).get("upper95")
-        decision = ("no slowdown shown" if up is not None and up <= bound else "not shown")
-        if key not in summary["metrics"]:  # the runs are written all the same, then exit 1
-            decision = ("undecided: the runs lack this metric (wall and cpu need runs made here; "
-                        "compute and comm need --phases 1)")
+        undecided = key not in summary["metrics"]  # the runs are written all the same, then exit 1
+        decision = ("undecided: the runs lack this metric (wall and cpu need runs made here; "
+                    "compute and comm need --phases 1)" if undecided else
+                    "no slowdown shown" if up is not None and up <= bound else "not shown")
         summary["verdict"] = {"metric": key, "bound": bound, "upper95": up, "decision": decision}
     with open(os.path.join(a.out, "runs.json"), "w") as f:
         json.dump(runs, f, indent=1)
@@ -346,7 +346,7 @@ def main():
     with open(os.path.join(a.out, "summary.md"), "w") as f:
         f.write(text)
     print(text)
-    return 1 if summary.get("verdict", {}).get("decision", "").startswith("undecided") else 0
+    return 1 if undecided else 0
 
 
 if __name__ == "__main__":

@@ -151,9 +151,8 @@ class PowerSGDState:
         self._comm(device)
 
     def _set_settings(self, process_group, kw):
-        """The arguments of __init__ (kw: by name, checked) and an empty runtime: no communicator
-        yet."""
-        _check_settings(kw)
+        """The arguments of __init__ (kw: by name, checked by _check_settings) and an empty
+        runtime: no communicator yet."""
         self.process_group = process_group
         self.matrix_approximation_rank = kw["matrix_approximation_rank"]
         self.start_powerSGD_iter = kw["start_powerSGD_iter"]
@@ -454,7 +453,9 @@ class PowerSGDState:
         logger.warning("NOTE: Process group will be set to a default group (i.e. the world size). "
                        "If a different group is desired, please set `self.process_group` after "
                        "PowerSGD state is loaded.")
-        self._set_settings(None, {**state["config"], **state["options"]})
+        settings = {**state["config"], **state["options"]}
+        _check_settings(settings)
+        self._set_settings(None, settings)
         self._load(state, check_rank=False)  # the group it was saved on is not known
 
     # ---- internals -----------------------------------------------------------------------------
