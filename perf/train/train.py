@@ -411,6 +411,8 @@ def run(args):
         extra = {}
         if args.exclude:
             extra.update(exclude=[n for n in args.exclude.split(",") if n], model=module)
+        if args.rank_of:
+            extra.update(rank_of=dict(args.rank_of), model=module)
         if args.adaptive:
             from lowrank.torch.adaptive import AdaptiveRank
             extra.update(adaptive=AdaptiveRank(args.adaptive[0], args.adaptive[1],
@@ -459,6 +461,7 @@ def run(args):
     epochs, step, bits_total, prev_sent = [], 0, 0.0, 0
     sent_before_compression = None  # lowrank's bytesSent when step start_iter begins
     rank_trace = []  # adaptive: [step, {name: k}] after each step whose ks differ from the last
+    signal_trace = []  # adaptive: [measured step, {name: [gradient norm, compression error]}]
     t_run = time.perf_counter()
     for epoch in range(1, args.epochs + 1):
         t_epoch = time.perf_counter()
@@ -492,6 +495,9 @@ def run(args):
                 ks = lowrank_state.tensor_ranks()
                 if not rank_trace or rank_trace[-1][1] != ks:
                     rank_trace.append([step, ks])
+                measured, signals = lowrank_state.adaptive_signals()
+                if measured is not None and (not signal_trace or signal_trace[-1][0] != measured):
+                    signal_trace.append([measured, {n: list(v) for n, v in signals.items()}])
             step += 1
         train_s = time.perf_counter() - t_epoch
 
@@ -546,6 +552,7 @@ def run(args):
                                                  - sent_before_compression)
         if args.adaptive:
             result["rank_trace"] = rank_trace
+            result["signal_trace"] = signal_trace
         result["buckets"] = []
         for i in sorted(timer.shapes):
             bshapes = timer.shapes[i]
@@ -573,6 +580,31 @@ def run(args):
     _KEEP.append(locals())
 
 
+EMBEDDINGS_HEAD = ["tok.weight", "pos.weight", "head.weight"]  # the transformer's (charlm.py)
+
+
+def _parse_rank_of(ap, text, model):
+    """--rank-of's NAME=K list as [[name, k]] (embeddings-head expanded), or ap.error."""
+    out = []
+    for item in (x for x in text.split(",") if x):
+        name, eq, k = item.partition("=")
+        try:
+            k = int(k)
+        except ValueError:
+            k = -1
+        if not eq or not name or not 0 <= k <= 65536:
+            ap.error(f"--rank-of {item!r}: NAME=K with K an integer in [0, 65536]")
+        if name == "embeddings-head":
+            if model != "transformer":
+                ap.error("--rank-of embeddings-head: the transformer's (tok, pos, head)")
+            out += [[n, k] for n in EMBEDDINGS_HEAD]
+        else:
+            out.append([name, k])
+    if len({n for n, _ in out}) != len(out):
+        ap.error(f"--rank-of {text!r}: a parameter named twice")
+    return out
+
+
 def parse(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reducer", choices=REDUCERS, default="allreduce")
@@ -594,14 +626,19 @@ def parse(argv=None):
     ap.add_argument("--exclude", default="",
                     help="lowrank: comma-separated parameter names allreduced exactly (PowerSGDState's "
                          "exclude); 'embeddings-head' names the transformer's tok, pos and head weights")
+    ap.add_argument("--rank-of", default="",
+                    help="lowrank: comma-separated NAME=K, a parameter's own approximation rank "
+                         "(PowerSGDState's rank_of; 0: exact); NAME 'embeddings-head' names the "
+                         "transformer's tok, pos and head weights")
     ap.add_argument("--adaptive", metavar="LOW:HIGH",
                     help="lowrank: an AdaptiveRank between ranks LOW and HIGH (lowrank.torch.adaptive)")
     ap.add_argument("--adaptive-window", type=int,
                     help="steps between the adaptive rule's measurements (default: one epoch's steps, "
                          "Accordion's once per epoch)")
-    ap.add_argument("--adaptive-error-max", default="0.9",
+    ap.add_argument("--adaptive-error-max", default="none",
                     help="the adaptive rule's error_max: a compression error at or above it keeps the "
-                         "high rank; 'none' turns that test off (default 0.9, the rule's)")
+                         "high rank; 'none' turns that test off (default none, the rule's; issue 28's "
+                         "first study ran with 0.9)")
     ap.add_argument("--windows", type=int, default=charlm.WINDOWS_PER_EPOCH * 2,
                     help="transformer: windows per epoch, all workers together (default 2048)")
     ap.add_argument("--bucket-cap-mb", type=float, help="DDP's bucket_cap_mb (default DDP's, 25)")
@@ -626,15 +663,16 @@ def parse(argv=None):
         ap.error("--start-iter and --start-frac: give one")
     if args.start_iter is None:
         args.start_iter = 10
-    if (args.exclude or args.adaptive) and args.reducer != "lowrank":
-        ap.error("--exclude and --adaptive are options of --reducer lowrank")
+    if (args.exclude or args.adaptive or args.rank_of) and args.reducer != "lowrank":
+        ap.error("--exclude, --rank-of and --adaptive are options of --reducer lowrank")
     names = [n for n in args.exclude.split(",") if n]
     if "embeddings-head" in names:
         if args.model != "transformer":
             ap.error("--exclude embeddings-head: the transformer's (tok, pos, head)")
         i = names.index("embeddings-head")
-        names[i:i + 1] = ["tok.weight", "pos.weight", "head.weight"]
+        names[i:i + 1] = EMBEDDINGS_HEAD
     args.exclude = ",".join(names)
+    args.rank_of = _parse_rank_of(ap, args.rank_of, args.model)
     if args.adaptive:
         try:
             lo, hi = (int(x) for x in args.adaptive.split(":"))

@@ -199,7 +199,40 @@ def adaptive():
         state.close()
     hookmod.measure = real
     out["local_errors"] = local  # this rank's own largest error, at each skewed measurement
+    out["window_sums"] = window_sums()
     result(**out)
+
+
+def window_sums():
+    """Window 3, lag 1: the gradient norm the rule took at step 3 (measured at step 2) against
+    the norm of the sum of DDP's averaged gradients of steps 0, 1 and 2 (what lowrank's calls
+    returned), and against step 2's alone (which it must not be)."""
+    torch.manual_seed(1234)
+    model = LM()
+    ddp = nn.parallel.DistributedDataParallel(model)
+    state = PowerSGDState(None, matrix_approximation_rank=1, start_powerSGD_iter=1,
+                          random_seed=3, timeout=30, exclude=["embed.weight"], model=ddp,
+                          adaptive=AdaptiveRank(high=4, window=3, lag=1))
+    ddp.register_comm_hook(state, powerSGD_hook)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sums, last, taken = {}, {}, None
+    for step in range(4):
+        train(ddp, model, opt, 1, step)
+        if step < 3:
+            for name, p in model.named_parameters():
+                if p.grad is None:
+                    continue
+                g = p.grad.detach().double().clone()
+                sums[name] = sums[name] + g if name in sums else g
+                last[name] = float(g.norm())
+        else:
+            taken = state.adaptive_signals()
+    state.close()
+    measured, signals = taken
+    return {"measured": measured,
+            "rule": {n: v[0] for n, v in signals.items()},
+            "sum": {n: float(sums[n].norm()) for n in signals},
+            "last": {n: last[n] for n in signals}}
 
 
 if __name__ == "__main__":

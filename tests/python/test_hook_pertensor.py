@@ -53,6 +53,15 @@ def test_adaptive_rank_under_ddp():
     excluded embedding stays exact."""
     res = results(run_ranks(2, "adaptive", worker="pertensor_worker.py", timeout=180))
     local = [r.pop("local_errors") for r in res]
+    sums = [r.pop("window_sums") for r in res]
+    # The rule's gradient norm is the window's: |sum of the 3 steps' averaged gradients| (each
+    # step's as lowrank returned it to DDP), not the last step's alone; alike on every rank.
+    for w in sums:
+        assert w["measured"] == 2
+        for name in ("fc1.weight", "fc2.weight", "head.weight"):
+            assert w["rule"][name] == pytest.approx(w["sum"][name], rel=1e-5), (name, w)
+            assert abs(w["rule"][name] - w["last"][name]) > 1e-3 * w["last"][name], (name, w)
+    assert sums[0]["rule"] == sums[1]["rule"]
     for r in res:  # a restart from state_dict() goes on with the rule's last ks, no change
         back = r.pop("resumed")
         assert back["ranks"] == r["window2_lag1"]["history"][-1] and back["changes"] == 0

@@ -159,9 +159,36 @@ def test_study_options(tmp_path):
     two_d = [n for n in last if n.endswith(("qkv.weight", "proj.weight", "ff1.weight", "ff2.weight"))]
     assert two_d and all(last[n] in (2, 8) for n in two_d), last
     assert 0 < res["bits_after_warmup"] < res["epochs"][-1]["bits_cumulative"]
+    # the signals each decision took: every measured step once, one (norm, error) per matrix
+    # under the rule, the error a fraction
+    sig = res["signal_trace"]
+    assert [m for m, _ in sig] == sorted({m for m, _ in sig}) and sig, sig
+    assert all(m % 8 == 7 for m, _ in sig)
+    assert set(two_d) <= set(sig[-1][1]), sig[-1]
+    assert all(sig[-1][1][p][0] > 0 and 0 <= sig[-1][1][p][1] <= 1 for p in two_d), sig[-1]
+
+
+def test_rank_of_reaches_lowrank(tmp_path):
+    """--rank-of gives a parameter its own k: the view shows it at that k (or exact for 0), the
+    others at --rank."""
+    res = drive(str(tmp_path), "rankof", "--spawn", "2", "--model", "transformer",
+                "--windows", "256", "--batch", "16", "--epochs", "1", "--start-iter", "2",
+                "--reducer", "lowrank", "--rank", "2", "--rank-of", "head.weight=5,pos.weight=0",
+                "--adaptive", "2:3", "--timeout", "60")
+    last = res["rank_trace"][-1][1]
+    assert last["head.weight"] == 5 and last["pos.weight"] == 0, last
+    assert last["tok.weight"] in (2, 3) and last["blocks.0.qkv.weight"] in (2, 3), last
 
 
 @pytest.mark.parametrize("argv, word", [
+    (["--reducer", "lowrank", "--rank-of", "head.weight"], "NAME=K"),
+    (["--reducer", "lowrank", "--rank-of", "head.weight=x"], "NAME=K"),
+    (["--reducer", "lowrank", "--rank-of", "head.weight=-1"], "NAME=K"),
+    (["--reducer", "lowrank", "--rank-of", "=4"], "NAME=K"),
+    (["--reducer", "lowrank", "--rank-of", "embeddings-head=4"], "transformer"),
+    (["--model", "transformer", "--reducer", "lowrank", "--rank-of",
+      "embeddings-head=4,tok.weight=2"], "named twice"),
+    (["--reducer", "allreduce", "--rank-of", "x=1"], "options of --reducer lowrank"),
     (["--model", "transformer", "--optimizer", "sgd"], "--lr"),
     (["--reducer", "allreduce", "--exclude", "x"], "options of --reducer lowrank"),
     (["--reducer", "lowrank", "--exclude", "embeddings-head"], "transformer"),
@@ -185,6 +212,14 @@ def test_exclude_expands_embeddings_head_in_a_list():
                         "--exclude", "embeddings-head,blocks.0.qkv.weight"])
     assert args.exclude.split(",") == ["tok.weight", "pos.weight", "head.weight", "blocks.0.qkv.weight"]
     assert args.start_iter == 10 and args.optimizer == "adamw"
+
+
+def test_rank_of_expands_embeddings_head():
+    import train
+    args = train.parse(["--model", "transformer", "--reducer", "lowrank",
+                        "--rank-of", "embeddings-head=16,blocks.0.qkv.weight=0"])
+    assert args.rank_of == [["tok.weight", 16], ["pos.weight", 16], ["head.weight", 16],
+                            ["blocks.0.qkv.weight", 0]]
 
 
 def test_no_compressed_step_is_an_error_with_its_message():

@@ -5,7 +5,9 @@ MLSys 2021) with lowrank's own compression error, as a rule the hook applies (Po
 hook) and returns each parameter's k, so every rank switches at the same step to the same k.
 
 Every `window` steps the hook measures, for each parameter under the rule, at the window's last
-step m: the norm of its averaged gradient (the allreduce's output) and its compression error,
+step m: the norm of its averaged gradient summed over the window's steps (the allreduces'
+outputs, added up at every step: Accordion's accumulated gradient, of which one step's norm
+would be mostly sampling noise) and its compression error at step m,
 sqrt(sum_i |E_i|^2 / sum_i |M_i|^2) over the comm ranks (E_i the residual left after the call,
 M_i = E_i + the output: what the call had to send). At step m + lag the hook allreduces those
 numbers over the process group and asks decide(); the ks apply from that step on, through the
@@ -26,23 +28,26 @@ class AdaptiveRank:
       low (None: the state's matrix_approximation_rank): the k of quiet regimes, the budget.
       high (None: 4 x low): the k of critical regimes; Accordion switched PowerSGD between
         ranks 1 and 4 (rank 2 and 8 on some models): a factor 4.
-      window (100): steps between measurements. Accordion measures once per epoch; a window of
-        steps serves where epochs are long or unknown. Each measurement copies the residual
-        of every bucket to host memory once (lowrank's save_state), so not every step.
+      window (100): steps between measurements, and the steps whose averaged gradients are
+        summed for the norm. Accordion sums over an epoch; a window of steps serves where epochs
+        are long or unknown. Summing costs one pass over each bucket per step and a float32 copy
+        of the ruled parameters' gradients; each measurement copies the residual of every
+        bucket to host memory once (lowrank's save_state), so not every step.
       eta (0.5): Accordion's threshold on the relative change of the gradient norm, the value
         its paper uses for every model.
-      error_max (0.9, None: off): a compression error at or above it keeps `high`: the residual
-        then holds almost all of what the calls had to send (error feedback is not catching up).
-        Not tuned. Issue 28's study (docs/training.md): on the transformer at 2:8 it kept every
-        matrix at 8 for the whole run (the rule was fixed rank 8); off, the detector alone
-        switched often and lost 8% in loss. Neither beat the fixed ranks; kept as the default.
+      error_max (None: off): a compression error at or above it keeps `high`: the residual
+        then holds almost all of what the calls had to send. Off by default: with error
+        feedback the residual soon outweighs any one step's gradient, so the error is near 1
+        everywhere (issue 28's runs, docs/training.md: 0.95 to 1.00 on every compressed matrix
+        of the CNN and the transformer at every measurement after the first), and any
+        threshold below that turned the rule into a fixed `high` (0.9 did, in its study).
       lag (1): whole steps between a measurement and its decision. On the host the numbers of
         step m are complete when step m + 1 starts; on CUDA they are read then too (the
         measurement waits for the bucket's device work), so 1 serves both; a larger lag
         decides later and never depends on when numbers land either.
     Raises ValueError for a bad argument (each named). Not thread-safe: one per state."""
 
-    def __init__(self, low=None, high=None, *, window=100, eta=0.5, error_max=0.9, lag=1):
+    def __init__(self, low=None, high=None, *, window=100, eta=0.5, error_max=None, lag=1):
         for name, v in (("low", low), ("high", high)):
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 65536):
                 raise ValueError(f"AdaptiveRank: {name}={v!r} must be an int in [1, 65536] or None")
@@ -59,6 +64,7 @@ class AdaptiveRank:
         self.low, self.high, self.window, self.eta = low, high, window, float(eta)
         self.error_max, self.lag = error_max, lag
         self._norms = {}  # parameter -> its gradient norm at the last measurement
+        self.last = None  # (step, signals) of the last decide(): what it decided from
 
     def bind(self, k):
         """A copy of this rule with low and high filled from the state's k
@@ -103,10 +109,12 @@ class AdaptiveRank:
             raise ValueError("AdaptiveRank.load_state_dict: not a state_dict() of AdaptiveRank")
         self._norms = {k: float(v) for k, v in norms.items()}
 
-    def decide(self, signals):
-        """signals: {parameter: (gradient norm, compression error)} of one measured step, the
-        same numbers on every comm rank. Returns {parameter: k}, and remembers the norms for the
-        next decision. A parameter measured for the first time is critical."""
+    def decide(self, signals, step=None):
+        """signals: {parameter: (gradient norm, compression error)} of one measured step (step:
+        its number, kept with them in `last`), the same numbers on every comm rank. Returns
+        {parameter: k}, and remembers the norms for the next decision. A parameter measured for
+        the first time is critical."""
+        self.last = (step, dict(signals))
         out = {}
         for key, (norm, error) in signals.items():
             prev = self._norms.get(key)

@@ -26,7 +26,7 @@ from ..comm import as_int, tensor_array
 from ..errors import InvalidArgumentError, LowrankError
 from .adaptive import AdaptiveRank
 from .process_group import communicator_from_process_group, require_initialized
-from .signals import combine, measure
+from .signals import accumulate, combine, measure, take_norms
 from .tensor_ranks import TensorRanks
 from .worker import Worker
 
@@ -190,6 +190,7 @@ class PowerSGDState:
         # buckets to measure in this step's jobs ((device, address) -> (step, ids, shapes)) and
         # the numbers measured (step -> {id: (|out|^2, |E|^2, |M|^2)}, filled by the jobs).
         self._adaptive, self._adaptive_k, self._measure, self._signals = None, {}, {}, {}
+        self._window_sums = {}  # id -> the sum of its outputs over this window (signals.accumulate)
         # A loaded state_dict: its entries (_Saved) wait for the next job on their device, which
         # stages them in lowrank through scratch buffers (released after the first step);
         # state_dict() returns them as loaded until a step has run; the ids they hold, with their
@@ -263,8 +264,7 @@ class PowerSGDState:
         0 for a parameter allreduced exactly then: excluded, 1-D, failing the compression-rate
         test, or in its warm-up. Parameters of buckets not planned yet are left out. Waits for
         the work queued so far. Thread safety: between steps, on the training thread."""
-        names = self._ranks.names()
-        name_of = {n: names.get(ident, n) for ident, n in self._param_pos.items()}
+        name_of = self._name_of_id()
         out = {}
         for _, b in sorted(self._buckets.items()):
             self._workers[b.device].drain()
@@ -272,6 +272,23 @@ class PowerSGDState:
             if len(ks) == len(b.ids):
                 out.update((name_of.get(n, n), k) for n, k in zip(b.ids, ks))
         return out
+
+    def adaptive_signals(self):
+        """The adaptive rank's last decision: (measured step, {name: (gradient norm, compression
+        error)}), the allreduced numbers it decided from (lowrank.torch.adaptive), keyed as
+        tensor_ranks(); (None, {}) before the first decision or without a rule. The same on
+        every comm rank. Thread safety: between steps, on the training thread."""
+        if self._adaptive is None or self._adaptive.last is None:
+            return None, {}
+        step, signals = self._adaptive.last
+        name_of = self._name_of_id()
+        return step, {name_of.get(n, n): v for n, v in signals.items()}
+
+    def _name_of_id(self):
+        """{id: name} of the parameters numbered so far (the id itself where the model, if
+        any, has no name for it)."""
+        names = self._ranks.names()
+        return {n: names.get(ident, n) for ident, n in self._param_pos.items()}
 
     def communicator(self, device="cpu"):
         """The lowrank.Communicator this state uses for buckets on `device` (made if needed:
@@ -534,8 +551,9 @@ class PowerSGDState:
                         tuple(s for _, s, _ in kept), tensor_array(kept), ranks)
         self._step[index] = b
         self._unclaimed.difference_update(b.ids)
-        if self._adaptive is not None and self._adaptive.measures(self.iter):
-            self._measure[(device, ptr)] = (self.iter, b.ids, b.shapes)
+        if self._adaptive is not None:  # every step adds to the window's sums; the last measures
+            self._measure[(device, ptr)] = (self.iter, b.ids, b.shapes,
+                                            self._adaptive.measures(self.iter))
         return b
 
     def _ranks_of(self, pkey, shapes):
@@ -572,7 +590,7 @@ class PowerSGDState:
         local = self._signals.pop(m, {})
         for old in [s for s in self._signals if s < m]:
             del self._signals[old]
-        self._adaptive_k.update(self._adaptive.decide(combine(local, self.process_group)))
+        self._adaptive_k.update(self._adaptive.decide(combine(local, self.process_group), step=m))
 
     def _take_restores(self, device):
         """Actions for the next job on `device`: stage the loaded states meant for it (format 2:
@@ -687,12 +705,18 @@ class _Measured:
         out = self._comm.allreduce(buf, *args, **kwargs)
         plan = self._state._measure.pop((self._device, buf.data_ptr()), None)
         if plan is not None:
-            step, ids, shapes = plan
-            try:
-                got = measure(self._comm, buf, ids, shapes)
-            except LowrankError:  # no state to read (a dtype lowrank does not compress): the
-                got = {}          # same on every rank, so the bucket is left out everywhere
-            self._state._signals.setdefault(step, {}).update(got)
+            step, ids, shapes, last = plan
+            sums = self._state._window_sums
+            accumulate(sums, buf, ids, shapes)
+            if last:
+                norms = take_norms(sums, ids)
+                try:
+                    got = measure(self._comm, buf, ids, shapes)
+                except LowrankError:  # no state to read (a dtype lowrank does not compress):
+                    got = {}          # the same on every rank, so left out everywhere
+                # the gradient norm the rule compares: the window's, not this step's alone
+                got = {i: (norms[i], e, m) for i, (_, e, m) in got.items()}
+                self._state._signals.setdefault(step, {}).update(got)
         return out
 
 

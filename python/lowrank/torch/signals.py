@@ -2,8 +2,9 @@
 the hook's worker thread inside the bucket's job for a CPU bucket, inline for a CUDA one; either
 way before DDP can write the next step's gradients into it): per parameter, |output|^2 and this
 rank's |E|^2 and |E + output|^2 (E its residual, read from lowrank's format-2 saved state:
-docs/checkpoint.md). combine: those numbers summed over the comm ranks into the signals the rule
-decides from. Not thread-safe: one job at a time.
+docs/checkpoint.md). accumulate / take_norms: the window's sum of each parameter's output, whose
+|.|^2 the hook puts in place of the single step's |output|^2. combine: those numbers summed over
+the comm ranks into the signals the rule decides from. Not thread-safe: one job at a time.
 """
 import math
 import struct
@@ -54,6 +55,36 @@ def measure(comm, buf, ids, shapes):
         e = e.to(o.device, torch.float64)
         m = e + o
         out[tid] = (float(o.dot(o)), float(e.dot(e)), float(m.dot(m)))
+    return out
+
+
+def accumulate(acc, buf, ids, shapes):
+    """Adds each declared tensor's part of the bucket `buf`, just allreduced, into acc[id] (made
+    at its first call: float32 zeros on buf's device, queued on the current stream like the
+    rest of the job): the sum of the averaged gradient over a window's steps, whose norm is
+    Accordion's signal (a single step's norm is mostly sampling noise). One pass over the
+    bucket; acc holds a float32 copy of the accumulated parameters' gradients."""
+    flat, at = buf.detach().reshape(-1), 0
+    for tid, shape in zip(ids, shapes):
+        n = 1
+        for d in shape:
+            n *= d
+        part = flat[at:at + n]
+        at += n
+        a = acc.get(tid)
+        if a is None or a.numel() != n or a.device != part.device:
+            acc[tid] = part.float().clone()
+        else:
+            a.add_(part)
+
+
+def take_norms(acc, ids):
+    """{id: |acc[id]|^2} (float64) for ids, their sums then dropped, so the next window starts
+    from zero."""
+    out = {}
+    for tid in ids:
+        a = acc.pop(tid, None)
+        out[tid] = 0.0 if a is None else float(a.double().dot(a.double()))
     return out
 
 
