@@ -64,11 +64,25 @@ _rng = random.SystemRandom()
 _used_ports = set()
 
 
+def _ephemeral_low():
+    """The first port the kernel hands out to sockets bound to port 0 (32768 if unknown)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port_pair():
     """A random port p such that p and p + 1 are free on every interface (MASTER_PORT, and the
-    root's MASTER_PORT + 1)."""
+    root's MASTER_PORT + 1), below the kernel's ephemeral range: a port checked free here may
+    stay unbound for a while (the root comes last in some cases), and meanwhile any process's
+    outgoing connection or port-0 listener (UCX's, gloo's, a parallel test's) could take an
+    ephemeral one; the root then met a stranger's reply ("malformed error reply from the root",
+    seen once in CI)."""
+    top = max(20002, _ephemeral_low() - 1)
     for _ in range(200):
-        p = _rng.randrange(20000, 60000)
+        p = _rng.randrange(min(20000, top - 2000), top - 1)
         if p in _used_ports or p + 1 in _used_ports:
             continue
         try:

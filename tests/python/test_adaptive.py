@@ -132,3 +132,30 @@ def test_memory_round_trip():
     for bad in (None, {"norms": [1.0]}, {"norms": {"p": "x"}}):
         with pytest.raises(ValueError):
             AdaptiveRank().load_state_dict(bad)
+
+
+def test_window_sums_accumulate_and_reset():
+    """accumulate adds each declared tensor's part of a bucket into its window sum, by id (the
+    ids' order in the bucket does not matter across calls); take_norms gives |sum|^2 and starts
+    the next window from zero."""
+    import torch
+    from lowrank.torch.signals import accumulate, take_norms
+    acc = {}
+    a = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0, 6.0])  # id 7: 2x2, id 9: 2 elements
+    accumulate(acc, a, [7, 9], [(2, 2), (2,)])
+    b = torch.tensor([5.0, 6.0, 1.0, 1.0, 1.0, 1.0])   # the next step: id 9 first
+    accumulate(acc, b, [9, 7], [(2,), (2, 2)])
+    got = take_norms(acc, [7, 9])
+    assert got[7] == pytest.approx((1 + 1) ** 2 + (2 + 1) ** 2 + (3 + 1) ** 2 + (4 + 1) ** 2)
+    assert got[9] == pytest.approx((5 + 5) ** 2 + (6 + 6) ** 2)
+    assert acc == {}
+    accumulate(acc, a, [7, 9], [(2, 2), (2,)])  # a new window: this step alone
+    assert take_norms(acc, [7, 9, 11]) == pytest.approx({7: 30.0, 9: 61.0, 11: 0.0})
+
+
+def test_error_test_is_off_by_default():
+    """The default rule ignores the compression error (it is near 1 wherever error feedback
+    runs: docs/pytorch.md); a quiet parameter goes low whatever its error."""
+    rule = AdaptiveRank(low=1, high=4)
+    assert rule.error_max is None
+    assert drive(rule, [1.0, 1.1, 1.0], [1.0, 1.0, 1.0]) == [4, 1, 1]

@@ -187,8 +187,9 @@ class PowerSGDState:
         self._ranks = TensorRanks()
         self._rank_by_id, self._ident_rank, self._warned_unmatched = None, None, False
         # The adaptive rank: the rule (None: off), each id's k from its last decision, the
-        # buckets to measure in this step's jobs ((device, address) -> (step, ids, shapes)) and
-        # the numbers measured (step -> {id: (|out|^2, |E|^2, |M|^2)}, filled by the jobs).
+        # buckets of this step's jobs ((device, address) -> (step, ids, shapes, whether the
+        # step measures)) and the numbers measured (step -> {id: (|window's sum of out|^2,
+        # |E|^2, |M|^2)}, filled by the jobs).
         self._adaptive, self._adaptive_k, self._measure, self._signals = None, {}, {}, {}
         self._window_sums = {}  # id -> the sum of its outputs over this window (signals.accumulate)
         # A loaded state_dict: its entries (_Saved) wait for the next job on their device, which

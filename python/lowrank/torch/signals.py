@@ -91,8 +91,9 @@ def take_norms(acc, ids):
 def combine(local, group=None):
     """The rule's signals of one measured step, the same numbers on every comm rank:
     {key: (gradient norm, compression error)} from each rank's {key: (|out|^2, |E|^2,
-    |E + out|^2)} (measure()'s numbers of the step's buckets, by parameter): the norm of the
-    averaged gradient sqrt(sum_i |out|^2 / world) (|out|^2 is alike on every rank) and the
+    |E + out|^2)} (measure()'s numbers of the step's buckets, by parameter; the hook puts the
+    window's sum of out in place of out): the norm sqrt(sum_i |out|^2 / world) (|out|^2 is alike
+    on every rank) and the
     error sqrt(sum_i |E_i|^2 / sum_i |E_i + out|^2) (0 where nothing was sent).
     Collective over `group` (None: the default group): one all_reduce of 3 float64 per key, on
     the current CUDA device where the group's backend is NCCL; every rank must pass the same
