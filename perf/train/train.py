@@ -673,6 +673,11 @@ def parse(argv=None):
         names[i:i + 1] = EMBEDDINGS_HEAD
     args.exclude = ",".join(names)
     args.rank_of = _parse_rank_of(ap, args.rank_of, args.model)
+    both = sorted(set(names) & {n for n, _ in args.rank_of})
+    if both:
+        ap.error(f"--exclude and --rank-of both name {', '.join(both)}: give each parameter one")
+    if args.rank_of and args.rank == 0:
+        ap.error("--rank 0 turns compression off for every parameter: --rank-of needs a rank > 0")
     if args.adaptive:
         try:
             lo, hi = (int(x) for x in args.adaptive.split(":"))

@@ -10,6 +10,7 @@ Prints one line "RESULT <json>" at the end; the test asserts on it.
     pertensor_worker.py adaptive  AdaptiveRank(low 1, high 4) in three settings (window, lag,
                                 eta, error_max): each parameter's k after every step
 """
+import copy
 import datetime
 import json
 import logging
@@ -200,7 +201,66 @@ def adaptive():
     hookmod.measure = real
     out["local_errors"] = local  # this rank's own largest error, at each skewed measurement
     out["window_sums"] = window_sums()
+    out["restarts"] = restarts()
     result(**out)
+
+
+def restarts():
+    """Window 4, lag 1, 16 steps: each step's ks and the rule's last signals in an uninterrupted
+    run, and in runs restarted from its state_dict: saved after step 5 (mid-window: 2 of the
+    window's 4 steps summed) or after step 7 (measured, its decision due at step 8), each loaded
+    into a fresh state, and the one of step 7 also loaded into a running state after step 9
+    (a roll-back). Restarts must go on as the run that did not stop."""
+    def make():
+        torch.manual_seed(1234)
+        model = LM()
+        ddp = nn.parallel.DistributedDataParallel(model)
+        state = PowerSGDState(None, matrix_approximation_rank=1, start_powerSGD_iter=2,
+                              random_seed=3, timeout=30, exclude=["embed.weight"], model=ddp,
+                              adaptive=AdaptiveRank(high=4, window=4, lag=1, eta=0.3))
+        ddp.register_comm_hook(state, powerSGD_hook)
+        return model, ddp, state, torch.optim.SGD(model.parameters(), lr=0.5)
+
+    def steps(ddp, model, opt, state, first, last, log):
+        for s in range(first, last):
+            train(ddp, model, opt, 1, s)
+            log[s] = (state.tensor_ranks(), state.adaptive_signals())
+
+    model, ddp, state, opt = make()
+    whole, saved = {}, {}
+    for s in range(16):
+        steps(ddp, model, opt, state, s, s + 1, whole)
+        if s in (5, 7):
+            saved[s] = (copy.deepcopy(model.state_dict()), copy.deepcopy(opt.state_dict()),
+                        copy.deepcopy(state.state_dict()))
+    state.close()
+    # a second run, rolled back after step 9 (its window's sums hold steps 8 and 9) to step 7's
+    # save (no sums, step 7's numbers pending): nothing of steps 8 and 9 may stay
+    model, ddp, state, opt = make()
+    steps(ddp, model, opt, state, 0, 10, {})
+    m, o, sd = saved[7]
+    model.load_state_dict(m)
+    opt.load_state_dict(o)
+    state.load_state_dict(sd)
+    rolled = {}
+    steps(ddp, model, opt, state, 8, 16, rolled)
+    state.close()
+    out = {"whole": {s: v[0] for s, v in whole.items()}, "signals": {}, "ks": {}}
+    out["signals"]["whole"] = {s: v[1] for s, v in whole.items()}
+    out["ks"]["rolled_back_7"] = {s: v[0] for s, v in rolled.items()}
+    out["signals"]["rolled_back_7"] = {s: v[1] for s, v in rolled.items()}
+    for cut in (5, 7):
+        model, ddp, state, opt = make()
+        m, o, sd = saved[cut]
+        model.load_state_dict(m)
+        opt.load_state_dict(o)
+        state.load_state_dict(sd)
+        log = {}
+        steps(ddp, model, opt, state, cut + 1, 16, log)
+        state.close()
+        out["ks"][f"restart_{cut}"] = {s: v[0] for s, v in log.items()}
+        out["signals"][f"restart_{cut}"] = {s: v[1] for s, v in log.items()}
+    return out
 
 
 def window_sums():

@@ -54,6 +54,17 @@ def test_adaptive_rank_under_ddp():
     res = results(run_ranks(2, "adaptive", worker="pertensor_worker.py", timeout=180))
     local = [r.pop("local_errors") for r in res]
     sums = [r.pop("window_sums") for r in res]
+    for r in res:  # restarts go on as the run that did not stop: ks and the rule's numbers
+        rs = r.pop("restarts")
+        whole = rs["whole"]
+        assert {1, 4} <= {h["fc1.weight"] for h in whole.values()}, whole  # it does switch
+        for name, ks in rs["ks"].items():
+            assert ks and all(ks[s] == whole[s] for s in ks), (name, ks, whole)
+            sig = rs["signals"][name]
+            decided = [s for s in sorted(sig, key=int) if sig[s][0] is not None]
+            assert decided, (name, sig)
+            for s in decided:  # from its first decision on, the same numbers to the last bit
+                assert sig[s] == rs["signals"]["whole"][s], (name, s, sig[s])
     # The rule's gradient norm is the window's: |sum of the 3 steps' averaged gradients| (each
     # step's as lowrank returned it to DDP), not the last step's alone; alike on every rank.
     for w in sums:

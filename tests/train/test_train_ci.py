@@ -164,7 +164,7 @@ def test_study_options(tmp_path):
     sig = res["signal_trace"]
     assert [m for m, _ in sig] == sorted({m for m, _ in sig}) and sig, sig
     assert all(m % 8 == 7 for m, _ in sig)
-    assert set(two_d) <= set(sig[-1][1]), sig[-1]
+    assert set(sig[-1][1]) == set(two_d), sig[-1]  # only the matrices the rule rules
     assert all(sig[-1][1][p][0] > 0 and 0 <= sig[-1][1][p][1] <= 1 for p in two_d), sig[-1]
 
 
@@ -189,6 +189,8 @@ def test_rank_of_reaches_lowrank(tmp_path):
     (["--model", "transformer", "--reducer", "lowrank", "--rank-of",
       "embeddings-head=4,tok.weight=2"], "named twice"),
     (["--reducer", "allreduce", "--rank-of", "x=1"], "options of --reducer lowrank"),
+    (["--reducer", "lowrank", "--exclude", "head.weight", "--rank-of", "head.weight=4"], "one"),
+    (["--reducer", "lowrank", "--rank", "0", "--rank-of", "head.weight=4"], "rank > 0"),
     (["--model", "transformer", "--optimizer", "sgd"], "--lr"),
     (["--reducer", "allreduce", "--exclude", "x"], "options of --reducer lowrank"),
     (["--reducer", "lowrank", "--exclude", "embeddings-head"], "transformer"),

@@ -100,8 +100,10 @@ class PowerSGDState:
         rule, decided every rule.window steps from allreduced numbers with a lag of rule.lag
         whole steps, so every rank switches at the same step to the same k. Default: None
         (every such parameter at matrix_approximation_rank). state_dict holds the rule's
-        memory (its last norms and ks), which load_state_dict gives back to a state made with
-        a rule (one without ignores it; a pickled state has no rule: give it again).
+        memory (its last norms and ks, the window's partial sums, numbers awaiting their
+        decision), which load_state_dict gives back to a state made with a rule, so a restart
+        decides as the uninterrupted run (one without ignores it; a pickled state has no rule:
+        give it again).
     Raises LowrankError if torch.distributed is not initialized or lowrank cannot start;
     ValueError or TypeError for an argument outside lowrank's range (an int where one is needed,
     matrix_approximation_rank in [0, 65536], min_compression_rate >= 1, ...) and for bad
@@ -187,8 +189,8 @@ class PowerSGDState:
         self._ranks = TensorRanks()
         self._rank_by_id, self._ident_rank, self._warned_unmatched = None, None, False
         # The adaptive rank: the rule (None: off), each id's k from its last decision, the
-        # buckets of this step's jobs ((device, address) -> (step, ids, shapes, whether the
-        # step measures)) and the numbers measured (step -> {id: (|window's sum of out|^2,
+        # buckets of this step's jobs ((device, address) -> (step, ids, shapes, the ids the rule
+        # rules, whether the step measures)) and the numbers measured (step -> {id: (|window's sum of out|^2,
         # |E|^2, |M|^2)}, filled by the jobs).
         self._adaptive, self._adaptive_k, self._measure, self._signals = None, {}, {}, {}
         self._window_sums = {}  # id -> the sum of its outputs over this window (signals.accumulate)
@@ -334,8 +336,11 @@ class PowerSGDState:
             of the bucket when saved, for reading only) and "state" (bytes of
             lowrank.Communicator.save_state, format 2: per id, its residual, warm-start Q and
             call count, warm-up included, with a CRC);
-          "adaptive": None, or the adaptive rank's memory: "ks" ({id: k} of its last decisions)
-            and "norms" ({id: the gradient norm last measured}).
+          "adaptive": None, or the adaptive rank's memory: "ks" ({id: k} of its last decisions),
+            "norms" ({id: the gradient norm last measured}), "sums" ({id: the current window's
+            sum of its averaged gradient so far, float32 bytes}) and "pending" ({step: {id:
+            [3 floats]}}: this rank's numbers measured at a step whose decision is still to
+            come), so that a restart decides as the run that did not stop would.
         The ids: every parameter is numbered in the order DDP first hands it to the hook in the
         process (DDP's first step). Without find_unused_parameters (or with static_graph), DDP's
         first step has one bucket per dtype and device holding every parameter in the model's
@@ -374,7 +379,11 @@ class PowerSGDState:
                 "iter": self.iter, "next_stats_report": self.next_stats_report,
                 "rank": rank, "world_size": world, "buckets": list(buckets),
                 "adaptive": None if self._adaptive is None else
-                {"ks": dict(self._adaptive_k), **self._adaptive.state_dict()}}
+                {"ks": dict(self._adaptive_k), **self._adaptive.state_dict(),
+                 "sums": {n: a.detach().float().cpu().contiguous().numpy().tobytes()
+                          for n, a in self._window_sums.items()},
+                 "pending": {m: {n: list(v) for n, v in got.items()}
+                             for m, got in self._signals.items()}}}
 
     def load_state_dict(self, state_dict):
         """Take the state_dict() this rank saved (version 2, or version 1 of lowrank before tensor
@@ -409,6 +418,12 @@ class PowerSGDState:
             try:
                 AdaptiveRank().load_state_dict(saved)
                 adaptive_ks = {int(n): int(k) for n, k in saved.get("ks", {}).items()}
+                sums = {int(n): torch.frombuffer(bytearray(b), dtype=torch.float32).clone()
+                        for n, b in saved.get("sums", {}).items()}
+                pending = {int(m): {int(n): tuple(float(x) for x in v) for n, v in got.items()}
+                           for m, got in saved.get("pending", {}).items()}
+                if any(len(v) != 3 for got in pending.values() for v in got.values()):
+                    raise ValueError("pending")
             except (ValueError, TypeError, AttributeError):
                 raise ValueError("PowerSGDState.load_state_dict: a malformed \"adaptive\" "
                                  "entry") from None
@@ -447,9 +462,14 @@ class PowerSGDState:
         self._expect, self._unclaimed = expect, set(expect)
         self.iter = int(state_dict["iter"])
         self.next_stats_report = int(state_dict["next_stats_report"])
+        # what the steps before the load had measured and summed is not the loaded run's
+        self._window_sums, self._signals, self._measure = {}, {}, {}
+        if self._adaptive is not None:
+            self._adaptive.last = None
         if adaptive_ks is not None:  # the rule goes on where it was
             self._adaptive.load_state_dict(state_dict["adaptive"])
             self._adaptive_k, self._rank_by_id = adaptive_ks, None
+            self._window_sums, self._signals = sums, pending
         logger.info("lowrank: loaded the state of %d tensors (%d saved buckets, version %d), "
                     "staged at the next step for whichever bucket holds them", len(expect),
                     len(self._restores), state_dict["version"])
@@ -553,28 +573,34 @@ class PowerSGDState:
         self._step[index] = b
         self._unclaimed.difference_update(b.ids)
         if self._adaptive is not None:  # every step adds to the window's sums; the last measures
-            self._measure[(device, ptr)] = (self.iter, b.ids, b.shapes,
+            ruled = frozenset(n for n, k, s in zip(pkey, self._set_ranks(pkey), shapes)
+                              if _ruled(k, s))
+            self._measure[(device, ptr)] = (self.iter, b.ids, b.shapes, ruled,
                                             self._adaptive.measures(self.iter))
         return b
 
+    def _set_ranks(self, pkey):
+        """Each id's approxRank as exclude and rank_of set it (-1: the default), resolved
+        against the parameters as they are at the first step after the settings (a model moved
+        to its device after the state was made still matches)."""
+        if self._ranks.empty:
+            return (-1,) * len(pkey)
+        if self._ident_rank is None:
+            self._ident_rank = self._ranks.resolve()
+        if self._rank_by_id is None or len(self._rank_by_id) != len(self._param_pos):
+            self._rank_by_id = {n: self._ident_rank.get(ident, -1)
+                                for ident, n in self._param_pos.items()}
+        return tuple(self._rank_by_id[n] for n in pkey)
+
     def _ranks_of(self, pkey, shapes):
         """Each id's approxRank (lowrank's: -1 default, 0 exact, or its own k) for the ids of
-        pkey (gradient shapes `shapes`), from the settings resolved against the parameters as
-        they are at the first step after them (a model moved to its device after the state was
-        made still matches); with an adaptive rank, the rule's k for the matrices left at -1."""
-        if self._ranks.empty:
-            ranks = (-1,) * len(pkey)
-        else:
-            if self._ident_rank is None:
-                self._ident_rank = self._ranks.resolve()
-            if self._rank_by_id is None or len(self._rank_by_id) != len(self._param_pos):
-                self._rank_by_id = {n: self._ident_rank.get(ident, -1)
-                                    for ident, n in self._param_pos.items()}
-            ranks = tuple(self._rank_by_id[n] for n in pkey)
+        pkey (gradient shapes `shapes`): _set_ranks, and with an adaptive rank, the rule's k for
+        the parameters it rules (_ruled)."""
+        ranks = self._set_ranks(pkey)
         if self._adaptive is None:
             return ranks
         first = self._adaptive.initial()
-        return tuple(self._adaptive_k.get(n, first) if k == -1 and len(s) >= 2 else k
+        return tuple(self._adaptive_k.get(n, first) if _ruled(k, s) else k
                      for n, k, s in zip(pkey, ranks, shapes))
 
     def _adapt(self):
@@ -706,19 +732,25 @@ class _Measured:
         out = self._comm.allreduce(buf, *args, **kwargs)
         plan = self._state._measure.pop((self._device, buf.data_ptr()), None)
         if plan is not None:
-            step, ids, shapes, last = plan
+            step, ids, shapes, ruled, last = plan
             sums = self._state._window_sums
-            accumulate(sums, buf, ids, shapes)
-            if last:
-                norms = take_norms(sums, ids)
+            accumulate(sums, buf, ids, shapes, keep=ruled)
+            if last and ruled:
+                norms = take_norms(sums, ruled)
                 try:
                     got = measure(self._comm, buf, ids, shapes)
                 except LowrankError:  # no state to read (a dtype lowrank does not compress):
                     got = {}          # the same on every rank, so left out everywhere
                 # the gradient norm the rule compares: the window's, not this step's alone
-                got = {i: (norms[i], e, m) for i, (_, e, m) in got.items()}
+                got = {i: (norms[i], e, m) for i, (_, e, m) in got.items() if i in ruled}
                 self._state._signals.setdefault(step, {}).update(got)
         return out
+
+
+def _ruled(k, shape):
+    """Whether an adaptive rank rules a parameter: left to the default by exclude and rank_of
+    (k == -1) and a matrix (2 or more dimensions; 1-D parameters are always exact)."""
+    return k == -1 and len(shape) >= 2
 
 
 _FORMAT, _VERSION = "lowrank.torch.PowerSGDState", 2

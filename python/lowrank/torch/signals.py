@@ -58,12 +58,13 @@ def measure(comm, buf, ids, shapes):
     return out
 
 
-def accumulate(acc, buf, ids, shapes):
+def accumulate(acc, buf, ids, shapes, keep=None):
     """Adds each declared tensor's part of the bucket `buf`, just allreduced, into acc[id] (made
     at its first call: float32 zeros on buf's device, queued on the current stream like the
     rest of the job): the sum of the averaged gradient over a window's steps, whose norm is
-    Accordion's signal (a single step's norm is mostly sampling noise). One pass over the
-    bucket; acc holds a float32 copy of the accumulated parameters' gradients."""
+    Accordion's signal (a single step's norm is mostly sampling noise). keep: the ids to sum
+    (None: all). One pass over their part of the bucket; acc holds a float32 copy of their
+    gradients (a sum restored on another device moves to the bucket's)."""
     flat, at = buf.detach().reshape(-1), 0
     for tid, shape in zip(ids, shapes):
         n = 1
@@ -71,10 +72,14 @@ def accumulate(acc, buf, ids, shapes):
             n *= d
         part = flat[at:at + n]
         at += n
+        if keep is not None and tid not in keep:
+            continue
         a = acc.get(tid)
-        if a is None or a.numel() != n or a.device != part.device:
+        if a is None or a.numel() != n:
             acc[tid] = part.float().clone()
         else:
+            if a.device != part.device:
+                a = acc[tid] = a.to(part.device)
             a.add_(part)
 
 
