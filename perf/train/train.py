@@ -583,6 +583,14 @@ def run(args):
 EMBEDDINGS_HEAD = ["tok.weight", "pos.weight", "head.weight"]  # the transformer's (charlm.py)
 
 
+def _embeddings_head(ap, option, model):
+    """The names 'embeddings-head' stands for in `option` (EMBEDDINGS_HEAD), or ap.error
+    off the transformer."""
+    if model != "transformer":
+        ap.error(f"{option} embeddings-head: the transformer's (tok, pos, head)")
+    return list(EMBEDDINGS_HEAD)
+
+
 def _parse_rank_of(ap, text, model):
     """--rank-of's NAME=K list as [[name, k]] (embeddings-head expanded), or ap.error."""
     out = []
@@ -595,9 +603,7 @@ def _parse_rank_of(ap, text, model):
         if not eq or not name or not 0 <= k <= 65536:
             ap.error(f"--rank-of {item!r}: NAME=K with K an integer in [0, 65536]")
         if name == "embeddings-head":
-            if model != "transformer":
-                ap.error("--rank-of embeddings-head: the transformer's (tok, pos, head)")
-            out += [[n, k] for n in EMBEDDINGS_HEAD]
+            out += [[n, k] for n in _embeddings_head(ap, "--rank-of", model)]
         else:
             out.append([name, k])
     if len({n for n, _ in out}) != len(out):
@@ -667,10 +673,8 @@ def parse(argv=None):
         ap.error("--exclude, --rank-of and --adaptive are options of --reducer lowrank")
     names = [n for n in args.exclude.split(",") if n]
     if "embeddings-head" in names:
-        if args.model != "transformer":
-            ap.error("--exclude embeddings-head: the transformer's (tok, pos, head)")
         i = names.index("embeddings-head")
-        names[i:i + 1] = EMBEDDINGS_HEAD
+        names[i:i + 1] = _embeddings_head(ap, "--exclude", args.model)
     args.exclude = ",".join(names)
     args.rank_of = _parse_rank_of(ap, args.rank_of, args.model)
     both = sorted(set(names) & {n for n, _ in args.rank_of})

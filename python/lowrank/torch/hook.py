@@ -552,7 +552,7 @@ class PowerSGDState:
         shapes = tuple(tuple(g.shape) for g in bucket.gradients())
         if self._adaptive is not None and not self._step:  # the step's first bucket
             self._adapt()
-        ranks = self._ranks_of(pkey, shapes)
+        ranks, ruled = self._ranks_of(pkey, shapes)
         if sum(_numel(s) for s in shapes) != buf.numel():
             raise InvalidArgumentError(4, f"bucket {index}: its gradients have "
                                           f"{sum(_numel(s) for s in shapes)} elements, its buffer "
@@ -573,8 +573,6 @@ class PowerSGDState:
         self._step[index] = b
         self._unclaimed.difference_update(b.ids)
         if self._adaptive is not None:  # every step adds to the window's sums; the last measures
-            ruled = frozenset(n for n, k, s in zip(pkey, self._set_ranks(pkey), shapes)
-                              if _ruled(k, s))
             self._measure[(device, ptr)] = (self.iter, b.ids, b.shapes, ruled,
                                             self._adaptive.measures(self.iter))
         return b
@@ -593,15 +591,16 @@ class PowerSGDState:
         return tuple(self._rank_by_id[n] for n in pkey)
 
     def _ranks_of(self, pkey, shapes):
-        """Each id's approxRank (lowrank's: -1 default, 0 exact, or its own k) for the ids of
-        pkey (gradient shapes `shapes`): _set_ranks, and with an adaptive rank, the rule's k for
-        the parameters it rules (_ruled)."""
+        """(each id's approxRank (lowrank's: -1 default, 0 exact, or its own k) for the ids of
+        pkey (gradient shapes `shapes`), the ids an adaptive rank rules (_ruled; empty without
+        one)): _set_ranks, with the rule's k for the ids it rules."""
         ranks = self._set_ranks(pkey)
         if self._adaptive is None:
-            return ranks
+            return ranks, frozenset()
+        ruled = frozenset(n for n, k, s in zip(pkey, ranks, shapes) if _ruled(k, s))
         first = self._adaptive.initial()
-        return tuple(self._adaptive_k.get(n, first) if _ruled(k, s) else k
-                     for n, k, s in zip(pkey, ranks, shapes))
+        return tuple(self._adaptive_k.get(n, first) if n in ruled else k
+                     for n, k in zip(pkey, ranks)), ruled
 
     def _adapt(self):
         """At the first bucket of a step that decides (AdaptiveRank.decides): the numbers the

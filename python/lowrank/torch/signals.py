@@ -59,9 +59,9 @@ def measure(comm, buf, ids, shapes):
 
 
 def accumulate(acc, buf, ids, shapes, keep=None):
-    """Adds each declared tensor's part of the bucket `buf`, just allreduced, into acc[id] (made
-    at its first call: float32 zeros on buf's device, queued on the current stream like the
-    rest of the job): the sum of the averaged gradient over a window's steps, whose norm is
+    """Adds each declared tensor's part of the bucket `buf`, just allreduced, into acc[id] (at
+    its first call a float32 copy of that part on buf's device; the work is queued on the
+    current stream like the rest of the job): the sum of the averaged gradient over a window's steps, whose norm is
     Accordion's signal (a single step's norm is mostly sampling noise). keep: the ids to sum
     (None: all). One pass over their part of the bucket; acc holds a float32 copy of their
     gradients (a sum restored on another device moves to the bucket's)."""
