@@ -33,10 +33,7 @@ from lowrank.torch import PowerSGDState, powerSGD_hook  # noqa: E402
 
 def spawn(n, argv):
     """Starts n copies of this script with torchrun's variables; returns the worst exit code."""
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = lowrank.free_master_port()
     procs = [subprocess.Popen([sys.executable, __file__] + argv,
                               env=dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(n),
                                        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)))

@@ -44,7 +44,7 @@ for v in $(env | grep -oE '^LOWRANK_[A-Z0-9_]+=' | tr -d =); do unset "$v"; done
 common=(-k 4 -n 2 -w 1 --rounds 3 --phases 0 --triad-mib 0 --digest)
 grads=(--gradients "$root/perf/data/digits_cnn" --step step0040)  # real, per-tensor (18 tensors)
 synth=(-b 256K -e 4M -f 4 -c 0)  # synthetic, batched (no layout): 64 Ki .. 1 Mi elements
-port=$((20000 + RANDOM % 20000))
+port=$((20000 + RANDOM % 10000))  # below the ephemeral range (32768-): see lowrank.free_master_port
 
 # digests BUILD WORLD threads|processes ENV ARGS...: the '# digest' lines of one run (exit 1 if it failed)
 digests() {

@@ -30,7 +30,6 @@ import glob
 import json
 import os
 import platform
-import socket
 import statistics
 import subprocess
 import sys
@@ -41,7 +40,9 @@ import traceback
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(ROOT, "python"))  # lowrank, when not installed
 import gradsets  # noqa: E402
+from lowrank import free_master_port  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -73,12 +74,6 @@ class Bucket:
     def is_last(self): return True
     def gradients(self): return self._views
     def parameters(self): return self._views
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def torch_worker(rank, world, files, ks, rounds, port, batched, q):
@@ -145,7 +140,7 @@ def torch_worker(rank, world, files, ks, rounds, port, batched, q):
 def run_torch(files, world, ks, rounds, batched):
     ctx = mp.get_context("spawn")
     q = ctx.SimpleQueue()
-    port = free_port()
+    port = free_master_port()
     procs = [ctx.Process(target=torch_worker, args=(r, world, files, ks, rounds, port, batched, q))
              for r in range(world)]
     for p in procs:

@@ -19,7 +19,6 @@ import argparse
 import datetime
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -34,9 +33,7 @@ import train  # noqa: E402  (CnnTask, CharTask, lr_at, DEFAULTS; puts the checko
 
 
 def spawn(n, argv):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = train.free_master_port()
     procs = [subprocess.Popen([sys.executable, __file__] + argv,
                               env=dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(n),
                                        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)))

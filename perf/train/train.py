@@ -37,7 +37,6 @@ import json
 import math
 import os
 import platform
-import random
 import signal
 import socket
 import subprocess
@@ -54,6 +53,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.normpath(os.path.join(HERE, os.pardir, os.pardir))
 sys.path.insert(0, HERE)                          # digits.py, charlm.py
 sys.path.insert(0, os.path.join(REPO, "python"))  # lowrank, when not installed
+from lowrank import free_master_port  # noqa: E402  (loads no library)
 import charlm  # noqa: E402
 import digits  # noqa: E402
 import torch_baseline  # noqa: E402
@@ -70,22 +70,6 @@ DEFAULTS = {"cnn": dict(epochs=10, batch=8, lr=0.05),
 
 
 # ---- launcher ------------------------------------------------------------------------------------
-def _free_port():
-    """A port that binds now, drawn below Linux's ephemeral range (32768-60999): a port the kernel
-    hands out (bind to 0) may be taken by an outgoing connection before rank 0's store binds it,
-    as the many gloo connections of a run make (seen: EADDRINUSE in CI)."""
-    draw = random.Random()
-    for _ in range(200):
-        port = draw.randrange(20000, 32000)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port in 20000-31999")
-
-
 def _worker_env(rank, n, port):
     return dict(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(n), LOCAL_WORLD_SIZE=str(n),
                 MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -107,7 +91,7 @@ def spawn(n, argv, fresh=False, script=__file__, parse_fn=None, run_fn=None):
     torchrun would). If one exits with an error, the others are terminated. Returns the worst exit
     status. parse_fn, run_fn: another driver's (perf/train/switch.py), default this one's."""
     parse_fn, run_fn = parse_fn or parse, run_fn or run
-    port = _free_port()
+    port = free_master_port()
     if fresh:
         procs = [subprocess.Popen([sys.executable, os.path.abspath(script)] + argv,
                                   env=dict(os.environ, **_worker_env(r, n, port)))

@@ -30,12 +30,13 @@ import datetime
 import hashlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "python"))
+from lowrank import free_master_port  # noqa: E402  (the package loads nothing at import)
 RANKS, STEPS = 2, 12
 SHAPES = [(64, 32), (32, 48), (40, 24), (32,)]
 IDS = [101, 202, 303, 404]
@@ -174,7 +175,6 @@ def worker():
         print(f"SKIP: torch {torch.__version__} is built with CUDA: this check needs a CPU-only torch "
               "beside the emulation's runtime")
         return 77
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "python"))
     from lowrank.comm import Communicator, nccl_unique_id
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
@@ -190,16 +190,10 @@ def worker():
     return 0
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def main():
     if len(sys.argv) > 1 and sys.argv[1] == "worker":
         return worker()
-    env = dict(os.environ, WORLD_SIZE=str(RANKS), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    env = dict(os.environ, WORLD_SIZE=str(RANKS), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_master_port()))
     logs = [tempfile.TemporaryFile("w+") for _ in range(RANKS)]  # not pipes: no rank blocks on its output
     procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "worker"],
                               stdout=logs[r], stderr=subprocess.STDOUT, text=True,

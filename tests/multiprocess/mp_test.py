@@ -42,6 +42,8 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
 import testlib  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
+from lowrank._ports import free_master_port as free_port_pair  # noqa: E402  (P and P + 1)
 from testlib import SKIP, check, finish, log, start  # noqa: E402
 
 RESULT_NAMES = {0: "lowrankSuccess", 2: "lowrankSystemError", 5: "lowrankInvalidUsage",
@@ -53,6 +55,7 @@ LAUNCHER_VARS = ["LOWRANK_RANK", "LOWRANK_WORLD_SIZE", "RANK", "WORLD_SIZE", "LO
                  "LOWRANK_ROOT_ADDR", "LOWRANK_SECRET", "LOWRANK_SOCKET_IFNAME", "UCX_TLS",
                  "UCX_NET_DEVICES", "LOWRANK_TIMEOUT"]
 
+
 def base_env(**extra):
     env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}
     env["LOWRANK_TIMEOUT"] = "20"
@@ -61,39 +64,6 @@ def base_env(**extra):
 
 
 _rng = random.SystemRandom()
-_used_ports = set()
-
-
-def _ephemeral_low():
-    """The first port the kernel hands out to sockets bound to port 0 (32768 if unknown)."""
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            return int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
-
-
-def free_port_pair():
-    """A random port p such that p and p + 1 are free on every interface (MASTER_PORT, and the
-    root's MASTER_PORT + 1), below the kernel's ephemeral range: a port checked free here may
-    stay unbound for a while (the root comes last in some cases), and meanwhile any process's
-    outgoing connection or port-0 listener (UCX's, gloo's, a parallel test's) could take an
-    ephemeral one; the root then met a stranger's reply ("malformed error reply from the root",
-    seen once in CI)."""
-    top = max(20002, _ephemeral_low() - 1)
-    for _ in range(200):
-        p = _rng.randrange(min(20000, top - 2000), top - 1)
-        if p in _used_ports or p + 1 in _used_ports:
-            continue
-        try:
-            for q in (p, p + 1):
-                with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-                    s.bind(("0.0.0.0", q))
-        except OSError:
-            continue
-        _used_ports.update((p, p + 1))
-        return p
-    raise RuntimeError("no free port pair found")
 
 
 def show(res, label):

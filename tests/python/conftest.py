@@ -3,7 +3,6 @@ torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) under one dead
 from a server that has imported torch (launch.py) or exec'd."""
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -18,19 +17,7 @@ import pkgpath  # noqa: E402
 pkgpath.use()  # the checkout's package, or the installed one (LOWRANK_TEST_INSTALLED=1)
 
 import launch  # noqa: E402  (tests/python, on the path just above)
-
-
-def free_port():
-    """A port P free now with P + 1 free too (torch's store binds P, lowrank's root P + 1)."""
-    while True:
-        with socket.socket() as s, socket.socket() as t:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-            try:
-                t.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-            return port
+from lowrank import free_master_port as free_port  # noqa: E402  (P and P + 1)
 
 
 BIND_RACE = "address already in use"  # torch 1.13's "Address ...", 2.x's "... EADDRINUSE, message: address ..."

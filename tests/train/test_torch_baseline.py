@@ -22,7 +22,7 @@ STEPS, START_ITER, WORLD = 8, 2, 2
 
 def run_ranks(kind, out):
     os.makedirs(out)
-    port = str(train._free_port())
+    port = str(train.free_master_port())
     procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "baseline_worker.py"),
                                "--kind", kind, "--steps", str(STEPS), "--start-iter",
                                str(START_ITER), "--out", out],
