@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
-# Sets up what is missing and builds into build/ (or $LOWRANK_BUILD_DIR). Extra arguments go to
-# `meson setup` on the first configure, e.g. -Dcuda=enabled.
+# Sets up what is missing and builds into build/ (or $LOWRANK_BUILD_DIR). Arguments before `--` go
+# to `meson setup` on the first configure (e.g. -Dcuda=enabled); those after it are the ninja
+# targets to build (default: all of them, every test included).
+#   scripts/build.sh [MESON_OPTION...] [-- TARGET...]
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${LOWRANK_BUILD_DIR:-$root/build}
+meson_args=() targets=()
+while [ $# -gt 0 ] && [ "$1" != "--" ]; do meson_args+=("$1"); shift; done
+[ $# -gt 0 ] && shift && targets=("$@")
 "$root/scripts/setup.sh"
 if [ ! -f "$build/build.ninja" ]; then
-  meson setup "$build" "$root" "$@"
+  meson setup "$build" "$root" "${meson_args[@]}"
 fi
-ninja -C "$build"
+ninja -C "$build" "${targets[@]}"

@@ -5,7 +5,8 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${LOWRANK_BUILD_DIR:-$root/build}
-"$root/scripts/build.sh"
+# Only what the demo runs (the perf binary and liblowrank): scripts/test.sh builds the rest.
+"$root/scripts/build.sh" -- perf/lowrank_allreduce_perf
 perf="$build/perf/lowrank_allreduce_perf"
 echo
 echo "== Real gradients: perf/data/digits_cnn step0040, 4 ranks, k = 4, 10 rounds =="
