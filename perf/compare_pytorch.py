@@ -40,7 +40,7 @@ import traceback
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(ROOT, "python"))  # lowrank, when not installed
+sys.path.insert(0, os.path.join(ROOT, "python"))  # the checkout's lowrank (free_master_port)
 import gradsets  # noqa: E402
 from lowrank import free_master_port  # noqa: E402
 

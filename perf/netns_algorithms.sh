@@ -89,7 +89,7 @@ us() { "$PY" -c "import re; m=re.fullmatch(r'([0-9.]+)(ms|us)?','$1'); print(flo
 # run TAG N ALGO ALPHA BETA B E ITERS WARMUP: one perf process per host; rank r's JSON in $WORK/TAG.r<r>.json
 run() {
   local tag=$1 n=$2 algo=$3 alpha=$4 beta=$5 b=$6 e=$7 it=$8 wu=$9
-  local port=$((20000 + RANDOM % 20000)) pids=() i rc=0 pin model=()
+  local port=$((20000 + RANDOM % 12000)) pids=() i rc=0 pin model=()
   [ "$algo" = auto ] && model=(LOWRANK_UCX_ALPHA_US=$alpha LOWRANK_UCX_BETA_NS=$beta)
   for i in $(seq 0 $((n - 1))); do
     pin=(); [ "$PIN" = 1 ] && pin=(taskset -c $((i % CORES)))

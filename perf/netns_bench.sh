@@ -74,7 +74,7 @@ shape() { hosts_shape "$@" || exit 1; }
 # run NAME PIPELINE ARGS...: one perf process per host; rank r's JSON in $WORK/NAME.r<r>.json
 run() {
   local name=$1 pipe=$2; shift 2
-  local port=$((20000 + RANDOM % 20000)) pids=() i rc=0
+  local port=$((20000 + RANDOM % 12000)) pids=() i rc=0
   for i in $(seq 0 $((N - 1))); do
     hosts_exec $i env RANK=$i WORLD_SIZE=$N MASTER_ADDR=10.77.0.1 MASTER_PORT=$port \
       LOWRANK_SOCKET_IFNAME=eth0 UCX_TLS=tcp,self UCX_NET_DEVICES=eth0 LOWRANK_PIPELINE=$pipe \

@@ -30,10 +30,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import charlm  # noqa: E402
 import train  # noqa: E402  (CnnTask, CharTask, lr_at, DEFAULTS; puts the checkout's python/ first)
+import lowrank  # noqa: E402  (free_master_port; loads no library)
 
 
 def spawn(n, argv):
-    port = train.free_master_port()
+    port = lowrank.free_master_port()
     procs = [subprocess.Popen([sys.executable, __file__] + argv,
                               env=dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(n),
                                        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)))

@@ -119,7 +119,7 @@ def main():
             argv = ["--run-index", str(i), "--setting", rate, "--timeout", str(args.timeout),
                     "--ifname", ifname, "--out", out] + (["--ss"] if net == "hosts" else []) \
                 + args.switch_args.split()
-            port = 21000 + (os.getpid() % 500) * 40 + todo.index((i, n, rate)) % 40
+            port = 21000 + (os.getpid() % 250) * 40 + todo.index((i, n, rate)) % 40
             ts = time.monotonic()
             rcs = servers[key].run(net if net == "loopback" else rate, argv, out[:-5] + ".log", port)
             ok = all(rc == 0 for rc in rcs) and os.path.exists(out)

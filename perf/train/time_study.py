@@ -184,7 +184,7 @@ def main():
                     "--epochs", str(args.epochs), "--seed", str(rep), "--timeout", str(args.timeout),
                     "--out", out]
             t0 = time.monotonic()
-            port = 20000 + (os.getpid() % 1000) * 20 + todo.index((rep, setting, reducer, k)) % 20
+            port = 20000 + (os.getpid() % 600) * 20 + todo.index((rep, setting, reducer, k)) % 20
             rcs = servers.run(setting, argv, out[:-5] + ".log", port)
             ok = all(rc == 0 for rc in rcs) and os.path.exists(out)
             if ok:

@@ -119,7 +119,7 @@ def main():
             argv = ["--model", "cnn", "--reducer", reducer, "--rank", str(k or 4), "--seed",
                     str(seed), "--timeout", str(args.timeout), "--out", out]
             ts = time.monotonic()
-            port = 23000 + (os.getpid() % 500) * 40 + n % 40
+            port = 23000 + (os.getpid() % 200) * 40 + n % 40
             rcs = servers.run(args.rate, argv, out[:-5] + ".log", port)
             ok = all(rc == 0 for rc in rcs) and os.path.exists(out)
             if ok:

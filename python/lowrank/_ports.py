@@ -1,9 +1,11 @@
 """A MASTER_PORT for a job whose processes are started on this host (tests, examples, perf)."""
+import collections
 import random
 import socket
 
 _draw = random.SystemRandom()
-_given = set()  # ports this process has handed out: two jobs of one process never share one
+_given = collections.deque(maxlen=1024)  # ports this process handed out lately: not again
+MIN_ROOM = 256  # fewer free start ports than this outside the ephemeral range: use any port
 
 
 def _local_port_range():
@@ -16,30 +18,57 @@ def _local_port_range():
         return 32768, 60999  # Linux's default
 
 
-def free_master_port(host="0.0.0.0"):
-    """A port P such that P and P + 1 bind on `host` now: torch's store listens on MASTER_PORT and
-    lowrank's comm rank 0 on MASTER_PORT + 1 (include/lowrank/lowrank.h).
+def candidates(low, high):
+    """(first, last + 1, outside) of the start ports P to draw from, P + 1 included: the larger
+    of the room below the ephemeral range [low, high] (from 20000 down to 1024 as it allows) and
+    the room above it; outside=False when neither has MIN_ROOM ports (e.g. a range of 1024-65535)
+    and every unprivileged port is drawn from."""
+    below = (max(1024, min(20000, low - 1 - 12000)), low - 1)  # P + 1 <= low - 1
+    above = (high + 1, 65535)                                   # P + 1 <= 65535
+    lo, hi = max(below, above, key=lambda r: r[1] - r[0])
+    if hi - lo < MIN_ROOM:
+        return 1024, 65535, False
+    return lo, hi, True
 
-    P is drawn at random outside the kernel's ephemeral range. A port checked free is bound only
-    later, by the rank that listens there; a port from the ephemeral range (bind to 0) can be taken
-    meanwhile by any process's outgoing connection or port-0 listener, and the job fails with
-    "address already in use" or meets a stranger. Drawing at random makes two jobs started at once
-    unlikely to collide; a process never hands out a port twice. Returns an int; RuntimeError if
-    200 draws find no free pair. Thread safety: not thread-safe."""
-    low, high = _local_port_range()
-    lo, hi = (20000, low - 2) if low >= 22000 else (high + 1, 65533)
-    if hi <= lo:
-        lo, hi = 1024, 65533  # no room outside it: any unprivileged port
+
+def _free(port):
+    """Whether `port` binds now on every IPv4 address and, where the host has IPv6, every IPv6
+    one (torch 2.x's store listens on [::])."""
+    families = [(socket.AF_INET, "0.0.0.0")]
+    if socket.has_ipv6:
+        families.append((socket.AF_INET6, "::"))
+    for family, host in families:
+        try:
+            s = socket.socket(family, socket.SOCK_STREAM)
+        except OSError:  # no IPv6 in this kernel or namespace
+            continue
+        with s:
+            if family == socket.AF_INET6:
+                s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                s.bind((host, port))
+            except OSError:
+                return False
+    return True
+
+
+def free_master_port():
+    """A port P such that P and P + 1 bind now on every address: torch's store listens on
+    MASTER_PORT and lowrank's comm rank 0 on MASTER_PORT + 1 (include/lowrank/lowrank.h).
+
+    P is drawn at random outside the kernel's ephemeral range (/proc/sys/net/ipv4/
+    ip_local_port_range) where it leaves room (candidates()): a port checked free is bound only
+    later, by the rank that listens there, and a port of the ephemeral range can be taken
+    meanwhile by any process's outgoing connection or port-0 listener (the job then fails with
+    "address already in use" or meets a stranger). Drawing at random makes two jobs started at
+    once unlikely to collide; a process does not hand out a port again within its last 1024.
+    Returns an int; RuntimeError if 200 draws find no free pair. Not thread-safe."""
+    lo, hi, _ = candidates(*_local_port_range())
     for _ in range(200):
         p = _draw.randrange(lo, hi)
         if p in _given or p + 1 in _given:
             continue
-        try:
-            for q in (p, p + 1):
-                with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-                    s.bind((host, q))
-        except OSError:
-            continue
-        _given.update((p, p + 1))
-        return p
+        if _free(p) and _free(p + 1):
+            _given.extend((p, p + 1))
+            return p
     raise RuntimeError(f"no free port pair found in {lo}-{hi}")

@@ -15,14 +15,15 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "perf", "train"))
 import digits  # noqa: E402
-import train  # noqa: E402
+import train  # noqa: E402  (puts the checkout's python/ first)
+import lowrank  # noqa: E402
 
 STEPS, START_ITER, WORLD = 8, 2, 2
 
 
 def run_ranks(kind, out):
     os.makedirs(out)
-    port = str(train.free_master_port())
+    port = str(lowrank.free_master_port())
     procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "baseline_worker.py"),
                                "--kind", kind, "--steps", str(STEPS), "--start-iter",
                                str(START_ITER), "--out", out],
