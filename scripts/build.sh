@@ -12,5 +12,8 @@ while [ $# -gt 0 ] && [ "$1" != "--" ]; do meson_args+=("$1"); shift; done
 "$root/scripts/setup.sh"
 if [ ! -f "$build/build.ninja" ]; then
   meson setup "$build" "$root" "${meson_args[@]}"
+elif [ ${#meson_args[@]} -gt 0 ]; then
+  echo "build.sh: $build is configured already: ignoring ${meson_args[*]} (meson configure $build" \
+       "-D...; ninja targets go after --)" >&2
 fi
 ninja -C "$build" "${targets[@]}"

@@ -4,7 +4,7 @@ import random
 import socket
 
 _draw = random.SystemRandom()
-_given = collections.deque(maxlen=1024)  # ports this process handed out lately: not again
+_given = collections.deque(maxlen=1024)  # ports this process handed out lately (512 calls)
 MIN_ROOM = 256  # fewer free start ports than this outside the ephemeral range: use any port
 
 
@@ -61,12 +61,17 @@ def free_master_port():
     later, by the rank that listens there, and a port of the ephemeral range can be taken
     meanwhile by any process's outgoing connection or port-0 listener (the job then fails with
     "address already in use" or meets a stranger). Drawing at random makes two jobs started at
-    once unlikely to collide; a process does not hand out a port again within its last 1024.
+    once unlikely to collide; a process does not hand out a port again within its last 512 calls
+    (fewer where the room is small).
     Returns an int; RuntimeError if 200 draws find no free pair. Not thread-safe."""
     lo, hi, _ = candidates(*_local_port_range())
+    # Remember no more than a quarter of the room (each pair blocks 3 start ports): a small room
+    # must not fill up with ports handed out long ago.
+    keep = min(len(_given), (hi - lo) // 4)
+    recent = set(list(_given)[len(_given) - keep:]) if keep else set()
     for _ in range(200):
         p = _draw.randrange(lo, hi)
-        if p in _given or p + 1 in _given:
+        if p in recent or p + 1 in recent:
             continue
         if _free(p) and _free(p + 1):
             _given.extend((p, p + 1))

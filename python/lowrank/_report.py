@@ -62,8 +62,9 @@ def _cuda(out, lib):
     path = _paths.cuda_backend_for(lib.lowrank_path)
     if not path or not os.path.exists(path):
         out.append(f"CUDA backend: absent (none beside {lib.lowrank_path}, nor in its build folder: "
-                   "built where nvcc was not found or with -Dcuda=disabled, or a library copied "
-                   "alone; LOWRANK_CUDA_BACKEND names one); device buffers are refused")
+                   "built where nvcc was not found or with -Dcuda=disabled, not built yet (scripts/"
+                   "demo.sh builds the perf binary only), or a library copied alone; "
+                   "LOWRANK_CUDA_BACKEND names one); device buffers are refused")
     else:
         backend = ctypes.CDLL(path)  # the runtime is static: this loads no CUDA library
         try:

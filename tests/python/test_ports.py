@@ -71,6 +71,16 @@ def test_a_port_handed_out_lately_is_not_drawn_again(monkeypatch):
     assert _ports.free_master_port() == p + 5
 
 
+def test_a_small_room_does_not_fill_up_with_old_ports(monkeypatch):
+    # 299 start ports (1024-1322): 300 calls must all succeed, every port free (mocked).
+    monkeypatch.setattr(_ports, "_local_port_range", lambda: (1324, 65535))
+    monkeypatch.setattr(_ports, "_free", lambda port: True)
+    monkeypatch.setattr(_ports, "_given", _ports.collections.deque(maxlen=1024))
+    assert _ports.candidates(1324, 65535) == (1024, 1323, True)
+    got = [_ports.free_master_port() for _ in range(300)]
+    assert all(1024 <= p < 1323 for p in got)
+
+
 def test_nothing_free_raises(monkeypatch):
     monkeypatch.setattr(_ports, "_free", lambda port: False)
     with pytest.raises(RuntimeError, match="no free port pair"):
