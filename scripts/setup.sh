@@ -2,10 +2,10 @@
 # Installs the Debian packages lowrank needs to build, only those missing. With --test, also what
 # the multi-process tests use: iproute2 (network namespaces as hosts) and Open MPI's mpirun, and
 # what the Python tests use under /usr/bin/python3: Debian's torch (1.13, CPU), numpy, pytest, and
-# venv (the wheel's tests make a venv without torch).
+# venv (the wheel's tests make a venv without torch); scipy (1.10) for the studies' statistics.
 set -euo pipefail
 pkgs=(g++ meson ninja-build pkg-config python3 libucx-dev zlib1g-dev libgtest-dev libeigen3-dev nlohmann-json3-dev)
-[ "${1:-}" = "--test" ] && pkgs+=(iproute2 openmpi-bin python3-torch python3-numpy python3-pytest python3-venv)
+[ "${1:-}" = "--test" ] && pkgs+=(iproute2 openmpi-bin python3-torch python3-numpy python3-scipy python3-pytest python3-venv)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
