@@ -45,6 +45,17 @@ def spawn(n, argv):
     return max(abs(p.wait()) for p in procs)
 
 
+def check_launched(ap):
+    """Exits with a hint where no launcher set torch.distributed's env:// variables (torch's own
+    error would be a bare "environment variable RANK expected")."""
+    missing = [v for v in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if v not in os.environ]
+    if missing:
+        ap.error(f"{', '.join(missing)} not set: no launcher started this process. Run it with "
+                 f"--spawn N (N processes on this host), under torchrun (torchrun --nproc_per_node "
+                 f"N {sys.argv[0]}), or with RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set in "
+                 "each process")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--spawn", type=int, metavar="N", help="start N worker processes on this host")
@@ -61,6 +72,7 @@ def main():
         i = next(i for i, a in enumerate(argv) if a.startswith("--spawn"))
         del argv[i:i + (1 if "=" in argv[i] else 2)]
         sys.exit(spawn(args.spawn, argv))
+    check_launched(ap)
 
     torch.set_num_threads(1)
     # gloo's default timeout is 30 minutes: a dead peer would hold the others that long in

@@ -213,6 +213,9 @@ def load():
                     cuda_backend_set = True
             _lib = lib
             return lib
+        source_copy = None if from_env else _paths.unbuilt_source_copy()
+        if source_copy:
+            raise LibraryNotFoundError(f"liblowrank not found: {source_copy}; tried: " + "; ".join(tried))
         how = "LOWRANK_LIBRARY is set" if from_env else \
             "set LOWRANK_LIBRARY to liblowrank.so, or build it (scripts/build.sh) or install it (meson install)"
         raise LibraryNotFoundError("liblowrank not found (" + how + "); tried: " + "; ".join(tried))

@@ -65,6 +65,36 @@ def library_candidates():
     return paths + ["liblowrank.so.0", "liblowrank.so"]
 
 
+def _hidden_installs():
+    """Other lowrank packages on sys.path that the one imported hides (an installed copy that a
+    checkout's python/ folder, the current one or on PYTHONPATH, comes before)."""
+    import importlib.machinery
+    mine = os.path.realpath(os.path.dirname(_HERE))
+    others = [p for p in sys.path if os.path.realpath(p or os.curdir) != mine]
+    spec = importlib.machinery.PathFinder.find_spec("lowrank", others)
+    if spec is None or not spec.origin:
+        return []
+    return [os.path.dirname(spec.origin)]
+
+
+def unbuilt_source_copy():
+    """Where the package imported is the source copy of a checkout (python/lowrank) with no
+    library of its own and no build in its checkout: a sentence that says so and how to use a
+    built copy instead, else None. What a missing library or shim is then due to: not the
+    build's options (nothing was built here), but the copy imported."""
+    if _CHECKOUT is None or package_file("lib", "liblowrank.so") or checkout_builds("liblowrank.so"):
+        return None
+    hidden = _hidden_installs()
+    also = (f"; it hides the installed lowrank in {hidden[0]} (Python imports from the current "
+            "folder and PYTHONPATH first)") if hidden else ""
+    return (f"the lowrank package imported is the source copy in the checkout {_CHECKOUT} "
+            f"({_HERE}), which holds no library, and that checkout has no build (no "
+            f"build*/liblowrank.so){also}. To use the package `pip install .` installed, run "
+            "from outside the checkout's python/ folder, without PYTHONPATH=python; to use this "
+            "copy, build the checkout first (scripts/build.sh), then PYTHONPATH=python, or set "
+            "LOWRANK_LIBRARY to a built liblowrank.so")
+
+
 def beside(library, name):
     """The file `name` in the folder of the loaded `library` (the CUDA backend and the shim sit
     beside liblowrank in every layout), or None where it is not there."""

@@ -126,7 +126,10 @@ def _shim(out):
     from . import _paths
     shim = _paths.shim_path()
     dropin = _paths.package_file("lib", "nccl", "libnccl.so.2")
-    out.append(f"NCCL shim (LD_PRELOAD): {shim or 'absent (built where nccl.h was not found, or with -Dnccl_shim=disabled)'}")
+    # without a build at all, the shim's absence is not the build options' doing
+    why = "none built: see \"lowrank: failed\" above" if _paths.unbuilt_source_copy() else \
+        "built where nccl.h was not found, or with -Dnccl_shim=disabled"
+    out.append(f"NCCL shim (LD_PRELOAD): {shim or f'absent ({why})'}")
     if dropin:
         out.append(f"  drop-in libnccl.so.2: {dropin}")
 

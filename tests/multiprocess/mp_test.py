@@ -30,6 +30,7 @@ Exit status: 0 pass, 1 fail, 77 skipped (meson's convention).
 import argparse
 import os
 import random
+import re
 import secrets
 import select
 import shutil
@@ -328,6 +329,10 @@ def failure_run(worker, n, victim, sig, tmp, ucx_tls=None):
             ok &= check(t_exit <= TIMEOUT + MARGIN_EXIT,
                         f"{label}: comm rank {r} exited {t_exit:.2f} s after the signal "
                         f"(<= {TIMEOUT + MARGIN_EXIT:g})")
+        if ok and code == 6:  # a peer gone: said in the user's words, UCX's in parentheses
+            ok = check(re.search(r"comm rank \d+ disconnected .*\(its process died .*; UCX: [^)]+\)",
+                                 err_line) is not None,
+                       f"{label}: comm rank {r}'s error names the comm rank that disconnected")
         if err_line:
             log(f"    comm rank {r}: {err_line[:300]}")
         if not ok:

@@ -103,7 +103,9 @@ def test_checkpoint_resumes_bit_for_bit(tmp_path):
 @needs_fsdp2
 def test_replica_killed_mid_step():
     """Rank 3 (replica 1, shard 1) is SIGKILLed in its hook at step 3: every other rank raises
-    within lowrank's timeout (5 s, gloo's the same) + 10 s; none hangs."""
+    within lowrank's timeout (5 s, gloo's the same) + 10 s; none hangs. Rank 1, its replica peer,
+    raises from the hook, naming it by both ranks: comm rank 1 of the replica group {1, 3},
+    global rank 3."""
     runs = run_ranks(WORLD, "peer_death", 3, timeout=90, worker=W)
     assert runs[3][0] == -9
     for rank, (rc, res, text, _) in enumerate(runs[:3]):
@@ -111,6 +113,27 @@ def test_replica_killed_mid_step():
         print(f"rank {rank} after {res['after']:.1f} s: {res['raised']}: {res['message'][:160]}")
         assert res["raised"], res
         assert res["after"] < 5 + 10, res
+    res = runs[1][1]
+    assert res["raised"] == "LowrankError", res
+    assert "comm rank 1 of the replica group (global rank 3)" in res["message"], res
+
+
+def test_comm_ranks_named_with_their_global_ranks():
+    """with_global_ranks: each "comm rank N" of a lowrank message gets its global rank, the group
+    named once; the class and code stay; a message without a rank is the same error."""
+    from lowrank.errors import InvalidArgumentError, LowrankError
+    from lowrank.torch.process_group import with_global_ranks
+    e = LowrankError(6, "ucx: collective #9: comm rank 1 disconnected while comm rank 0 waited "
+                        "on it (...; UCX: Endpoint timeout)", "lowrankAllReduce")
+    got = with_global_ranks(e, [1, 3], "replica group")
+    assert type(got) is LowrankError and (got.code, got.function) == (6, "lowrankAllReduce")
+    assert got.message == ("ucx: collective #9: comm rank 1 of the replica group (global rank 3) "
+                           "disconnected while comm rank 0 (global rank 1) waited on it (...; "
+                           "UCX: Endpoint timeout)")
+    got = with_global_ranks(LowrankError(2, "ucx: comm rank 0 of 2: setup"), [5, 7], "group")
+    assert got.message == "ucx: comm rank 0 of 2 in the group (global rank 5): setup"
+    bad = InvalidArgumentError(4, "comm ranks disagree")
+    assert with_global_ranks(bad, [0, 2], "group") is bad
 
 
 @needs_fsdp2

@@ -56,3 +56,64 @@ def test_a_library_that_cannot_be_loaded_exits_1_with_the_report():
     assert "/nonexistent/liblowrank.so" in r.stdout, r.stdout
     assert re.search(r"^torch", r.stdout, re.M), "the rest of the report is printed: " + r.stdout
     assert "the library could not be loaded" in r.stderr, r.stderr
+
+
+def test_help_is_whole():
+    """--help prints the module's whole description (it was cut at its first line once)."""
+    import lowrank.__main__ as main
+    pkgpath.use()
+    e = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(lowrank.__file__))))
+    r = subprocess.run([sys.executable, "-m", "lowrank", "--help"], env=e, capture_output=True,
+                       text=True, timeout=60, cwd="/")
+    assert r.returncode == 0, r.stderr
+    for line in main.__doc__.splitlines():
+        assert line.rstrip() in r.stdout, (line, r.stdout)
+    assert "--shim-path" in r.stdout
+
+
+def _source_copy(tmp_path):
+    """A checkout with no build (its meson.build, python/lowrank copied) and an installed lowrank
+    elsewhere (a stand-in package): what a user has who ran `pip install .` and stays in the
+    clone."""
+    import shutil
+    checkout = tmp_path / "clone"
+    shutil.copytree(os.path.dirname(os.path.abspath(lowrank.__file__)), checkout / "python" / "lowrank",
+                    ignore=shutil.ignore_patterns("__pycache__", "lib", "bin", "_install.py"))
+    (checkout / "meson.build").write_text("project('lowrank', 'cpp', version: '0.1.0')\n")
+    site = tmp_path / "site"
+    (site / "lowrank").mkdir(parents=True)
+    (site / "lowrank" / "__init__.py").write_text("")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOWRANK_")}
+    env["PYTHONPATH"] = str(site)
+    return checkout, site, env
+
+
+def test_the_source_copy_says_so(tmp_path):
+    """Run from a checkout's python/ folder with no build there, the report and --shim-path say
+    that the source copy was imported, which installed copy it hides and how to use a built one;
+    the shim's absence is not put on the build's options."""
+    checkout, site, env = _source_copy(tmp_path)
+    r = subprocess.run([sys.executable, "-m", "lowrank"], env=env, capture_output=True, text=True,
+                       timeout=120, cwd=checkout / "python")
+    assert r.returncode == 1, r.stdout + r.stderr
+    failed = next(line for line in r.stdout.splitlines() if line.startswith("lowrank: failed: "))
+    assert f"the source copy in the checkout {checkout}" in failed, failed
+    assert f"hides the installed lowrank in {site / 'lowrank'}" in failed, failed
+    assert "run from outside the checkout's python/ folder" in failed and "LOWRANK_LIBRARY" in failed
+    shim = next(line for line in r.stdout.splitlines() if line.startswith("NCCL shim"))
+    assert "nccl.h" not in shim and "nccl_shim=disabled" not in shim, shim
+    r = subprocess.run([sys.executable, "-m", "lowrank", "--shim-path"], env=env,
+                       capture_output=True, text=True, timeout=120, cwd=checkout / "python")
+    assert r.returncode == 1 and "the source copy" in r.stderr and "nccl.h" not in r.stderr, r.stderr
+
+
+def test_a_built_checkout_is_not_called_a_source_copy(tmp_path):
+    """A checkout with a build (build/liblowrank.so, here a file that is not a library): the
+    message is the usual one, naming what was tried."""
+    checkout, site, env = _source_copy(tmp_path)
+    (checkout / "build").mkdir()
+    (checkout / "build" / "liblowrank.so").write_text("not a library")
+    r = subprocess.run([sys.executable, "-m", "lowrank"], env=env, capture_output=True, text=True,
+                       timeout=120, cwd=checkout / "python")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "source copy" not in r.stdout and str(checkout / "build" / "liblowrank.so") in r.stdout

@@ -19,6 +19,10 @@ constexpr double kCloseWaitSec = 2.0;  // bound on flush / close / cancel waits 
 // After a peer's endpoint fails, how long a collective keeps progressing for data the peer sent
 // before it went (it may still be queued) before reporting the failure.
 constexpr double kFailureGraceSec = 0.25;
+// What a failed endpoint means in the user's terms: UCX reports a killed peer as "Endpoint timeout"
+// or "Connection reset by remote peer" within a fraction of a second, which reads like a slow peer.
+// UCX's own words follow in parentheses.
+constexpr const char* kPeerLost = "its process died or stopped responding, or the connection to it failed";
 
 }  // namespace
 
@@ -216,14 +220,18 @@ Status Exchange::fail(Status st) {
 
 Status Exchange::send(int peer, uint32_t index, const void* buf, size_t bytes, size_t elems, Handle* h) {
   if (comm_.peerFailed(peer))
-    return fail(Status::Error(lowrankRemoteError, "ucx: collective #%u: comm rank %d failed: %s", seq_,
-                              peer, comm_.peerError(peer)));
+    return fail(Status::Error(lowrankRemoteError, "ucx: collective #%u: comm rank %d disconnected before "
+                              "comm rank %d sent to it (%s; UCX: %s)", seq_, peer, comm_.rank(),
+                              kPeerLost, comm_.peerError(peer)));
   ucp_request_param_t p{};
   void* r = ucp_tag_send_nbx(comm_.ep(peer), buf, bytes, makeTag(comm_.rank(), seq_, index), &p);
+  if (UCS_PTR_IS_ERR(r) && comm_.peerFailed(peer))
+    return fail(Status::Error(lowrankRemoteError, "ucx: collective #%u: comm rank %d disconnected when "
+                              "comm rank %d sent to it (%s; UCX: %s)", seq_, peer, comm_.rank(),
+                              kPeerLost, ucs_status_string(UCS_PTR_STATUS(r))));
   if (UCS_PTR_IS_ERR(r))
-    return fail(Status::Error(comm_.peerFailed(peer) ? lowrankRemoteError : lowrankSystemError,
-                              "ucx: collective #%u: send to comm rank %d: %s", seq_, peer,
-                              ucs_status_string(UCS_PTR_STATUS(r))));
+    return fail(Status::Error(lowrankSystemError, "ucx: collective #%u: send to comm rank %d: %s", seq_,
+                              peer, ucs_status_string(UCS_PTR_STATUS(r))));
   if (counters_) {
     counters_->elementsSent.fetch_add(elems, std::memory_order_relaxed);
     counters_->bytesSent.fetch_add(bytes, std::memory_order_relaxed);
@@ -276,8 +284,14 @@ Status Exchange::test(Handle h, bool* done) {
   LR_TRACE("ucx: comm rank %d: #%u %s %d message %u completed: %s, %zu bytes", comm_.rank(), seq_,
            op.recv ? "recv from" : "send to", op.peer, op.index, ucs_status_string(st), len);
   if (st != UCS_OK) {
-    bool remote = comm_.peerFailed(op.peer) || st == UCS_ERR_CONNECTION_RESET ||
-                  st == UCS_ERR_ENDPOINT_TIMEOUT || st == UCS_ERR_UNREACHABLE || st == UCS_ERR_CANCELED;
+    bool lost = comm_.peerFailed(op.peer) || st == UCS_ERR_CONNECTION_RESET ||
+                st == UCS_ERR_ENDPOINT_TIMEOUT || st == UCS_ERR_UNREACHABLE;
+    bool remote = lost || st == UCS_ERR_CANCELED;
+    if (lost && st != UCS_ERR_MESSAGE_TRUNCATED)
+      return fail(Status::Error(lowrankRemoteError, "ucx: collective #%u: comm rank %d disconnected "
+                                "during the %s message %u (%s; UCX: %s)", seq_, op.peer,
+                                op.recv ? "receive of" : "send of", op.index, kPeerLost,
+                                ucs_status_string(st)));
     return fail(Status::Error(st == UCS_ERR_MESSAGE_TRUNCATED ? lowrankInvalidUsage
                               : remote                         ? lowrankRemoteError
                                                                : lowrankSystemError,
@@ -318,9 +332,9 @@ Status Exchange::progress() {
   if (failedOp) {
     if (failureSeen_ == 0) failureSeen_ = now;
     if (now - failureSeen_ >= kFailureGraceSec)
-      return fail(Status::Error(lowrankRemoteError, "ucx: collective #%u: comm rank %d failed (%s) "
-                                "while comm rank %d waited on it", seq_, failedOp->peer,
-                                comm_.peerError(failedOp->peer), comm_.rank()));
+      return fail(Status::Error(lowrankRemoteError, "ucx: collective #%u: comm rank %d disconnected "
+                                "while comm rank %d waited on it (%s; UCX: %s)", seq_, failedOp->peer,
+                                comm_.rank(), kPeerLost, comm_.peerError(failedOp->peer)));
   }
   if (oldest && now >= deadline_)
     return fail(Status::Error(lowrankTimeout, "ucx: collective #%u: comm rank %d waited %g s for comm "

@@ -41,7 +41,8 @@ if not hasattr(FSDPModule, "set_all_reduce_hook"):
 
 from ..errors import LowrankError  # noqa: E402
 from .hook import _CHECKED, _same  # noqa: E402  (one list of the checked settings)
-from .process_group import communicator_from_process_group, require_initialized  # noqa: E402
+from .process_group import (communicator_from_process_group, require_initialized,  # noqa: E402
+                            with_global_ranks)
 
 logger = logging.getLogger("lowrank.torch")
 __all__ = ["PowerSGDState", "register", "shard_layout", "tensor_id"]
@@ -215,6 +216,7 @@ class PowerSGDState:
             error_feedback=bool(use_error_feedback), warm_start=bool(warm_start),
             ortho_epsilon=float(orthogonalization_epsilon), seed=int(random_seed),
             timeout=timeout, pipeline=pipeline)
+        self._global_ranks = dist.get_process_group_ranks(replicate_group)  # by comm rank
         self._units = []   # _Unit per registered FSDPModule
         self._closed = False
 
@@ -264,13 +266,16 @@ class PowerSGDState:
         unit.calls += 1
         op = self.op or _fsdp_op(unit.module)
         comm, ptr = self._comm, flat.data_ptr()
-        comm.set_tensors(flat, unit.array)
-        if flat.is_cuda:
-            # queued on the current stream (FSDP runs the hook on its all-reduce stream);
-            # returns once queued
-            comm.allreduce(flat, op=op, stream=torch.cuda.current_stream(flat.device))
-        else:
-            comm.allreduce(flat, op=op)
+        try:
+            comm.set_tensors(flat, unit.array)
+            if flat.is_cuda:
+                # queued on the current stream (FSDP runs the hook on its all-reduce stream);
+                # returns once queued
+                comm.allreduce(flat, op=op, stream=torch.cuda.current_stream(flat.device))
+            else:
+                comm.allreduce(flat, op=op)
+        except LowrankError as e:  # lowrank's "comm rank N" is the rank in the replica group
+            raise with_global_ranks(e, self._global_ranks, "replica group") from None
         old, unit.ptr = unit.ptr, ptr
         if old is not None and old != ptr and not flat.is_cuda and \
                 all(u.ptr != old for u in self._units):

@@ -1,9 +1,11 @@
 """A lowrank communicator over the ranks of a torch.distributed process group."""
+import re
+
 import torch
 import torch.distributed as dist
 
 from ..comm import Communicator, get_unique_id, nccl_unique_id
-from ..errors import LowrankError
+from ..errors import LowrankError, error_for
 
 
 def require_initialized():
@@ -20,6 +22,31 @@ def _global_rank(group, group_rank):
         return group_rank
     get = getattr(dist, "get_global_rank", None) or dist.distributed_c10d._get_global_rank
     return get(group, group_rank)
+
+
+_COMM_RANK = re.compile(r"\bcomm rank (\d+)( of \d+)?")
+
+
+def with_global_ranks(error, global_ranks, group_name):
+    """`error` (a LowrankError of a communicator over a process group) with each "comm rank N" of
+    its message told apart from torch's rank: "comm rank N of the <group_name> (global rank G)",
+    the group named at its first mention. global_ranks: the group's global ranks in group-rank
+    order (dist.get_process_group_ranks). The same class and code; a number outside the group
+    (not a rank) is left as it is."""
+    named = []
+
+    def name(m):
+        n = int(m.group(1))
+        if n >= len(global_ranks):
+            return m.group(0)
+        where = "" if named else (" in the " if m.group(2) else " of the ") + group_name
+        named.append(n)
+        return f"{m.group(0)}{where} (global rank {global_ranks[n]})"
+
+    message = _COMM_RANK.sub(name, error.message)
+    if message == error.message:
+        return error
+    return error_for(error.code, message, error.function).with_traceback(error.__traceback__)
 
 
 def communicator_from_process_group(group=None, device="cpu", **config):

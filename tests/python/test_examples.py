@@ -1,0 +1,25 @@
+"""examples/: started by hand without a launcher (no --spawn, no torchrun), each script exits
+non-zero before torch.distributed's init, naming the variables missing and the ways to start it
+(torch's own error would be a bare "environment variable RANK expected")."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+from test_fsdp import needs_fsdp2
+
+LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK")
+
+
+@pytest.mark.parametrize("script", ["ddp_cpu.py", pytest.param("fsdp_hsdp_cpu.py", marks=needs_fsdp2)])
+def test_without_a_launcher_says_how_to_start(script):
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}
+    env["MASTER_PORT"] = "29500"  # one set, three not: the message names those missing
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "examples", script), "--epochs", "1"],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0, r.stdout + r.stderr
+    assert "RANK, WORLD_SIZE, MASTER_ADDR not set" in r.stderr, r.stderr
+    assert "--spawn N" in r.stderr and "torchrun" in r.stderr, r.stderr
+    assert "environment variable RANK expected" not in r.stderr, r.stderr
