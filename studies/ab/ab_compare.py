@@ -3,10 +3,10 @@
 interleaved in one run: A B A B ..., one pair after the other, so that the machine's drift (other
 jobs, clock, caches) falls on both sides of every pair.
 
-  /usr/bin/python3 perf/ab_compare.py --base BASE_BUILD/perf/lowrank_allreduce_perf \
+  /usr/bin/python3 studies/ab/ab_compare.py --base BASE_BUILD/perf/lowrank_allreduce_perf \
       --cand CAND_BUILD/perf/lowrank_allreduce_perf --pairs 12 --out /tmp/ab [-- PERF ARGS]
 
-Default perf arguments: ResNet-50 shapes (perf/gradsets.py resnet50, made once in --grads if missing),
+Default perf arguments: ResNet-50 shapes (studies/lib/gradsets.py resnet50, made once in --grads if missing),
 world 4 (-t 4, comm ranks as threads), k = 4, powersgd, -n 5 -w 2, --rounds 1, --phases 1, --triad-mib 0.
 Each run writes its JSON (-J); per pair the script takes cand/base of
   - oop: the out-of-place time per call (the perf binary's `time`, max over comm ranks),
@@ -27,7 +27,7 @@ The load average is read before every run.
 moment, decided before the pair, never from a result). --logs: compute the same statistics from the
 printed output of an interleaved run made by another harness (every run's output appended in order).
 Writes OUT/runs.json (every run), OUT/summary.json and OUT/summary.md; prints the summary.
-Standard library only (no numpy, no scipy). First use: perf/results/issue15_ab.md.
+Standard library only (no numpy, no scipy). First use: studies/ab/results/issue15_ab.md.
 """
 import argparse
 import datetime
@@ -208,7 +208,7 @@ def main():
         ap.error("--pairs must be at least 2 (an interval needs two pairs)")
 
     if not os.path.exists(os.path.join(a.grads, "synth_worker0.safetensors")):
-        subprocess.run([sys.executable, os.path.join(HERE, "gradsets.py"), "resnet50", a.grads, "4"], check=True)
+        subprocess.run([sys.executable, os.path.join(HERE, "..", "lib", "gradsets.py"), "resnet50", a.grads, "4"], check=True)
     perf_args = a.perf_args or ["-t", "4", "--gradients", a.grads, "--step", "synth", "-k", "4",
                                 "--mode", "powersgd", "-n", "5", "-w", "2", "--rounds", "1",
                                 "--phases", "1", "--triad-mib", "0"]

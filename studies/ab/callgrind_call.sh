@@ -2,11 +2,11 @@
 # Instructions (Ir) of one compressed lowrankAllReduce call, counted by valgrind's callgrind: a
 # measure of the engine's CPU cost that, unlike time, is the same from run to run, so that two
 # builds (before and after an engine change) can be compared on a shared 2-core machine.
-#   perf/callgrind_call.sh BUILD_DIR [ITERS [PERF_OPTION...]]
+#   studies/ab/callgrind_call.sh BUILD_DIR [ITERS [PERF_OPTION...]]
 # PERF_OPTIONs are added to the perf's command line, e.g. `--ids` (the tensors declared with ids)
 # or `--ids --move` (recvbuff at a new address every call, the ids declared on it each call):
-#   perf/callgrind_call.sh build 3 --ids --move
-# Workload: lowrank_allreduce_perf, world 1 (one thread), ResNet-50's 161 tensors (perf/gradsets.py
+#   studies/ab/callgrind_call.sh build 3 --ids --move
+# Workload: lowrank_allreduce_perf, world 1 (one thread), ResNet-50's 161 tensors (studies/lib/gradsets.py
 # resnet50, one synthetic gradient file, made once under $LOWRANK_GRADSETS, default
 # /tmp/lowrank-gradsets; needs numpy), per-tensor layout, k 4, the library's defaults otherwise.
 # How: callgrind dumps a profile part after every return from lowrankAllReduce
@@ -19,7 +19,7 @@
 # rest is libc's memset/memcpy called by the library, and the frames open on the stack at the dump).
 # Takes about a minute on 2 cores (the rest of the perf's run, in-place loop and relerr_opt, too).
 set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
+root=$(cd "$(dirname "$0")/../.." && pwd)
 [ $# -ge 1 ] ||
   { echo "usage: $0 BUILD_DIR [ITERS (>= 2, default 3) [PERF_OPTION...]]" >&2; exit 2; }
 build=$(cd "$1" && pwd)
@@ -27,7 +27,7 @@ iters=${2:-3}
 shift $(($# >= 2 ? 2 : 1))
 perf=$build/perf/lowrank_allreduce_perf
 grads=${LOWRANK_GRADSETS:-/tmp/lowrank-gradsets}/resnet50_w1
-[ -f "$grads/synth_worker0.safetensors" ] || /usr/bin/python3 "$root/perf/gradsets.py" resnet50 "$grads" 1 >&2
+[ -f "$grads/synth_worker0.safetensors" ] || /usr/bin/python3 "$root/studies/lib/gradsets.py" resnet50 "$grads" 1 >&2
 for v in $(env | grep -oE '^LOWRANK_[A-Z0-9_]+=' | tr -d =); do unset "$v"; done  # defaults only
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT

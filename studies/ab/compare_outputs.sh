@@ -4,15 +4,15 @@
 # row) and compares the digest lines. Used to prove that an engine change (tensor ids) changes no
 # output bit. Prints one line per case, "same NAME" or "DIFF NAME"; exits 1 on any difference or
 # failed run, 2 on bad usage.
-#   perf/compare_outputs.sh OLD_BUILD_DIR NEW_BUILD_DIR
-#   perf/compare_outputs.sh --old-rev REV NEW_BUILD_DIR    # builds REV's perf binary first
+#   studies/ab/compare_outputs.sh OLD_BUILD_DIR NEW_BUILD_DIR
+#   studies/ab/compare_outputs.sh --old-rev REV NEW_BUILD_DIR    # builds REV's perf binary first
 # Both perf binaries need --digest (from commit 895008f on; the reference before tensor ids is
 # branch `fixture`). Host buffers only: the device engine's tests (tests/gpu, on the CUDA
 # emulation) print no outputs to compare, and need a CUDA build.
 # The cases run in well under a minute per build on 2 cores; each is deterministic (the same build
 # twice gives the same digests: the chunking and the reduction order do not depend on timing).
 set -uo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
+root=$(cd "$(dirname "$0")/../.." && pwd)
 usage() { echo "usage: $0 OLD_BUILD_DIR NEW_BUILD_DIR | $0 --old-rev REV NEW_BUILD_DIR" >&2; exit 2; }
 tmp=$(mktemp -d)
 cleanup() {
@@ -44,7 +44,7 @@ for v in $(env | grep -oE '^LOWRANK_[A-Z0-9_]+=' | tr -d =); do unset "$v"; done
 common=(-k 4 -n 2 -w 1 --rounds 3 --phases 0 --triad-mib 0 --digest)
 grads=(--gradients "$root/perf/data/digits_cnn" --step step0040)  # real, per-tensor (18 tensors)
 synth=(-b 256K -e 4M -f 4 -c 0)  # synthetic, batched (no layout): 64 Ki .. 1 Mi elements
-port=$((20000 + RANDOM % 10000))  # below the ephemeral range (32768-): see lowrank.free_master_port
+port=$((20000 + RANDOM % 10000))  # below the ephemeral range (32768-): see studies/lib/ports.py
 
 # digests BUILD WORLD threads|processes ENV ARGS...: the '# digest' lines of one run (exit 1 if it failed)
 digests() {

@@ -1,8 +1,8 @@
 #!/usr/bin/python3
 """Plots of the benchmark results for docs/benchmarks.md (Debian's matplotlib, no display needed).
 
-usage: /usr/bin/python3 perf/plot_benchmarks.py [--netns perf/results/netns.json]
-           [--compare perf/results/compare_pytorch.json] [--outdir docs/img]
+usage: /usr/bin/python3 -m studies.benchmarks.plot [--netns studies/netns/results/netns.json]
+           [--compare studies/compare_pytorch/results/compare_pytorch.json] [--outdir docs/img]
 writes OUTDIR/netns_speedup.png (speedup over exact per link rate and mode, with the bounds) and
 OUTDIR/vs_pytorch.png (time per call, powerSGD_hook against lowrank, per set, world and k).
 """
@@ -16,7 +16,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+ROOT = os.path.dirname(os.path.dirname(HERE))
 
 
 def plot_netns(path, out):
@@ -90,8 +90,8 @@ def plot_compare(path, out):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--netns", default=os.path.join(HERE, "results", "netns.json"))
-    ap.add_argument("--compare", default=os.path.join(HERE, "results", "compare_pytorch.json"))
+    ap.add_argument("--netns", default=os.path.join(ROOT, "studies", "netns", "results", "netns.json"))
+    ap.add_argument("--compare", default=os.path.join(ROOT, "studies", "compare_pytorch", "results", "compare_pytorch.json"))
     ap.add_argument("--outdir", default=os.path.join(ROOT, "docs", "img"))
     a = ap.parse_args()
     os.makedirs(a.outdir, exist_ok=True)

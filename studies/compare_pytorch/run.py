@@ -19,10 +19,10 @@ Exact mode is timed too (lowrank exact against a gloo allreduce of the same buff
 
 Gradient sets: digits (perf/data/digits_cnn step0040, real), resnet50 (synthetic, 25.6 M),
 gpt2 (synthetic, GPT-2 small, 124.4 M), gpt2-blocks (its 12 blocks without the 38.6 M of
-embeddings, 85.1 M); synthetic ones have a decaying spectrum (perf/gradsets.py).
+embeddings, 85.1 M); synthetic ones have a decaying spectrum (studies/lib/gradsets.py).
 
-usage: /usr/bin/python3 perf/compare_pytorch.py [--sets digits,resnet50] [--worlds 2,4] [--ks 1,2,4]
-          [--rounds N] [--perf build/perf/lowrank_allreduce_perf] [--out perf/results/compare_pytorch]
+usage: /usr/bin/python3 -m studies.compare_pytorch.run [--sets digits,resnet50] [--worlds 2,4] [--ks 1,2,4]
+          [--rounds N] [--perf build/perf/lowrank_allreduce_perf] [--out studies/compare_pytorch/results/compare_pytorch]
 """
 import argparse
 import datetime
@@ -37,18 +37,17 @@ import tempfile
 import time
 import traceback
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(ROOT, "python"))  # the checkout's lowrank (free_master_port)
-import gradsets  # noqa: E402
-from lowrank import free_master_port  # noqa: E402
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
-from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd  # noqa: E402
+from studies.lib import gradsets
+from studies.lib.launch import ROOT
+from studies.lib.ports import free_master_port
+
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 # rounds per set when --rounds is not given (the whole default run stays under ~15 min on 2 cores)
 DEFAULT_ROUNDS = {"digits": 10, "resnet50": 5, "gpt2": 3, "gpt2-blocks": 3}

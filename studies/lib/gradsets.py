@@ -1,8 +1,8 @@
 """Gradient sets for the benchmarks: layer shapes of known models, synthetic gradients with a decaying
 spectrum, and safetensors files (one per worker) that lowrank_allreduce_perf --gradients reads.
 
-Used by perf/compare_pytorch.py and perf/netns_bench.sh; runnable on its own:
-  /usr/bin/python3 perf/gradsets.py SET OUTDIR [WORKERS]     SET: resnet50 | gpt2 | gpt2-blocks
+Used by studies/compare_pytorch/run.py and studies/netns/bench.sh; runnable on its own:
+  /usr/bin/python3 studies/lib/gradsets.py SET OUTDIR [WORKERS]     SET: resnet50 | gpt2 | gpt2-blocks
 writes OUTDIR/synth_worker<i>.safetensors (i < WORKERS, default 4).
 
 Synthetic gradients, per tensor viewed as (shape[0], prod(shape[1:])) = n x m, worker i:
@@ -156,7 +156,7 @@ def make_set(name, outdir, workers=4, seed=0):
     for w in range(workers):
         write_safetensors(os.path.join(outdir, f"synth_worker{w}.safetensors"), per_worker[w],
                           {"set": name, "worker": w, "seed": seed,
-                           "data": "synthetic, 1/j decaying spectrum (perf/gradsets.py)"})
+                           "data": "synthetic, 1/j decaying spectrum (studies/lib/gradsets.py)"})
     with open(stamp, "w") as f:
         f.write(want + "\n")
     return "synth"

@@ -1,8 +1,8 @@
 # netns_hosts.sh (sourced): N "hosts" on one machine, network namespaces on a bridge, each link
-# shaped to a known rate. Shared by perf/netns_bench.sh and perf/train/time_study.py, so that both
-# measure over the same links (perf/train/time_study.py calls these functions through bash).
+# shaped to a known rate. Shared by studies/netns/bench.sh and studies/time/run.py, so that both
+# measure over the same links (studies/time/run.py calls these functions through bash).
 #
-#   . perf/netns_hosts.sh
+#   . studies/lib/netns_hosts.sh
 #   hosts_up N            # namespaces ${HOSTS_TAG}h0..h(N-1), addresses 10.77.0.1..N/24 on eth0
 #   hosts_down            # removes them (the caller's EXIT trap should call it)
 #   hosts_shape RATE      # tbf at RATE (e.g. 100mbit, 1gbit) on both ends of every link; prints bit/s
@@ -19,7 +19,7 @@
 # hosts_shape and hosts_delay each keep the other's setting (HOSTS_RATE, HOSTS_DELAY; a driver in
 # another shell passes them in the environment); without a delay hosts_shape does what it always did.
 # From the environment, a driver in another language can address hosts made by an earlier call:
-# HOSTS_TAG=t HOSTS_N=4 bash -c '. perf/netns_hosts.sh; hosts_down'
+# HOSTS_TAG=t HOSTS_N=4 bash -c '. studies/lib/netns_hosts.sh; hosts_down'
 HOSTS_N=${HOSTS_N:-0}
 HOSTS_TAG=${HOSTS_TAG:-lrn$$}
 HOSTS_PY=${HOSTS_PY:-/usr/bin/python3}

@@ -1,4 +1,6 @@
-"""A MASTER_PORT for a job whose processes are started on this host (tests, examples, perf)."""
+"""A MASTER_PORT for a job whose processes are started on this host: the studies' and the tests'
+launches (not part of the lowrank package: tests/python/pkgpath.py puts the checkout's root on the
+tests' path for it)."""
 import collections
 import random
 import socket

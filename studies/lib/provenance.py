@@ -1,9 +1,12 @@
 """Whether a study may run: its results must name a committed revision. One check for every study
-driver in perf/train (switch_study.py, rank_study.py, tta_study.py): train.py and switch.py
+study (switch, rank, tta): the training drivers (studies/train/train.py, studies/switch/driver.py)
 record `git describe --dirty` in each JSON, and the reports leave out "-dirty" runs, so a driver
 refuses to start on a tree with uncommitted changes rather than spend an hour on runs that no
 report will use."""
+import os
 import subprocess
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def unclean(root):
@@ -44,3 +47,19 @@ def refuse_unless_ready(script, root, python, need_root):
     if r.returncode != 0:
         raise SystemExit(f"{script}: --python {python} cannot import torch: "
                          f"{r.stderr.strip().splitlines()[-1] if r.stderr.strip() else r.returncode}")
+
+
+def revision():
+    """The revision of the code that makes the report: `git describe`, "-dirty" when a tracked file
+    outside the studies' results and docs/img differs (results and figures a report writes do not make the
+    next report's code dirty)."""
+    try:
+        run = dict(capture_output=True, text=True, timeout=10)
+        rev = subprocess.run(["git", "-C", _HERE, "describe", "--always"], **run).stdout.strip()
+        st = subprocess.run(["git", "-C", _HERE, "status", "--porcelain", "--untracked-files=no",
+                             "--", ":/", ":(exclude,top,glob)studies/*/results/**", ":(exclude,top)docs/img"], **run)
+        if not rev or st.returncode:
+            return "unknown"
+        return rev + ("-dirty" if st.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"

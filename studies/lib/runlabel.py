@@ -1,5 +1,5 @@
 """The reducer a train.py run's JSON names, read the same way by every report (study.py,
-time_report.py). Runs written before the fair baseline (perf/train/torch_baseline.py) have
+time_report.py). Runs written before the fair baseline (studies/train/torch_baseline.py) have
 reducer "torch-powersgd" and no "torch_powersgd_wrapper": that hook was waited per bucket, so
 they are "torch-powersgd-waited"; the name "torch-powersgd" now means the chained hook."""
 

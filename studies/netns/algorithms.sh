@@ -23,16 +23,16 @@
 # the 2-core machine this was written on has none: its kernel has no modules, only tbf, htb, pfifo).
 # --delays 0 runs the rates alone.
 #
-# usage (root): perf/netns_algorithms.sh [--worlds 4,8,16] [--delays 0.25ms,1ms] [--rates 100mbit,1gbit]
+# usage (root): studies/netns/algorithms.sh [--worlds 4,8,16] [--delays 0.25ms,1ms] [--rates 100mbit,1gbit]
 #     [--algos ring,halving_doubling,recursive_doubling,direct,auto] [--reps 3]
 #     [--groups 256:16K:40:5,2K:2K:40:5,64K:256K:10:2,1M:4M:3:1]  (MIN:MAX:ITERS:WARMUP, x4 steps)
 #     [--sw-alpha-us 10] [--pin 1] [--floor 1] [--perf build/perf/lowrank_allreduce_perf]
-#     [--out perf/results/netns_algorithms]
-# writes OUT.json and OUT.md (perf/netns_algorithms_report.py). Namespaces are removed on exit.
+#     [--out studies/netns/results/netns_algorithms]
+# writes OUT.json and OUT.md (studies/netns/algorithms_report.py). Namespaces are removed on exit.
 set -u -o pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
-ROOT=$(dirname "$HERE")
+ROOT=$(cd "$HERE/../.." && pwd)
 WORLDS=4,8,16
 DELAYS=0.25ms,1ms
 RATES=100mbit,1gbit
@@ -72,7 +72,7 @@ CORES=$(nproc)
 
 WORK=$(mktemp -d)
 HOSTS_PY=$PY
-. "$HERE/netns_hosts.sh"
+. "$ROOT/studies/lib/netns_hosts.sh"
 trap 'hosts_down; rm -rf "$WORK"' EXIT
 trap 'echo "netns_algorithms.sh: interrupted" >&2; exit 130' INT TERM
 
@@ -151,4 +151,4 @@ for n in ${WORLDS//,/ }; do
 done
 echo "# sweep done in $(($(date +%s) - T0)) s"
 mkdir -p "$(dirname "$OUT")"
-"$PY" "$HERE/netns_algorithms_report.py" "$WORK/runs.txt" "$OUT" "$MODEL" "$CORES" "$GIT" "$CMDLINE" "$(date -Is)"
+"$PY" "$HERE/algorithms_report.py" "$WORK/runs.txt" "$OUT" "$MODEL" "$CORES" "$GIT" "$CMDLINE" "$(date -Is)"

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""The report of perf/netns_algorithms.sh: every algorithm per point, the model's choice, the best.
+"""The report of studies/netns/algorithms.sh: every algorithm per point, the model's choice, the best.
 
 usage: netns_algorithms_report.py RUNS OUT MODEL CORES GIT CMDLINE DATE   (from netns_algorithms.sh)
 RUNS lines: WORLD DELAY RATE REP ALGO ALPHA_US BETA_NS ITERS WALL_S PREFIX (rank r: PREFIX.r<r>.json);

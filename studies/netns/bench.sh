@@ -6,10 +6,10 @@
 # it), and runs lowrank_allreduce_perf as one process per host, started with a launcher's variables
 # (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), LOWRANK_SOCKET_IFNAME and UCX_TLS=tcp,self,
 # UCX_NET_DEVICES=<the host's veth> so that no shared-memory or loopback path bypasses the links.
-# Gradients: ResNet-50 layer shapes, synthetic with a decaying spectrum (perf/gradsets.py).
+# Gradients: ResNet-50 layer shapes, synthetic with a decaying spectrum (studies/lib/gradsets.py).
 # Per rate: exact and fp16 (once), then powersgd for each k and each LOWRANK_PIPELINE value.
 #
-# Reported per row (perf/netns_report.py): time per call (rank 0, out-of-place, the slowest rank),
+# Reported per row (studies/netns/report.py): time per call (rank 0, out-of-place, the slowest rank),
 # speedup over exact, compute_us and comm_us (each phase alone), and the bound on the speedup:
 #   bound = exact time / max(compute floor, compressed wire time)
 #   compressed wire time = ring bytes of the payload / link rate = 2 (N-1)/N * payload bytes / rate
@@ -20,15 +20,15 @@
 # Above it, the links were bypassed (the numbers are void: exit status 1); below it, the machine
 # cannot drive the link (said loudly).
 #
-# usage (root): perf/netns_bench.sh [--rates 100mbit,1gbit,10gbit] [--ks 1,2,4] [--pipeline 0,1]
+# usage (root): studies/netns/bench.sh [--rates 100mbit,1gbit,10gbit] [--ks 1,2,4] [--pipeline 0,1]
 #                                   [--perf build/perf/lowrank_allreduce_perf] [--out FILE_PREFIX]
 #                                   [--gradients DIR] [--iters N] [--fp16 0|1]
-# writes FILE_PREFIX.json and FILE_PREFIX.md (default perf/results/netns). Namespaces and bridge are
+# writes FILE_PREFIX.json and FILE_PREFIX.md (default studies/netns/results/netns). Namespaces and bridge are
 # removed on exit, also on failure or Ctrl-C.
 set -u -o pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
-ROOT=$(dirname "$HERE")
+ROOT=$(cd "$HERE/../.." && pwd)
 RATES=100mbit,1gbit,10gbit
 KS=1,2,4
 PIPES=0,1
@@ -59,13 +59,13 @@ command -v tc >/dev/null && command -v ip >/dev/null || { echo "netns_bench.sh: 
 
 if [ -z "$GDIR" ]; then
   GDIR=${TMPDIR:-/tmp}/lowrank-gradsets/resnet50
-  "$PY" "$HERE/gradsets.py" resnet50 "$GDIR" 4 >/dev/null || { echo "netns_bench.sh: cannot make the gradients" >&2; exit 1; }
+  "$PY" "$ROOT/studies/lib/gradsets.py" resnet50 "$GDIR" 4 >/dev/null || { echo "netns_bench.sh: cannot make the gradients" >&2; exit 1; }
 fi
 
 N=4
 WORK=$(mktemp -d)
 HOSTS_PY=$PY
-. "$HERE/netns_hosts.sh"  # the hosts and their links, shared with perf/train/time_study.py
+. "$ROOT/studies/lib/netns_hosts.sh"  # the hosts and their links, shared with the time, switch and tta studies
 trap 'hosts_down; rm -rf "$WORK"' EXIT
 trap 'echo "netns_bench.sh: interrupted" >&2; exit 130' INT TERM
 hosts_up $N || exit 1
@@ -113,4 +113,4 @@ if [ "$(ls -l --time-style=+%s "$(dirname "$PERF")/../liblowrank.so"* 2>/dev/nul
   echo "netns_bench.sh: WARNING: the library was rebuilt during the run (now at $(git -C "$ROOT" log --oneline -1)): rows may come from two builds" >&2
   GITINFO="$GIT0 (library REBUILT during the run, now $(git -C "$ROOT" log --oneline -1 | cut -c1-7))"
 fi
-"$PY" "$HERE/netns_report.py" runs "$WORK/runs.txt" "$OUT" "$N" "$(date -Is)" "$(nproc)" "$GITINFO" "$GDIR"
+"$PY" "$HERE/report.py" runs "$WORK/runs.txt" "$OUT" "$N" "$(date -Is)" "$(nproc)" "$GITINFO" "$GDIR"

@@ -5,7 +5,7 @@ call against one exact allreduce, at 64 .. 4096 comm ranks.
 
 The formula is the transport's own (plugin/transport/ucx/cost_model.cc), run through the
 lowrank_cost_model binary; this script only supplies the payloads and prints the table:
-  /usr/bin/python3 perf/cost_table.py [--binary build-host/perf/lowrank_cost_model] [--alpha-us A] [--beta-ns B]
+  /usr/bin/python3 studies/netns/cost_table.py [--binary build-host/perf/lowrank_cost_model] [--alpha-us A] [--beta-ns B]
 
 One compressed call of a whole model as one buffer, not pipelined (LOWRANK_PIPELINE=0): two
 allreduces one after the other, [exact part | P | 2 check elements] and then Q, all float32. Per
@@ -18,8 +18,8 @@ import os
 import subprocess
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gradsets import gpt2_shapes, resnet50_shapes  # noqa: E402
+from studies.lib.gradsets import gpt2_shapes, resnet50_shapes
+from studies.lib.launch import ROOT
 
 WORLDS = [64, 128, 256, 512, 1024, 2048, 4096]
 CHECKS = 2  # float32 elements the engine appends to P (plugin/engine/plan.h)
@@ -56,8 +56,7 @@ def us(x):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    here = os.path.dirname(os.path.abspath(__file__))
-    ap.add_argument("--binary", default=os.path.join(here, "..", "build-host", "perf", "lowrank_cost_model"))
+    ap.add_argument("--binary", default=os.path.join(ROOT, "build-host", "perf", "lowrank_cost_model"))
     ap.add_argument("--alpha-us", type=float)
     ap.add_argument("--beta-ns", type=float)
     a = ap.parse_args()

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""The report of perf/netns_bench.sh: speedups, bounds, the link check; JSON and markdown.
+"""The report of studies/netns/bench.sh: speedups, bounds, the link check; JSON and markdown.
 
 usage: netns_report.py runs RUNS_FILE OUT HOSTS DATE CORES GIT GRADIENTS   (from netns_bench.sh)
        netns_report.py json OLD.json OUT                                   (recompute a saved run)

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """The memory curve of a soak run (tests/soak) for docs/soak.md.
 
-usage: /usr/bin/python3 perf/plot_soak.py [--csv perf/results/soak/soak_memory.csv]
+usage: /usr/bin/python3 -m studies.soak.plot [--csv studies/soak/results/soak_memory.csv]
            [--out docs/img/soak_memory.png] [--margin-mb 64]
 The CSV is the soak's --csv output: one row per call (row 0: the baseline, before any buffer) with
 resident memory, resident memory after malloc_trim where every buffer was just released (drains),
@@ -16,12 +16,13 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--csv", default=os.path.join(ROOT, "perf/results/soak/soak_memory.csv"))
+    ap.add_argument("--csv", default=os.path.join(HERE, "results", "soak_memory.csv"))
     ap.add_argument("--out", default=os.path.join(ROOT, "docs/img/soak_memory.png"))
     ap.add_argument("--margin-mb", type=float, default=64.0,
                     help="the soak's margin over the baseline (its --margin-mb)")

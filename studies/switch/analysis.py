@@ -1,5 +1,6 @@
-"""The analysis of switching runs (perf/train/switch.py), fixed before any data (issue 27; the
-protocol in docs/training.md). Pure functions of the per-run JSON; switch_report.py prints them.
+"""The analysis of switching runs (studies/switch/driver.py), fixed before any data (issue 27; the
+protocol in docs/training.md). Pure functions of the per-run JSON; report.py prints them; the
+numbers of the rule are plan.toml's [analysis], which the run reads too.
 
 The unit is the run. Each run gives, per reducer, one time per batch: the mean (and the median)
 over its kept steps (every measured block's steps after the first --drop-steps; rank 0's step
@@ -23,14 +24,16 @@ different, are left out (listed by the report).
 import math
 import statistics as st
 
-MIN_RUNS = 6
-CONFIDENCE = 0.95
-# Issue 27's targets at approximation rank 4 on the CNN, at 100 Mbit/s on 2 and on 4 hosts:
-# (numerator, denominator, largest ratio of overheads). Other settings report the same ratios.
-TARGETS = [("lowrank", "torch-powersgd", 1 / 3), ("lowrank", "allreduce", 1 / 10)]
-TARGET_SETTINGS = ("100mbit",)
-TARGET_RANK = 4
-BYTES_TOLERANCE = 0.05  # socket payload bytes within 5% of each reducer's model
+from studies.lib import plan as planfile
+
+_RULE = planfile.load(__file__)["analysis"]
+MIN_RUNS = _RULE["min_runs"]
+CONFIDENCE = _RULE["confidence"]
+# (numerator, denominator, largest ratio of overheads)
+TARGETS = [(t["numerator"], t["denominator"], t["largest"]) for t in _RULE["targets"]]
+TARGET_SETTINGS = tuple(_RULE["target_settings"])
+TARGET_RANK = _RULE["target_rank"]
+BYTES_TOLERANCE = _RULE["bytes_tolerance"]
 
 
 # ---- Student's t ---------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The order of the reducers' blocks in a switching run (perf/train/switch.py): a balanced Latin
+"""The order of the reducers' blocks in a switching run (studies/switch/driver.py): a balanced Latin
 square over the runs, and within a run the row then its mirror.
 
 - Across runs: run i takes row i mod n of a Williams square (Williams 1949). Each reducer stands

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Reducers compared inside one run (issue 27 item 2): one DDP run of the digits CNN over gloo,
-one registered hook (switch_hook.py) that switches between reducers in blocks of steps, in the
-order of switch_design.py for this run's --run-index. The run is the statistical unit: its
+one registered hook (studies/train/switch_hook.py) that switches between reducers in blocks of steps, in the
+order of design.py for this run's --run-index. The run is the statistical unit: its
 per-reducer time per batch (mean and median of the kept steps) is one observation of each
-reducer, paired with the others by the run (perf/train/switch_analysis.py).
+reducer, paired with the others by the run (studies/switch/analysis.py).
 
 A run:
   1. Warm-up, untimed: each reducer in turn for --warmup-steps steps (DDP's bucket rebuild after
@@ -24,11 +24,13 @@ bytes, not accuracy (docs/training.md).
 Recorded per step (every rank): the step's wall time (zero_grad, forward, backward with its
 communication, opt.step, the loss read back), the hook's time inside its calls and the tail after
 the last call (train.HookTimer), the process's CPU time and the scheduler's run delay summed over
-its threads (procstat.py). Per block and rank: bytes on the sockets (sockbytes.py: this process's
+its threads (studies/lib/procstat.py). Per block and rank: bytes on the sockets (sockbytes.py: this process's
 TCP sockets; `ss -tin` of its network namespace with --ss; the interface's counters with --ifname),
 lowrank's bytesSent, and each reducer's modelled bytes.
 
-  /work/venv2/bin/python perf/train/switch.py --spawn 2 --run-index 0 --out /tmp/switch0.json
+  PYTHONPATH=.:python /work/venv2/bin/python -m studies.switch.driver --spawn 2 --run-index 0 \
+      --out /tmp/switch0.json
+Defaults: plan.toml's [run] beside this file.
 """
 import argparse
 import datetime
@@ -44,13 +46,12 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-import procstat  # noqa: E402
-import sockbytes  # noqa: E402
-import switch_design  # noqa: E402
-import switch_hook  # noqa: E402
-import train  # noqa: E402  (also puts the checkout's python/ on the path, for lowrank)
+from studies.lib import plan as planfile
+from studies.lib import procstat, sockbytes
+from studies.switch import design as switch_design
+from studies.train import switch_hook, train
+
+RUN = planfile.load(__file__)["run"]
 
 _KEEP = []
 
@@ -189,17 +190,19 @@ def parse(argv=None):
     ap.add_argument("--run-index", type=int, default=0, help="selects the Latin square's row")
     ap.add_argument("--setting", default="unlabelled",
                     help="the network setting's label, for the analysis (e.g. 100mbit, loopback)")
-    ap.add_argument("--rounds", type=int, default=1, help="row + mirror, this many times")
-    ap.add_argument("--block-steps", type=int, default=40)
-    ap.add_argument("--drop-steps", type=int, default=10,
+    ap.add_argument("--rounds", type=int, default=RUN["rounds"], help="row + mirror, this many times")
+    ap.add_argument("--block-steps", type=int, default=RUN["block_steps"])
+    ap.add_argument("--drop-steps", type=int, default=RUN["drop_steps"],
                     help="first steps of each block left out of the analysis (recorded)")
-    ap.add_argument("--warmup-steps", type=int, default=15, help="per reducer, untimed, first")
-    ap.add_argument("--rank", type=int, default=4, help="approximation rank of both PowerSGD hooks")
-    ap.add_argument("--start-iter", type=int, default=10,
+    ap.add_argument("--warmup-steps", type=int, default=RUN["warmup_steps"],
+                    help="per reducer, untimed, first")
+    ap.add_argument("--rank", type=int, default=RUN["rank"],
+                    help="approximation rank of both PowerSGD hooks")
+    ap.add_argument("--start-iter", type=int, default=RUN["start_iter"],
                     help="start_powerSGD_iter of both PowerSGD hooks (< --warmup-steps)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--lr", type=float, default=0.05)
+    ap.add_argument("--seed", type=int, default=RUN["seed"])
+    ap.add_argument("--batch", type=int, default=RUN["batch"])
+    ap.add_argument("--lr", type=float, default=RUN["lr"])
     ap.add_argument("--bucket-cap-mb", type=float, help="DDP's bucket_cap_mb (default DDP's, 25)")
     ap.add_argument("--ss", action="store_true", help="also count `ss -tin`'s bytes (per host)")
     ap.add_argument("--ifname", help="also count this interface's bytes (/proc/net/dev)")
@@ -230,7 +233,7 @@ def main():
         argv = sys.argv[1:]
         i = next(i for i, a in enumerate(argv) if a.startswith("--spawn"))
         del argv[i:i + (1 if "=" in argv[i] else 2)]
-        sys.exit(train.spawn(args.spawn, argv, fresh=args.fresh, script=__file__,
+        sys.exit(train.spawn(args.spawn, argv, fresh=args.fresh, module="studies.switch.driver",
                              parse_fn=parse, run_fn=run))
     run(args)
     sys.stdout.flush()

@@ -1,49 +1,32 @@
 #!/usr/bin/env python3
-"""The table of switching runs (perf/train/switch.py), analysed by switch_analysis.py: per setting
+"""The table of switching runs (studies/switch/driver.py), analysed by analysis.py: per setting
 (label, hosts, approximation rank), per reducer the time per batch over runs, its ratio to
 `local` and the overhead, with 95% intervals by run; the ratios of overheads against issue 27's
 targets and their verdicts; socket bytes against each reducer's model. Names its input files, the
 runs' git revisions and this report's.
 
-  /usr/bin/python3 perf/train/switch_report.py perf/results/train/switch [more files or dirs]
+  /usr/bin/python3 -m studies.switch.report studies/switch/results/main [more files or dirs]
       [--json summary.json] [--allow-dirty]
 """
 import argparse
 import glob
 import json
 import os
-import subprocess
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-import switch_analysis as sa  # noqa: E402
+from studies.lib.provenance import revision
+from studies.switch import analysis as sa
+
 
 
 def inputs(paths):
     files = []
     for p in paths:
         if not os.path.exists(p):
-            raise SystemExit(f"switch_report.py: no such file or folder: {p}")
+            raise SystemExit(f"studies.switch.report: no such file or folder: {p}")
         files += sorted(f for f in glob.glob(os.path.join(p, "**", "*.json"), recursive=True)
                         if os.path.basename(f) != "summary.json") if os.path.isdir(p) else [p]
     return files
-
-
-def revision():
-    """The revision of the code that makes the report: `git describe`, "-dirty" when a tracked file
-    outside perf/results and docs/img differs (results and figures a report writes do not make the
-    next report's code dirty)."""
-    try:
-        run = dict(capture_output=True, text=True, timeout=10)
-        rev = subprocess.run(["git", "-C", HERE, "describe", "--always"], **run).stdout.strip()
-        st = subprocess.run(["git", "-C", HERE, "status", "--porcelain", "--untracked-files=no",
-                             "--", ":/", ":(exclude,top)perf/results", ":(exclude,top)docs/img"], **run)
-        if not rev or st.returncode:
-            return "unknown"
-        return rev + ("-dirty" if st.stdout.strip() else "")
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
 
 
 def _ci(t, fmt="{:.1f}"):
@@ -138,11 +121,11 @@ def main():
     args = ap.parse_args()
     files = inputs(args.paths)
     if not files:
-        raise SystemExit("switch_report.py: no JSON files in " + " ".join(args.paths))
+        raise SystemExit("studies.switch.report: no JSON files in " + " ".join(args.paths))
     lines, summary = report(files, args.allow_dirty)
     if not summary:  # never overwrite a summary with an empty one
         sys.stderr.write("\n".join(lines) + "\n")
-        raise SystemExit("switch_report.py: no usable switching run in " + " ".join(args.paths))
+        raise SystemExit("studies.switch.report: no usable switching run in " + " ".join(args.paths))
     print("\n".join(lines))
     if args.json:
         with open(args.json, "w") as f:

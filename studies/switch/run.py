@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Issue 27's time study: switching runs (perf/train/switch.py) over every setting, the run as the
-unit. Settings "HOSTS:RATE": HOSTS workers, one per network namespace of perf/netns_hosts.sh on
+"""Issue 27's time study: switching runs (studies/switch/driver.py) over every setting, the run as the
+unit. Settings "HOSTS:RATE": HOSTS workers, one per network namespace of studies/lib/netns_hosts.sh on
 links shaped to RATE (tc's syntax), or RATE "loopback" (plain processes over lo). With as many
 hosts as cores, worker i is pinned to core i. Run i of every setting takes Latin-square row i
 (--run-index i); runs go round the settings (run 0 of each, then run 1 of each, ...), the order of
@@ -11,12 +11,13 @@ revision); a run does not start while more than --max-busy of the machine's CPU 
 over the last 5 s (procstat.busy_fraction: the machine must be quiet, nothing else running; the
 1-minute load average, which an earlier version used, made each run wait ~2 minutes for the
 previous run's own load to decay). Resumable: a run whose JSON exists is not rerun; stops
-before a run that would start past --budget-min. Then perf/train/switch_report.py makes the table.
+before a run that would start past --budget-min. Then studies/switch/report.py makes the table.
+The plan (settings, runs, guards, each run's blocks, the decision rule) is plan.toml beside this file.
 
-  sudo /usr/bin/python3 perf/train/switch_study.py --python /work/venv2/bin/python
-  /usr/bin/python3 perf/train/switch_study.py --dry-run          # the plan, nothing run
+  sudo /usr/bin/python3 -m studies.switch.run --python /work/venv2/bin/python
+  /usr/bin/python3 -m studies.switch.run --dry-run               # the plan, nothing run
 
-Writes perf/results/train/switch/<hosts>h_<rate>/run<i>.json (and .log, rank 0's output). Needs
+Writes studies/switch/results/main/<hosts>h_<rate>/run<i>.json (and .log, rank 0's output). Needs
 root (namespaces, tc, nice -20) unless every setting is loopback.
 """
 import argparse
@@ -25,14 +26,15 @@ import re
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-import procstat  # noqa: E402  (busy_fraction: the quiet-machine guard)
-import provenance  # noqa: E402  (dirty: results must name a committed revision)
-import time_study  # noqa: E402  (Hosts, Servers: the namespaces and the per-host servers)
+from studies.lib import plan as planfile
+from studies.lib import procstat, provenance
+from studies.lib.hosts import Hosts, Servers
+from studies.lib.launch import ROOT
 
-ROOT = time_study.ROOT
-DRIVER = os.path.join(HERE, "switch.py")
+PLAN = planfile.load(__file__)
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "main")
+DRIVER = "studies.switch.driver"
+NAME = "studies.switch.run"
 
 
 def parse_settings(text):
@@ -41,10 +43,10 @@ def parse_settings(text):
         hosts, _, rate = item.strip().partition(":")
         if not re.fullmatch(r"[0-9]+", hosts) or int(hosts) < 2 or not (
                 rate == "loopback" or re.fullmatch(r"[0-9]+(\.[0-9]+)?[kmg]?bit", rate)):
-            raise SystemExit(f"switch_study.py: bad setting {item!r} (HOSTS:RATE, e.g. 4:100mbit, "
+            raise SystemExit(f"{NAME}: bad setting {item!r} (HOSTS:RATE, e.g. 4:100mbit, "
                              "4:1gbit or 4:loopback; RATE in bits per second, tc's syntax)")
         if (int(hosts), rate) in out:
-            raise SystemExit(f"switch_study.py: setting {item!r} given twice")
+            raise SystemExit(f"{NAME}: setting {item!r} given twice")
         out.append((int(hosts), rate))
     return out
 
@@ -64,42 +66,42 @@ def out_path(results, i, hosts, rate):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--settings", default="2:100mbit,4:100mbit,2:1gbit,4:1gbit,4:loopback")
-    ap.add_argument("--runs", type=int, default=6, help="runs per setting (the issue: at least 6)")
+    ap.add_argument("--settings", default=",".join(PLAN["settings"]))
+    ap.add_argument("--runs", type=int, default=PLAN["runs"], help="runs per setting (the issue: at least 6)")
     ap.add_argument("--python", default=sys.executable, help="the Python with torch for the workers")
-    ap.add_argument("--switch-args", default="", help="more arguments for every switch.py run")
-    ap.add_argument("--results", default=os.path.join(ROOT, "perf", "results", "train", "switch"))
-    ap.add_argument("--max-busy", type=float, default=0.05,
+    ap.add_argument("--switch-args", default="", help="more arguments for every driver.py run")
+    ap.add_argument("--results", default=RESULTS)
+    ap.add_argument("--max-busy", type=float, default=PLAN["max_busy"],
                     help="the machine's busy CPU share over 5 s above which a run waits")
-    ap.add_argument("--budget-min", type=float, default=180)
-    ap.add_argument("--timeout", type=float, default=300, help="the process group's timeout (s)")
+    ap.add_argument("--budget-min", type=float, default=PLAN["budget_min"])
+    ap.add_argument("--timeout", type=float, default=PLAN["timeout_s"], help="the process group's timeout (s)")
     ap.add_argument("--dry-run", action="store_true")
     args = ap.parse_args()
     settings = parse_settings(args.settings)
     if args.runs < 1:
-        raise SystemExit("switch_study.py: --runs must be at least 1")
+        raise SystemExit(NAME + ": --runs must be at least 1")
     if not 0 <= args.max_busy < 1:
-        raise SystemExit("switch_study.py: --max-busy is a share of the CPU, in [0, 1)")
+        raise SystemExit(NAME + ": --max-busy is a share of the CPU, in [0, 1)")
     todo = [c for c in plan(settings, args.runs) if not os.path.exists(out_path(args.results, *c))]
-    print(f"# switch_study: {len(settings)} settings x {args.runs} runs; {len(todo)} to do",
+    print(f"# {NAME}: {len(settings)} settings x {args.runs} runs; {len(todo)} to do",
           flush=True)
     if args.dry_run or not todo:
         for c in todo:
             print(f"  run {c[0]} {c[1]} hosts {c[2]}")
         return 0
-    provenance.refuse_unless_ready("switch_study.py", ROOT, args.python,
+    provenance.refuse_unless_ready(NAME, ROOT, args.python,
                                    need_root=any(r != "loopback" for _, r in settings))
-    hosts = {n: time_study.Hosts(n, tag=f"lrs{os.getpid() % 100000}n{n}")
+    hosts = {n: Hosts(n, tag=f"lrs{os.getpid() % 100000}n{n}")
              for n in sorted({h for h, r in settings if r != "loopback"})}
-    loop = {n: time_study.Hosts(n) for n in sorted({h for h, r in settings if r == "loopback"})}
+    loop = {n: Hosts(n) for n in sorted({h for h, r in settings if r == "loopback"})}
     servers, shaped, failed, t0 = {}, {}, 0, time.monotonic()
     try:
         for i, n, rate in todo:
             if time.monotonic() - t0 > 60 * args.budget_min:
-                print("switch_study.py: --budget-min reached; rerun to resume", file=sys.stderr)
+                print(NAME + ": --budget-min reached; rerun to resume", file=sys.stderr)
                 return 3
             if not procstat.wait_quiet(args.max_busy, t0 + 60 * args.budget_min):
-                print("switch_study.py: --budget-min reached while waiting for a quiet machine; "
+                print(NAME + ": --budget-min reached while waiting for a quiet machine; "
                       "rerun to resume", file=sys.stderr)
                 return 3
             net = "loopback" if rate == "loopback" else "hosts"
@@ -111,7 +113,7 @@ def main():
                 shaped[n] = rate
             key = (n, net)
             if key not in servers:
-                servers[key] = time_study.Servers(args.python, h, driver=DRIVER,
+                servers[key] = Servers(args.python, h, driver=DRIVER,
                                                   pin=n <= (os.cpu_count() or 1))
             out = out_path(args.results, i, n, rate)
             os.makedirs(os.path.dirname(out), exist_ok=True)

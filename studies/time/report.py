@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""The table of the time-per-batch setting (perf/train/time_study.py): per setting, rows Full
+"""The table of the time-per-batch setting (studies/time/run.py): per setting, rows Full
 precision, Float16, Rank 1, 2, 4; columns PyTorch (DDP's allreduce, fp16_compress_hook,
 powerSGD_hook chained bucket after bucket) and lowrank (lowrank-exact, -, lowrank's hook), `local`
 beside; PyTorch's hook waited per bucket (torch-powersgd-waited, and every run written before the
-chained hook existed: runlabel.py) in rows of its own, labelled.
+chained hook existed: studies/lib/runlabel.py) in rows of its own, labelled.
 
 Samples: the mean time per batch of each epoch but the first, of every repetition (an epoch's
 mean is one sample: batches within an epoch are not independent, epochs nearly are). Each cell:
@@ -13,9 +13,10 @@ inside its call (on the autograd thread, so it delays backward) and the tail (fr
 bucket's hook call returning to backward's end: the reduction left once every gradient is
 computed); together, the hook's time outside the backward computation.
 
-  /usr/bin/python3 perf/train/time_report.py [--results perf/results/train/time]
+  /usr/bin/python3 -m studies.time.report [--results studies/time/results]
 
-Writes RESULTS/../time_summary.json and .md; prints the markdown.
+Writes RESULTS/summary.json and .md; prints the markdown. The plan (plan.toml beside this file)
+gives the epochs left out and the intervals' confidence.
 """
 import argparse
 import glob
@@ -23,12 +24,14 @@ import json
 import math
 import os
 import statistics as st
-import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, HERE)
-import runlabel  # noqa: E402
+from studies.lib import plan as planfile
+from studies.lib import runlabel
+
+PLAN = planfile.load(__file__)
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+SKIP = PLAN["report"]["skip_epochs"]
+assert PLAN["report"]["confidence"] == 0.95, "T95 below is the two-sided 95% table"
 # Student's t, two-sided 95%, by degrees of freedom (larger df: the normal's 1.96 is close enough
 # past 30, and the table steps are interpolated by the nearest lower entry).
 T95 = {1: 12.71, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262,
@@ -73,7 +76,7 @@ def load(results):
 
 
 def summarize_config(runs):
-    epochs = [e for d in runs for e in d["epochs"][1:]]  # the first epoch of every run excluded
+    epochs = [e for d in runs for e in d["epochs"][SKIP:]]  # the plan's warm-up epochs excluded
     samples = [e["batch_ms_mean"] for e in epochs]
     m, hw, n = interval(samples)
     hook = [x for e in epochs for x in (e.get("hook_ms") or []) if x is not None]
@@ -206,15 +209,15 @@ def markdown(summary, tg, tg_waited):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--results", default=os.path.join(ROOT, "perf", "results", "train", "time"))
+    ap.add_argument("--results", default=RESULTS)
     args = ap.parse_args()
     data = load(args.results)
     if not data:
-        raise SystemExit(f"time_report.py: no runs under {args.results}")
+        raise SystemExit(f"studies.time.report: no runs under {args.results}")
     summary = summarize(data)
     tg, tg_waited = targets(summary), targets(summary, torch_key="torch-powersgd-waited")
     md = markdown(summary, tg, tg_waited)
-    base = os.path.join(os.path.dirname(os.path.abspath(args.results)), "time_summary")
+    base = os.path.join(os.path.abspath(args.results), "summary")
     for s in summary.values():
         for c in s.values():
             c["samples"] = [round(x, 3) for x in c["samples"]]

@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
 """The time-per-batch setting of the training study (docs/training.md): four workers of
-perf/train/train.py, one per "host", in network namespaces over links shaped to each rate (the
-hosts of perf/netns_hosts.sh, shared with perf/netns_bench.sh), and as plain processes over
-loopback. Then perf/train/time_report.py makes the table.
+the training driver (studies/train/train.py), one per "host", in network namespaces over links
+shaped to each rate (the hosts of studies/lib/netns_hosts.sh, shared with studies/netns/bench.sh),
+and as plain processes over loopback. Then studies/time/report.py makes the table. The plan
+(settings, repetitions, ranks, epochs) is plan.toml beside this file.
 
 Every reducer (allreduce, lowrank-exact, fp16, torch-powersgd and lowrank at each rank, local) is
 run interleaved: each repetition runs every configuration once, in turn, the order reversed on odd
 repetitions so that no configuration always follows the same one. Within a repetition the settings
 come one after another (all of the first setting's configurations, then the next setting's).
-Superseded by perf/train/switch.py (issue 27): reducers compared inside one run.
+Superseded by the switch study (studies/switch) (issue 27): reducers compared inside one run.
 
 Each host runs one `train.py --serve` for the whole study, which forks a worker per run after its
 imports (a fresh interpreter with torch 2.x costs ~30 s of the 2 cores). Transports: gloo and
@@ -20,24 +21,24 @@ nice 19) takes little of their cores.
 Resumable: a configuration whose JSON exists is not rerun; stops before a run that would start
 past --budget-min.
 
-  sudo /usr/bin/python3 perf/train/time_study.py --python /opt/venv-t2/bin/python
-  /usr/bin/python3 perf/train/time_study.py --dry-run       # the plan, nothing run
+  sudo /usr/bin/python3 -m studies.time.run --python /opt/venv-t2/bin/python
+  /usr/bin/python3 -m studies.time.run --dry-run       # the plan, nothing run
 
-Writes perf/results/train/time/<setting>/<model>_<reducer>[_r<k>]_rep<i>.json (and .log, rank 0's
+Writes studies/time/results/<setting>/<model>_<reducer>[_r<k>]_rep<i>.json (and .log, rank 0's
 output). Needs root (namespaces, tc, nice -20) unless the only setting is loopback.
 """
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
-DRIVER = os.path.join(HERE, "train.py")
-HOSTS_SH = os.path.join(ROOT, "perf", "netns_hosts.sh")
-N = 4
+from studies.lib import plan as planfile
+from studies.lib.hosts import Hosts, Servers
+
+PLAN = planfile.load(__file__)
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+N = PLAN["workers"]
 
 
 def configs(ranks):
@@ -62,95 +63,21 @@ def plan(args):
     return out
 
 
-class Hosts:
-    """n namespaces of perf/netns_hosts.sh, driven through bash (perf/train/switch_study.py makes
-    one set per host count: `tag` apart)."""
-
-    def __init__(self, n=N, tag=None):
-        self.n = n
-        self.env = dict(os.environ, HOSTS_TAG=tag or f"lrt{os.getpid()}", HOSTS_N=str(n))
-        self.up = False
-
-    def _sh(self, call):
-        return subprocess.run(["bash", "-c", f'. "{HOSTS_SH}" && {call}'], env=self.env, check=True,
-                              capture_output=True, text=True).stdout.strip()
-
-    def make(self):
-        self.up = True
-        self._sh(f"hosts_up {self.n}")
-
-    def shape(self, rate):
-        return int(self._sh(f"hosts_shape {rate}"))
-
-    def down(self):
-        if self.up:
-            subprocess.run(["bash", "-c", f'. "{HOSTS_SH}" && hosts_down'], env=self.env)
-            self.up = False
-
-    def prefix(self, i):
-        return ["ip", "netns", "exec", f"{self.env['HOSTS_TAG']}h{i}"]
-
-
-class Servers:
-    """One `DRIVER --serve` per host (and one set for loopback), started on first use. driver:
-    another script with train.py's --serve (perf/train/switch.py); pin: worker i on core i (taskset),
-    for as many hosts as cores."""
-
-    def __init__(self, python, hosts, driver=DRIVER, pin=False):
-        self.python, self.hosts, self.sets = python, hosts, {}
-        self.n, self.driver, self.pin = hosts.n, driver, pin
-
-    def get(self, setting):
-        net = "loopback" if setting == "loopback" else "hosts"
-        if net not in self.sets:
-            ifname = "lo" if net == "loopback" else "eth0"
-            env = dict(os.environ, GLOO_SOCKET_IFNAME=ifname, LOWRANK_SOCKET_IFNAME=ifname,
-                       UCX_TLS="tcp,self", UCX_NET_DEVICES=ifname, OMP_NUM_THREADS="1")
-            self.sets[net] = [subprocess.Popen(
-                (self.hosts.prefix(i) if net == "hosts" else [])
-                + (["taskset", "-c", str(i)] if self.pin else [])
-                + ["nice", "-n", "-20", self.python, self.driver, "--serve"],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
-                for i in range(self.n)]
-        return self.sets[net], ("127.0.0.1" if net == "loopback" else "10.77.0.1")
-
-    def run(self, setting, argv, log, port):
-        procs, addr = self.get(setting)
-        for i, p in enumerate(procs):
-            env = dict(RANK=str(i), WORLD_SIZE=str(self.n), LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
-                       MASTER_ADDR=addr, MASTER_PORT=str(port))
-            p.stdin.write(json.dumps(dict(argv=argv, env=env, log=log if i == 0 else None)) + "\n")
-            p.stdin.flush()
-        rcs = []
-        for p in procs:
-            line = p.stdout.readline()
-            if not line:
-                raise SystemExit(f"time_study.py: a worker server ended (exit {p.wait()})")
-            rcs.append(json.loads(line)["rc"])
-        return rcs
-
-    def close(self):
-        for procs in self.sets.values():
-            for p in procs:
-                p.stdin.close()
-            for p in procs:
-                p.wait()
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--settings", default="100mbit,1gbit,loopback",
+    ap.add_argument("--settings", default=",".join(PLAN["settings"]),
                     help="link rates (tc's syntax) and/or 'loopback', comma-separated")
-    ap.add_argument("--reps", type=int, default=2, help="repetitions of every configuration")
-    ap.add_argument("--ranks", default="1,2,4", help="approximation ranks of the PowerSGD reducers")
-    ap.add_argument("--model", default="cnn", choices=["cnn", "transformer"])
-    ap.add_argument("--epochs", type=int, default=5,
+    ap.add_argument("--reps", type=int, default=PLAN["reps"], help="repetitions of every configuration")
+    ap.add_argument("--ranks", default=",".join(map(str, PLAN["ranks"])),
+                    help="approximation ranks of the PowerSGD reducers")
+    ap.add_argument("--model", default=PLAN["model"], choices=["cnn", "transformer"])
+    ap.add_argument("--epochs", type=int, default=PLAN["epochs"],
                     help="per run; the first is excluded from the time (default 5: 4 x 44 batches "
                          "measured per run with 4 workers, 352 over 2 repetitions)")
     ap.add_argument("--python", default=sys.executable, help="the Python with torch for the workers")
-    ap.add_argument("--results", default=os.path.join(ROOT, "perf", "results", "train", "time"))
-    ap.add_argument("--budget-min", type=float, default=60)
-    ap.add_argument("--timeout", type=float, default=120, help="the process group's timeout (s)")
+    ap.add_argument("--results", default=RESULTS)
+    ap.add_argument("--budget-min", type=float, default=PLAN["budget_min"])
+    ap.add_argument("--timeout", type=float, default=PLAN["timeout_s"], help="the process group's timeout (s)")
     ap.add_argument("--dry-run", action="store_true")
     args = ap.parse_args()
     args.settings = args.settings.split(",")
@@ -164,7 +91,7 @@ def main():
           f"repetitions; {len(todo)} runs to do", flush=True)
     if args.dry_run or not todo:
         return 0
-    hosts = Hosts()
+    hosts = Hosts(N)
     servers = Servers(args.python, hosts)
     t_start, failed, shaped = time.monotonic(), 0, None
     try:
@@ -172,7 +99,7 @@ def main():
             hosts.make()
         for rep, setting, reducer, k in todo:
             if time.monotonic() - t_start > 60 * args.budget_min:
-                print(f"time_study.py: --budget-min {args.budget_min} reached; rerun to resume",
+                print(f"studies.time.run: --budget-min {args.budget_min} reached; rerun to resume",
                       file=sys.stderr)
                 return 3
             if setting != "loopback" and setting != shaped:

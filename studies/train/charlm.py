@@ -3,7 +3,7 @@
 
 Stdlib + numpy + torch only (torch 1.13 or 2.x). Self-test, and with --train a short
 single-process training run:
-  /usr/bin/python3 perf/train/charlm.py [--train [EPOCHS]]
+  /usr/bin/python3 -m studies.train.charlm [--train [EPOCHS]]
 
 Data (fixed):
   - the files of CORPUS_FILES, read as bytes and checked against their sha256; every byte is ASCII,
@@ -37,7 +37,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 DATA_DIR = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir,
-                                         "data", "text"))
+                                         os.pardir, "perf", "data", "text"))
 # (file, sha256): CPython 3.11.2's Lib/<name>.py as shipped by Debian 12 (libpython3.11-stdlib
 # 3.11.2-6+deb12u6), bytes unchanged, renamed .py.txt.
 CORPUS_FILES = [

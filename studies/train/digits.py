@@ -2,7 +2,7 @@
 
 Stdlib + numpy + torch only (torch 1.13 or 2.x); importable, or copy this one file elsewhere and pass
 load_digits(path=...). Self-test, and with --train a short single-process training run:
-  /usr/bin/python3 perf/train/digits.py [--train [EPOCHS]]
+  /usr/bin/python3 -m studies.train.digits [--train [EPOCHS]]
 """
 import gzip
 import os
@@ -14,8 +14,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-DEFAULT_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "data", "digits",
-                            "digits.csv.gz")
+DEFAULT_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir, "perf",
+                            "data", "digits", "digits.csv.gz")
 NUM_IMAGES = 1797
 NUM_PARAMETERS = 767818
 NUM_PARAMETER_TENSORS = 18
@@ -26,7 +26,7 @@ def load_digits(path=None):
 
     Returns (images, labels): images float32 (1797, 1, 16, 16) in [0, 1], each 8x8 image upsampled
     to 16x16 by nearest neighbour (every pixel becomes a 2x2 block); labels int64 (1797,).
-    path defaults to perf/data/digits/digits.csv.gz next to this module."""
+    path defaults to the checkout's perf/data/digits/digits.csv.gz."""
     if path is None:
         path = os.path.normpath(DEFAULT_PATH)
         if not os.path.exists(path):

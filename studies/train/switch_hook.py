@@ -1,11 +1,11 @@
 """One DDP comm hook that hands each step's buckets to the reducer of the current block
-(perf/train/switch.py). Each reducer keeps its own state for the whole run: PyTorch's and
+(studies/switch/driver.py). Each reducer keeps its own state for the whole run: PyTorch's and
 lowrank's PowerSGD states (residuals, warm-start Q, warm-up counts) go on from the end of that
 reducer's previous block. A step is reduced by one reducer only: `use()` is called between steps
 (DDP has waited every bucket's future when backward returns), so no two reducers' collectives
 are ever in flight together.
 """
-import torch_baseline
+from studies.train import torch_baseline
 
 NAMES = ["local", "allreduce", "fp16", "torch-powersgd", "lowrank"]
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Data-parallel training on CPU with a choice of gradient reducer: DDP over gloo, one process per
-worker, one thread each. Models and data: the digits CNN (perf/train/digits.py) and a small
-character-level transformer on CPython sources (perf/train/charlm.py). What it measures and how:
+worker, one thread each. Models and data: the digits CNN (studies/train/digits.py) and a small
+character-level transformer on CPython sources (studies/train/charlm.py). What it measures and how:
 docs/training.md.
 
 Reducers (--reducer):
@@ -20,10 +20,11 @@ Reducers (--reducer):
 
 Launch one process per worker with torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT),
 or let --spawn N start N local workers (Debian's torchrun fails on Python 3.11):
-  /opt/venv-t2/bin/python perf/train/train.py --spawn 16 --model cnn --reducer lowrank --rank 2 \
-      --seed 0 --out perf/results/train/cnn_lowrank_r2_s0.json
+  PYTHONPATH=.:python /opt/venv-t2/bin/python -m studies.train.train --spawn 16 --model cnn \
+      --reducer lowrank --rank 2 --seed 0 --out /tmp/cnn_lowrank_r2_s0.json
+(from the checkout's root: `.` for the studies package, python/ for lowrank when not installed)
 Rank 0 prints one line per epoch and writes --out (JSON: config, machine, per-epoch metrics).
-Options of issue 28's study (perf/train/rank_study.py): --optimizer sgd|adamw (another optimizer
+Options of issue 28's study (studies/rank/run.py): --optimizer sgd|adamw (another optimizer
 needs its own --lr), --start-frac F (compression from round(F x steps)), and for lowrank
 --exclude NAMES|embeddings-head (allreduced exactly) and --adaptive LOW:HIGH (an AdaptiveRank,
 window one epoch unless --adaptive-window; the JSON's rank_trace holds each change of the ks).
@@ -49,14 +50,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.normpath(os.path.join(HERE, os.pardir, os.pardir))
-sys.path.insert(0, HERE)                          # digits.py, charlm.py
-sys.path.insert(0, os.path.join(REPO, "python"))  # lowrank, when not installed
-from lowrank import free_master_port  # noqa: E402  (loads no library)
-import charlm  # noqa: E402
-import digits  # noqa: E402
-import torch_baseline  # noqa: E402
+from studies.lib import launch
+from studies.lib.launch import ROOT as REPO
+from studies.lib.ports import free_master_port
+from studies.train import charlm, digits, torch_baseline
 
 REDUCERS = ["allreduce", "lowrank-exact", "fp16", "torch-powersgd", "torch-powersgd-waited",
             "lowrank", "local"]
@@ -85,16 +82,16 @@ def _preload():
         pass
 
 
-def spawn(n, argv, fresh=False, script=__file__, parse_fn=None, run_fn=None):
+def spawn(n, argv, fresh=False, module="studies.train.train", parse_fn=None, run_fn=None):
     """Starts n workers with torchrun's variables on a free local port: forked from this process
-    after the imports (default), or with fresh=True new interpreters running `script` (as
-    torchrun would). If one exits with an error, the others are terminated. Returns the worst exit
-    status. parse_fn, run_fn: another driver's (perf/train/switch.py), default this one's."""
+    after the imports (default), or with fresh=True new interpreters running `python -m module`
+    (as torchrun would). If one exits with an error, the others are terminated. Returns the worst exit
+    status. parse_fn, run_fn: another driver's (studies/switch/driver.py), default this one's."""
     parse_fn, run_fn = parse_fn or parse, run_fn or run
     port = free_master_port()
     if fresh:
-        procs = [subprocess.Popen([sys.executable, os.path.abspath(script)] + argv,
-                                  env=dict(os.environ, **_worker_env(r, n, port)))
+        procs = [subprocess.Popen(launch.module(sys.executable, module, *argv),
+                                  env=launch.env(**_worker_env(r, n, port)))
                  for r in range(n)]
         poll, stop = (lambda p: p.poll()), (lambda p: p.terminate())
     else:
@@ -165,7 +162,7 @@ def serve(parse_fn=None, run_fn=None):
     imports (starting a fresh interpreter with torch 2.x costs ~30 s of 2 cores with 4 at once).
     Reads one JSON object per line on stdin, {"argv": [...], "env": {...}, "log": path or null},
     and answers each with {"rc": exit status} on stdout once that run has ended. For drivers that
-    start one server per host (perf/train/time_study.py). parse_fn, run_fn: as spawn()'s."""
+    start one server per host (studies/lib/hosts.py). parse_fn, run_fn: as spawn()'s."""
     _preload()
     for line in sys.stdin:
         job = json.loads(line)

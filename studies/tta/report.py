@@ -1,15 +1,15 @@
 #!/usr/bin/env python3
-"""The report of issue 27's time-to-accuracy runs (perf/train/tta_study.py): per configuration the
+"""The report of issue 27's time-to-accuracy runs (studies/tta/run.py): per configuration the
 final test accuracy, the training time (the sum of every epoch's `train_s` on rank 0: the steps,
 not the evaluation after each epoch, which is the same work for every reducer) and the whole run's
 wall time; the target's verdicts; the figure of test accuracy against training time.
 
 Comparisons are paired by seed (the seed fixes the data order and the initial weights, shared by
-every reducer's run of it). Rules, fixed with the script before its runs:
+every reducer's run of it). Rules, fixed with the script before its runs (the numbers: plan.toml's [rules]):
 - accuracy: lowrank at rank k is within max(0.5 points, 2 SE) of full precision's final accuracy,
   SE that of the mean paired difference, when mean(lowrank - full) >= -max(0.005, 2 SE);
 - time against full precision: the geometric mean over seeds of training time lowrank / full, with
-  its 95% t-interval (switch_analysis.ratio_ci): MET when the upper end <= 1/4, NOT MET when the
+  its 95% t-interval (studies/switch/analysis.py's ratio_ci): MET when the upper end <= 1/4, NOT MET when the
   lower end > 1/4, UNDECIDED otherwise;
 - time against the fair PyTorch hook at the same rank: MET when the upper end of lowrank / PyTorch
   < 1, NOT MET when the lower end >= 1.
@@ -21,8 +21,8 @@ epoch against its training time: the fixed schedule's time, not the time to reac
 accuracy. Runs from a
 tree with uncommitted changes are left out and listed (--allow-dirty keeps them, for trying).
 
-  /usr/bin/python3 perf/train/tta_report.py perf/results/train/tta/100mbit \
-      --md perf/results/train/tta/100mbit/summary.md --json perf/results/train/tta/100mbit/summary.json \
+  /usr/bin/python3 -m studies.tta.report studies/tta/results/100mbit \
+      --md studies/tta/results/100mbit/summary.md --json studies/tta/results/100mbit/summary.json \
       --figure docs/img/tta_cnn_100mbit.png
 """
 import argparse
@@ -33,16 +33,17 @@ import os
 import statistics as st
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-import runlabel  # noqa: E402
-import switch_analysis as sa  # noqa: E402  (ratio_ci, mean_ci: the t-intervals over runs)
-from switch_report import revision  # noqa: E402
+from studies.lib import plan as planfile
+from studies.lib import runlabel
+from studies.lib.provenance import revision
+from studies.switch import analysis as sa  # ratio_ci, mean_ci: the t-intervals over runs
 
-ACC_POINTS = 0.005     # half a point of accuracy
-TIME_TARGET = 0.25     # lowrank's training time at most a quarter of full precision's
-FULL, TORCH = "allreduce", "torch-powersgd"
-TARGET_RANKS = (2, 4)  # the issue's: lowrank at rank 2 or 4
+RULES = planfile.load(__file__)["rules"]
+ACC_POINTS = RULES["acc_points"]      # half a point of accuracy
+SE_MULTIPLE = RULES["se_multiple"]
+TIME_TARGET = RULES["time_target"]    # lowrank's training time at most a quarter of full precision's
+FULL, TORCH = RULES["full"], RULES["torch"]
+TARGET_RANKS = tuple(RULES["target_ranks"])  # the issue's: lowrank at rank 2 or 4
 
 
 def label(reducer, k):
@@ -116,7 +117,7 @@ def targets(runs):
         if len(seeds) >= 2:
             diffs = [x - y for x, y in zip(a, b)]
             m, se, n = mean_se(diffs)
-            tol = max(ACC_POINTS, 2 * se)
+            tol = max(ACC_POINTS, SE_MULTIPLE * se)
             t["accuracy"] = dict(seeds=seeds, diff=m, se=se, tolerance=tol,
                                  interval95=sa.mean_ci(diffs)[1:],  # reported, not the rule
                                  verdict="MET" if m >= -tol else "NOT MET")
@@ -150,7 +151,7 @@ def report(folder, allow_dirty=False):
     """(markdown lines, summary dict)."""
     runs, left = load(folder, allow_dirty)
     revs = sorted({r["git"] for v in runs.values() for r in v.values()})
-    lines = [f"Report at revision {revision()} (perf/train/tta_report.py) of {folder}: runs from "
+    lines = [f"Report at revision {revision()} (studies/tta/report.py) of {folder}: runs from "
              f"{', '.join(revs) or 'none'}.", ""]
     for f, why in left:
         lines.append(f"- left out: {f}: {why}")
@@ -207,7 +208,7 @@ def figure(folder, path, allow_dirty=False):
     ax.set_title(f"CNN, 4 hosts, {os.path.basename(os.path.normpath(folder))}: accuracy per epoch")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    fig.text(0.01, 0.01, f"perf/train/tta_report.py at {revision()}", fontsize=6, alpha=0.6)
+    fig.text(0.01, 0.01, f"studies/tta/report.py at {revision()}", fontsize=6, alpha=0.6)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
@@ -221,12 +222,12 @@ def main():
     ap.add_argument("--allow-dirty", action="store_true", help="for trying, never for results")
     args = ap.parse_args()
     if not os.path.isdir(args.folder):
-        raise SystemExit(f"tta_report.py: no folder {args.folder}")
+        raise SystemExit(f"studies.tta.report: no folder {args.folder}")
     lines, summary = report(args.folder, args.allow_dirty)
     if not summary["rows"]:  # never overwrite a summary with an empty one
         sys.stderr.write("\n".join(lines) + "\n")
         subs = sorted(d for d in os.listdir(args.folder) if os.path.isdir(os.path.join(args.folder, d)))
-        raise SystemExit(f"tta_report.py: no usable run in {args.folder}"
+        raise SystemExit(f"studies.tta.report: no usable run in {args.folder}"
                          + (f" (its folders, one per rate: {', '.join(subs)})" if subs else ""))
     for path in (args.md, args.json, args.figure):
         if path and os.path.dirname(path):

@@ -1,24 +1,24 @@
 #!/usr/bin/env python3
 """Issue 27 item 5, time to accuracy: the CNN trained to the end of its schedule (train.py's
 defaults: 10 epochs, per-worker batch 8, SGD with momentum, warm-up then cosine) on 4 hosts, one
-worker per network namespace of perf/netns_hosts.sh on links shaped to 100 Mbit/s, by full
+worker per network namespace of studies/lib/netns_hosts.sh on links shaped to 100 Mbit/s, by full
 precision (DDP's allreduce), fp16, PyTorch's PowerSGD hook chained bucket after bucket (the fair
-baseline, perf/train/torch_baseline.py) and lowrank's hook, both PowerSGD hooks at ranks 2 and 4;
+baseline, studies/train/torch_baseline.py) and lowrank's hook, both PowerSGD hooks at ranks 2 and 4;
 3 seeds each. Each run's JSON holds every epoch's training time (`train_s`: the steps alone, the
-evaluation that follows each epoch left out) and test accuracy: perf/train/tta_report.py turns
+evaluation that follows each epoch left out) and test accuracy: studies/tta/report.py turns
 them into the table, the verdicts and the figure of accuracy against training time.
 
 Order: seed by seed, every configuration once per seed, the order reversed on odd seeds (no
-configuration always follows the same one). Guards, as switch_study.py's: a tree with uncommitted
+configuration always follows the same one). Guards, as the switch study's: a tree with uncommitted
 changes runs nothing; a run starts only when at most --max-busy of the machine's CPU time was busy
 over the last 5 s (nothing else running). Resumable: a run whose JSON exists is not rerun; stops
 before a run that would start past --budget-min.
 
-  sudo /usr/bin/python3 perf/train/tta_study.py --python /work/venv2/bin/python
-  /usr/bin/python3 perf/train/tta_study.py --dry-run           # the plan, nothing run
+  sudo /usr/bin/python3 -m studies.tta.run --python /work/venv2/bin/python
+  /usr/bin/python3 -m studies.tta.run --dry-run                # the plan, nothing run
 
-Writes perf/results/train/tta/<rate>/cnn_<reducer>[_r<k>]_s<seed>.json (and .log, rank 0's
-output). Needs root (namespaces, tc, nice -20).
+Writes studies/tta/results/<rate>/cnn_<reducer>[_r<k>]_s<seed>.json (and .log, rank 0's
+output). Needs root (namespaces, tc, nice -20). The plan: plan.toml beside this file.
 """
 import argparse
 import json
@@ -27,15 +27,16 @@ import re
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-import procstat  # noqa: E402  (busy_fraction: the quiet-machine guard)
-import provenance  # noqa: E402  (dirty: results must name a committed revision)
-import time_study  # noqa: E402  (Hosts, Servers: the namespaces and the per-host servers)
+from studies.lib import plan as planfile
+from studies.lib import procstat, provenance
+from studies.lib.hosts import Hosts, Servers
+from studies.lib.launch import ROOT
 
-ROOT = time_study.ROOT
-HOSTS = 4
-CONFIGS = "allreduce,fp16,torch-powersgd:2,torch-powersgd:4,lowrank:2,lowrank:4"
+PLAN = planfile.load(__file__)
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+HOSTS = PLAN["hosts"]
+CONFIGS = ",".join(PLAN["configs"])
+NAME = "studies.tta.run"
 
 
 def parse_configs(text):
@@ -44,14 +45,14 @@ def parse_configs(text):
     for item in text.split(","):
         reducer, _, k = item.strip().partition(":")
         if reducer not in ("allreduce", "fp16", "torch-powersgd", "lowrank", "lowrank-exact"):
-            raise SystemExit(f"tta_study.py: unknown reducer {reducer!r} in {item!r}")
+            raise SystemExit(f"{NAME}: unknown reducer {reducer!r} in {item!r}")
         if (reducer in ("torch-powersgd", "lowrank")) != bool(re.fullmatch(r"[0-9]+", k)) \
                 or (k and int(k) < 1):
-            raise SystemExit(f"tta_study.py: {item!r}: the PowerSGD reducers take :RANK, "
+            raise SystemExit(f"{NAME}: {item!r}: the PowerSGD reducers take :RANK, "
                              "the others none")
         c = (reducer, int(k) if k else 0)
         if c in out:
-            raise SystemExit(f"tta_study.py: {item!r} given twice")
+            raise SystemExit(f"{NAME}: {item!r} given twice")
         out.append(c)
     return out
 
@@ -72,47 +73,47 @@ def name(reducer, k, seed):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--configs", default=CONFIGS, help="reducer[:rank],... (default: %(default)s)")
-    ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--rate", default="100mbit", help="every link's rate (tc's syntax)")
+    ap.add_argument("--seeds", type=int, default=PLAN["seeds"])
+    ap.add_argument("--rate", default=PLAN["rate"], help="every link's rate (tc's syntax)")
     ap.add_argument("--python", default=sys.executable, help="the Python with torch for the workers")
-    ap.add_argument("--results", default=os.path.join(ROOT, "perf", "results", "train", "tta"))
-    ap.add_argument("--max-busy", type=float, default=0.05,
+    ap.add_argument("--results", default=RESULTS)
+    ap.add_argument("--max-busy", type=float, default=PLAN["max_busy"],
                     help="the machine's busy CPU share over 5 s above which a run waits")
-    ap.add_argument("--budget-min", type=float, default=60)
-    ap.add_argument("--timeout", type=float, default=300, help="the process group's timeout (s)")
+    ap.add_argument("--budget-min", type=float, default=PLAN["budget_min"])
+    ap.add_argument("--timeout", type=float, default=PLAN["timeout_s"], help="the process group's timeout (s)")
     ap.add_argument("--dry-run", action="store_true")
     args = ap.parse_args()
     configs = parse_configs(args.configs)
     if not re.fullmatch(r"[0-9]+(\.[0-9]+)?[kmg]?bit", args.rate):
-        raise SystemExit(f"tta_study.py: --rate {args.rate!r}: a rate in bits per second in tc's "
+        raise SystemExit(f"{NAME}: --rate {args.rate!r}: a rate in bits per second in tc's "
                          "syntax, e.g. 100mbit or 1gbit")
     if args.seeds < 1:
-        raise SystemExit("tta_study.py: --seeds must be at least 1")
+        raise SystemExit(NAME + ": --seeds must be at least 1")
     if not 0 <= args.max_busy < 1:
-        raise SystemExit("tta_study.py: --max-busy is a share of the CPU, in [0, 1)")
+        raise SystemExit(NAME + ": --max-busy is a share of the CPU, in [0, 1)")
     outdir = os.path.join(args.results, args.rate)
     todo = [c for c in plan(configs, args.seeds)
             if not os.path.exists(os.path.join(outdir, name(c[1], c[2], c[0]) + ".json"))]
-    print(f"# tta_study: {HOSTS} hosts at {args.rate}, {len(configs)} configurations x "
+    print(f"# {NAME}: {HOSTS} hosts at {args.rate}, {len(configs)} configurations x "
           f"{args.seeds} seeds; {len(todo)} to do", flush=True)
     if args.dry_run or not todo:
         for s, r, k in todo:
             print(f"  seed {s} {r}" + (f" k={k}" if k else ""))
         return 0
-    provenance.refuse_unless_ready("tta_study.py", ROOT, args.python, need_root=True)
+    provenance.refuse_unless_ready(NAME, ROOT, args.python, need_root=True)
     os.makedirs(outdir, exist_ok=True)
-    hosts = time_study.Hosts(HOSTS, tag=f"lrt{os.getpid() % 100000}")
+    hosts = Hosts(HOSTS, tag=f"lrt{os.getpid() % 100000}")
     servers, failed, t0 = None, 0, time.monotonic()
     try:
         hosts.make()
         hosts.shape(args.rate)
-        servers = time_study.Servers(args.python, hosts)  # train.py --serve on each host
+        servers = Servers(args.python, hosts)  # train.py --serve on each host
         for n, (seed, reducer, k) in enumerate(todo):
             if time.monotonic() - t0 > 60 * args.budget_min:
-                print("tta_study.py: --budget-min reached; rerun to resume", file=sys.stderr)
+                print(NAME + ": --budget-min reached; rerun to resume", file=sys.stderr)
                 return 3
             if not procstat.wait_quiet(args.max_busy, t0 + 60 * args.budget_min):
-                print("tta_study.py: --budget-min reached while waiting for a quiet machine; "
+                print(NAME + ": --budget-min reached while waiting for a quiet machine; "
                       "rerun to resume", file=sys.stderr)
                 return 3
             out = os.path.join(outdir, name(reducer, k, seed) + ".json")
@@ -136,7 +137,7 @@ def main():
         if servers is not None:
             servers.close()
         hosts.down()
-    print(f"# tta_study: done in {(time.monotonic() - t0) / 60:.0f} min, {failed} runs failed")
+    print(f"# {NAME}: done in {(time.monotonic() - t0) / 60:.0f} min, {failed} runs failed")
     return 1 if failed else 0
 
 

@@ -1,10 +1,10 @@
-"""lowrank.free_master_port: a MASTER_PORT pair outside the kernel's ephemeral range."""
+"""studies/lib/ports.py (free_master_port, for the tests' and the studies' local launches): a
+MASTER_PORT pair outside the kernel's ephemeral range."""
 import socket
 
 import pytest
 
-import lowrank
-from lowrank import _ports
+from studies.lib import ports as _ports
 
 
 def _binds(port):
@@ -32,7 +32,7 @@ def test_pair_binds_and_is_outside_the_ephemeral_range():
     lo, hi, outside = _ports.candidates(low, high)
     seen = set()
     for _ in range(50):
-        p = lowrank.free_master_port()
+        p = _ports.free_master_port()
         assert lo <= p < hi
         if outside:
             assert not (low <= p <= high) and not (low <= p + 1 <= high), (p, low, high)
@@ -45,7 +45,7 @@ def test_pair_binds_and_is_outside_the_ephemeral_range():
 def test_busy_port_is_never_returned(monkeypatch):
     # Three free pairs A, B, C; A + 1 and C are then bound here: drawn in the order A, C, B, the
     # helper must pass over A (its P + 1 is busy) and C (busy) and return B.
-    a, b, c = (lowrank.free_master_port() for _ in range(3))
+    a, b, c = (_ports.free_master_port() for _ in range(3))
     monkeypatch.setattr(_ports, "_given", _ports.collections.deque(maxlen=1024))
     draws = iter([a, c, b])
 
@@ -60,7 +60,7 @@ def test_busy_port_is_never_returned(monkeypatch):
 
 
 def test_a_port_handed_out_lately_is_not_drawn_again(monkeypatch):
-    p = lowrank.free_master_port()
+    p = _ports.free_master_port()
     draws = iter([p, p - 1, p + 1, p + 5])  # p, p - 1 (its P + 1 is p) and p + 1 were given
 
     class Draw:
