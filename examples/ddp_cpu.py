@@ -5,7 +5,7 @@ perf/data/README.md on scikit-learn's digits images (perf/data/digits).
 Launch one process per worker, with torchrun:
     torchrun --nproc_per_node 4 examples/ddp_cpu.py
 or by hand with torchrun's variables (Debian's torchrun fails on Python 3.11), which --spawn does:
-    python3 examples/ddp_cpu.py --spawn 4
+    python3 examples/ddp_cpu.py --spawn 4     # MASTER_PORT from the environment, else 29500
 Prints per epoch the training loss, the test accuracy and lowrank's counters.
 """
 import argparse

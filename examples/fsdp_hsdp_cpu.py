@@ -7,7 +7,8 @@ Parameters are sharded over a 1-D "shard" mesh (FSDP reduce-scatters over it and
 nothing); lowrank's hook averages each reduce-scattered shard over the "replicate" group, PowerSGD
 compressed. Every rank is a data-parallel worker with its own part of the data.
 
-    python3 examples/fsdp_hsdp_cpu.py --spawn 4          # starts 4 processes on this host
+    python3 examples/fsdp_hsdp_cpu.py --spawn 4   # 4 processes here; MASTER_PORT from the environment,
+                                                  # else 29500
     torchrun --nproc_per_node 4 examples/fsdp_hsdp_cpu.py
 Prints per epoch the training loss, the test accuracy and lowrank's counters.
 """

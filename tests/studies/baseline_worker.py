@@ -1,5 +1,5 @@
-"""One rank of tests/train/test_torch_baseline.py: the digits CNN under DDP over gloo, reduced by
-PyTorch's powerSGD_hook wrapped as perf/train/torch_baseline.py wraps it (--kind chained or
+"""One rank of tests/studies/test_torch_baseline.py: the digits CNN under DDP over gloo, reduced by
+PyTorch's powerSGD_hook wrapped as studies/train/torch_baseline.py wraps it (--kind chained or
 waited; unwrapped, by hand, shows the abort), for a few steps with small buckets; writes this rank's
 parameters, the bucket count and the sizes of the hook's allreduces in the order this rank issued
 them to OUT/rank<r>.pt. Started with torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
@@ -14,9 +14,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "perf", "train"))
-import torch_baseline  # noqa: E402
-import train  # noqa: E402
+from studies.train import torch_baseline, train
 
 
 def main():

@@ -1,14 +1,11 @@
-"""perf/train/sockbytes.py's counters against bytes this test sends itself over loopback, and its
+"""studies/lib/sockbytes.py's counters against bytes this test sends itself over loopback, and its
 parsers on text of the tools' formats; procstat.py's counters move the right way."""
 import os
 import socket
-import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "perf", "train"))
-import procstat  # noqa: E402
-import sockbytes  # noqa: E402
+from studies.lib import procstat, sockbytes
 
 
 def _pair():

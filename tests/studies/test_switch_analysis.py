@@ -1,4 +1,4 @@
-"""perf/train/switch_analysis.py and switch_report.py on synthetic per-run data whose ratios are
+"""studies/switch/analysis.py and report.py on synthetic per-run data whose ratios are
 known: the intervals cover them at about their stated rate, pairing by run removes the run's own
 speed, the decision rule decides as written, and the report names its inputs."""
 import json
@@ -6,14 +6,12 @@ import math
 import os
 import random
 import statistics as st
-import sys
 
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "perf", "train"))
-import switch_analysis as sa  # noqa: E402
-import switch_report  # noqa: E402
+from studies.switch import analysis as sa
+from studies.switch import report as switch_report
 
 NAMES = ["local", "allreduce", "fp16", "torch-powersgd", "lowrank"]
 DROP = 2

@@ -1,14 +1,12 @@
-"""perf/train/switch_design.py: the Williams square's rows and the within-run mirror balance
+"""studies/switch/design.py: the Williams square's rows and the within-run mirror balance
 what they are meant to balance."""
 import itertools
 import os
-import sys
 
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "perf", "train"))
-import switch_design  # noqa: E402
+from studies.switch import design as switch_design
 
 
 @pytest.mark.parametrize("n", [2, 3, 4, 5, 6, 7])

@@ -1,4 +1,4 @@
-"""Smoke runs of the switching driver (perf/train/switch.py, issue 27 item 2): 2 ranks over gloo,
+"""Smoke runs of the switching driver (studies/switch/driver.py, issue 27 item 2): 2 ranks over gloo,
 the five reducers, 3 steps a block. Checks what a switching run must get right whatever the
 machine's load (no time is judged): the blocks in switch_design's order on every rank, replicas
 identical at the end, each step's records, and the socket payload of each reducer's measured
@@ -19,20 +19,20 @@ import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, os.path.join(ROOT, "perf", "train"))
-import switch_design  # noqa: E402
-import switch_hook  # noqa: E402
+from studies.lib import launch
+from studies.switch import design as switch_design
+from studies.train import switch_hook
 
 BLOCK, WARMUP, RUN_INDEX = 3, 3, 1
 
 
 def run_switch(out, world):
-    cmd = [sys.executable, os.path.join(ROOT, "perf", "train", "switch.py"), "--spawn", str(world),
+    cmd = [*launch.module(sys.executable, "studies.switch.driver"), "--spawn", str(world),
            "--run-index", str(RUN_INDEX), "--block-steps", str(BLOCK), "--drop-steps", "1",
            "--warmup-steps", str(WARMUP), "--start-iter", "2", "--batch", "16",
            "--timeout", "60", "--out", out]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                         start_new_session=True)
+                         start_new_session=True, env=launch.env())
     try:
         text, _ = p.communicate(timeout=240)
     except subprocess.TimeoutExpired:

@@ -1,4 +1,4 @@
-"""perf/train/switch_study.py's plan: every setting gets run indices 0..R-1 (the Latin square's
+"""studies/switch/run.py's plan: every setting gets run indices 0..R-1 (the Latin square's
 rows), runs go round the settings, and no setting always comes first."""
 import os
 import sys
@@ -6,8 +6,7 @@ import sys
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "perf", "train"))
-import switch_study  # noqa: E402
+from studies.switch import run as switch_study
 
 
 def test_plan():
@@ -31,14 +30,14 @@ def test_bad_settings():
 
 def test_busy_fraction(monkeypatch):
     """The guard's number: idle jiffies against all jiffies between two reads of /proc/stat."""
-    import procstat
+    from studies.lib import procstat
     reads = iter([(100, 1000), (190, 1200)])  # 200 jiffies passed, 90 of them idle
     monkeypatch.setattr(procstat, "_cpu_idle_total", lambda stat="/proc/stat": next(reads))
     assert procstat.busy_fraction(0.0) == pytest.approx(0.55)
 
 
 def test_cpu_idle_total_parses_proc_stat(tmp_path):
-    import procstat
+    from studies.lib import procstat
     f = tmp_path / "stat"
     # guest and guest_nice (the last two) are inside user and nice already: not counted twice
     f.write_text("cpu  10 2 30 400 5 0 7 0 3 1\ncpu0 1 1 1 1 1 1 1 0 0 0\n")
@@ -47,7 +46,7 @@ def test_cpu_idle_total_parses_proc_stat(tmp_path):
 
 def test_wait_quiet_waits_then_goes_and_gives_up_at_the_deadline(monkeypatch):
     import time
-    import procstat
+    from studies.lib import procstat
     seen = iter([0.5, 0.3, 0.01])
     monkeypatch.setattr(procstat, "busy_fraction", lambda s=5.0: next(seen))
     monkeypatch.setattr(time, "sleep", lambda s: None)
@@ -64,7 +63,7 @@ def test_settings_refused_twice_or_in_bytes():
 
 
 def test_refuse_unless_ready_names_the_reason(tmp_path):
-    import provenance
+    from studies.lib import provenance
     with pytest.raises(SystemExit, match="git failed"):  # not a repository
         provenance.refuse_unless_ready("x.py", str(tmp_path), sys.executable, need_root=False)
     root = os.path.dirname(os.path.dirname(HERE))
@@ -74,9 +73,9 @@ def test_refuse_unless_ready_names_the_reason(tmp_path):
 
 
 def test_report_refuses_a_folder_without_switching_runs(tmp_path, monkeypatch):
-    import switch_report
+    from studies.switch import report as switch_report
     (tmp_path / "run.json").write_text('{"kind": "something else"}')
-    monkeypatch.setattr(sys, "argv", ["switch_report.py", str(tmp_path), "--json", str(tmp_path / "s.json")])
+    monkeypatch.setattr(sys, "argv", ["studies.switch.report", str(tmp_path), "--json", str(tmp_path / "s.json")])
     with pytest.raises(SystemExit) as e:
         switch_report.main()
     assert "no usable" in str(e.value.code) and not (tmp_path / "s.json").exists()

@@ -1,7 +1,7 @@
-"""The fair PyTorch baseline (perf/train/torch_baseline.py, issue 27 item 1): PyTorch's
+"""The fair PyTorch baseline (studies/train/torch_baseline.py, issue 27 item 1): PyTorch's
 powerSGD_hook chained bucket after bucket keeps the replicas identical over gloo with several
 buckets (the digits CNN with bucket_cap_mb 0.25: four buckets), and computes what the waited
-hook computes. Two processes each (tests/train/baseline_worker.py), under the Python running
+hook computes. Two processes each (tests/studies/baseline_worker.py), under the Python running
 pytest (meson runs it under both torches).
 """
 import os
@@ -13,21 +13,20 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, os.path.join(ROOT, "perf", "train"))
-import digits  # noqa: E402
-import train  # noqa: E402  (puts the checkout's python/ first)
-import lowrank  # noqa: E402
+from studies.lib import launch
+from studies.lib.ports import free_master_port
+from studies.train import digits, train
 
 STEPS, START_ITER, WORLD = 8, 2, 2
 
 
 def run_ranks(kind, out):
     os.makedirs(out)
-    port = str(lowrank.free_master_port())
+    port = str(free_master_port())
     procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "baseline_worker.py"),
                                "--kind", kind, "--steps", str(STEPS), "--start-iter",
                                str(START_ITER), "--out", out],
-                              env=dict(os.environ, **train._worker_env(r, WORLD, port)),
+                              env=launch.env(**train._worker_env(r, WORLD, port)),
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for r in range(WORLD)]
     texts = []

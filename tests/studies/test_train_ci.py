@@ -1,11 +1,11 @@
-"""CI check of the training driver (perf/train/train.py), issue 12 item 4: a 2-worker DDP run over
+"""CI check of the training driver (studies/train/train.py), issue 12 item 4: a 2-worker DDP run over
 gloo of the digits CNN for 3 epochs with DDP's exact allreduce and with lowrank's hook at rank 4,
 in the same test session: lowrank's final test accuracy at least allreduce's minus 3 points, every
 compressible bucket compressed, compression ratio above 10. Plus a 1-epoch run of PyTorch's hook
 through the driver's chained wrapper (two buckets over gloo) and a short transformer run.
 
-Run by meson (tests/train/meson.build) under the configured torch Python, or by hand:
-  /usr/bin/python3 -m pytest -q tests/train
+Run by meson (tests/studies/meson.build) under the configured torch Python, or by hand:
+  /usr/bin/python3 -m pytest -q tests/studies
 """
 import json
 import os
@@ -15,10 +15,11 @@ import sys
 
 import pytest
 
+from studies.lib import launch
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-DRIVER = os.path.join(ROOT, "perf", "train", "train.py")
-sys.path.insert(0, os.path.join(ROOT, "perf", "train"))
+DRIVER = launch.module(sys.executable, "studies.train.train")  # with launch.env()
 
 EPOCHS = 3
 COMMON = ["--spawn", "2", "--model", "cnn", "--batch", "32", "--epochs", str(EPOCHS),
@@ -29,7 +30,7 @@ def drive(tmp, name, *args, deadline=150):
     """Runs the driver; returns its JSON. The driver and its forked workers run in their own
     session, killed together at the deadline."""
     out = os.path.join(tmp, name + ".json")
-    p = subprocess.Popen([sys.executable, DRIVER, *args, "--out", out], stdout=subprocess.PIPE,
+    p = subprocess.Popen([*DRIVER, *args, "--out", out], stdout=subprocess.PIPE, env=launch.env(),
                          stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         text, _ = p.communicate(timeout=deadline)
@@ -101,9 +102,9 @@ def test_powersgd_rule_matches_pytorch():
     """The driver's bit count for torch-powersgd uses PyTorch's per-tensor rule."""
     from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import _should_compress
     import numpy as np
-    import charlm
-    import digits
-    import train
+    from studies.train import charlm
+    from studies.train import digits
+    from studies.train import train
     for model in (digits.DigitsCNN(), charlm.CharTransformer()):
         shapes = [list(p.shape) for p in model.parameters()]
         for k in (1, 2, 4, 8):
@@ -142,7 +143,7 @@ def test_transformer_short(tmp_path):
 
 
 def test_study_options(tmp_path):
-    """The options of issue 28's study (perf/train/rank_study.py) reach lowrank: embeddings and head
+    """The options of issue 28's study (studies/rank/run.py) reach lowrank: embeddings and head
     exact, compression from a fraction of the steps, an adaptive rank whose ks are recorded, and the
     bits of the compressed steps alone."""
     res = drive(str(tmp_path), "options", "--spawn", "2", "--model", "transformer",
@@ -202,14 +203,14 @@ def test_rank_of_reaches_lowrank(tmp_path):
     (["--reducer", "lowrank", "--adaptive", "2:8", "--rank", "2", "--adaptive-error-max", "x"], "'none'"),
 ])
 def test_study_options_refused(argv, word, capsys):
-    import train
+    from studies.train import train
     with pytest.raises(SystemExit):
         train.parse(argv)
     assert word in capsys.readouterr().err
 
 
 def test_exclude_expands_embeddings_head_in_a_list():
-    import train
+    from studies.train import train
     args = train.parse(["--model", "transformer", "--reducer", "lowrank",
                         "--exclude", "embeddings-head,blocks.0.qkv.weight"])
     assert args.exclude.split(",") == ["tok.weight", "pos.weight", "head.weight", "blocks.0.qkv.weight"]
@@ -217,7 +218,7 @@ def test_exclude_expands_embeddings_head_in_a_list():
 
 
 def test_rank_of_expands_embeddings_head():
-    import train
+    from studies.train import train
     args = train.parse(["--model", "transformer", "--reducer", "lowrank",
                         "--rank-of", "embeddings-head=16,blocks.0.qkv.weight=0"])
     assert args.rank_of == [["tok.weight", 16], ["pos.weight", 16], ["head.weight", 16],
@@ -227,9 +228,9 @@ def test_rank_of_expands_embeddings_head():
 def test_no_compressed_step_is_an_error_with_its_message():
     """A start at or past the last step would compress nothing: each worker's SystemExit text
     reaches the output (forked workers used to exit 1 silently)."""
-    p = subprocess.run([sys.executable, DRIVER, "--spawn", "2", "--model", "transformer", "--windows",
+    p = subprocess.run([*DRIVER, "--spawn", "2", "--model", "transformer", "--windows",
                         "256", "--batch", "16", "--epochs", "1", "--reducer", "lowrank", "--rank", "2",
                         "--start-frac", "0.99", "--timeout", "60"],
-                       capture_output=True, text=True, timeout=120)
+                       capture_output=True, text=True, timeout=120, env=launch.env())
     assert p.returncode != 0
     assert "no step would be compressed" in p.stdout + p.stderr

@@ -1,4 +1,4 @@
-"""Issue 27 item 5's time-to-accuracy study: tta_study.py's plan and tta_report.py's verdicts on
+"""Issue 27 item 5's time-to-accuracy study: studies/tta/run.py's plan and report.py's verdicts on
 runs of known accuracy and training time (train.py's JSON layout, only the fields read)."""
 import json
 import os
@@ -7,9 +7,8 @@ import sys
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "perf", "train"))
-import tta_report  # noqa: E402
-import tta_study  # noqa: E402
+from studies.tta import report as tta_report
+from studies.tta import run as tta_study
 
 
 def test_plan_every_config_every_seed_order_reversed_on_odd_seeds():
@@ -115,7 +114,7 @@ def test_a_missing_baseline_is_named_and_nothing_decided(tmp_path):
 
 def test_report_refuses_an_empty_or_missing_folder(tmp_path, monkeypatch):
     for folder in (str(tmp_path), str(tmp_path / "nope")):
-        monkeypatch.setattr(sys, "argv", ["tta_report.py", folder, "--md", str(tmp_path / "s.md")])
+        monkeypatch.setattr(sys, "argv", ["studies.tta.report", folder, "--md", str(tmp_path / "s.md")])
         with pytest.raises(SystemExit) as e:
             tta_report.main()
         assert e.value.code not in (0, None)
@@ -125,7 +124,7 @@ def test_report_refuses_an_empty_or_missing_folder(tmp_path, monkeypatch):
 @pytest.mark.parametrize("argv", [["--seeds", "0"], ["--configs", "lowrank:2,lowrank:2"],
                                   ["--configs", "lowrank:\u00b2"], ["--max-busy", "-1"]])
 def test_study_refuses_bad_arguments(argv, monkeypatch):
-    monkeypatch.setattr(sys, "argv", ["tta_study.py", "--dry-run"] + argv)
+    monkeypatch.setattr(sys, "argv", ["studies.tta.run", "--dry-run"] + argv)
     with pytest.raises(SystemExit) as e:
         tta_study.main()
-    assert isinstance(e.value.code, str) and e.value.code.startswith("tta_study.py")
+    assert isinstance(e.value.code, str) and e.value.code.startswith(tta_study.NAME)
