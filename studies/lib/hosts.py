@@ -86,3 +86,35 @@ class Servers:
                 p.stdin.close()
             for p in procs:
                 p.wait()
+
+
+def add_run_args(ap, plan, results):
+    """The arguments every study on these hosts takes (switch, tta): the workers' Python, the
+    results folder, the quiet-machine guard, the budget, the process group's timeout, --dry-run;
+    defaults from the study's plan (max_busy, budget_min, timeout_s)."""
+    import sys
+    ap.add_argument("--python", default=sys.executable, help="the Python with torch for the workers")
+    ap.add_argument("--results", default=results)
+    ap.add_argument("--max-busy", type=float, default=plan["max_busy"],
+                    help="the machine's busy CPU share over 5 s above which a run waits")
+    ap.add_argument("--budget-min", type=float, default=plan["budget_min"])
+    ap.add_argument("--timeout", type=float, default=plan["timeout_s"], help="the process group's timeout (s)")
+    ap.add_argument("--dry-run", action="store_true")
+
+
+def may_start(name, args, t0):
+    """Whether the next run may start (args from add_run_args; t0: the study's time.monotonic() at
+    its start): not past --budget-min, and a quiet machine (procstat.wait_quiet waits for one up to
+    the budget's end). Says on stderr why not."""
+    import sys
+    import time
+    from studies.lib import procstat
+    end = t0 + 60 * args.budget_min
+    if time.monotonic() > end:
+        print(name + ": --budget-min reached; rerun to resume", file=sys.stderr)
+        return False
+    if not procstat.wait_quiet(args.max_busy, end):
+        print(name + ": --budget-min reached while waiting for a quiet machine; rerun to resume",
+              file=sys.stderr)
+        return False
+    return True

@@ -16,7 +16,6 @@ import argparse
 import json
 import os
 import subprocess
-import sys
 
 from studies.lib.gradsets import gpt2_shapes, resnet50_shapes
 from studies.lib.launch import ROOT

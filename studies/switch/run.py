@@ -27,8 +27,8 @@ import sys
 import time
 
 from studies.lib import plan as planfile
-from studies.lib import procstat, provenance
-from studies.lib.hosts import Hosts, Servers
+from studies.lib import provenance
+from studies.lib.hosts import Hosts, Servers, add_run_args, may_start
 from studies.lib.launch import ROOT
 
 PLAN = planfile.load(__file__)
@@ -68,14 +68,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--settings", default=",".join(PLAN["settings"]))
     ap.add_argument("--runs", type=int, default=PLAN["runs"], help="runs per setting (the issue: at least 6)")
-    ap.add_argument("--python", default=sys.executable, help="the Python with torch for the workers")
     ap.add_argument("--switch-args", default="", help="more arguments for every driver.py run")
-    ap.add_argument("--results", default=RESULTS)
-    ap.add_argument("--max-busy", type=float, default=PLAN["max_busy"],
-                    help="the machine's busy CPU share over 5 s above which a run waits")
-    ap.add_argument("--budget-min", type=float, default=PLAN["budget_min"])
-    ap.add_argument("--timeout", type=float, default=PLAN["timeout_s"], help="the process group's timeout (s)")
-    ap.add_argument("--dry-run", action="store_true")
+    add_run_args(ap, PLAN, RESULTS)
     args = ap.parse_args()
     settings = parse_settings(args.settings)
     if args.runs < 1:
@@ -97,12 +91,7 @@ def main():
     servers, shaped, failed, t0 = {}, {}, 0, time.monotonic()
     try:
         for i, n, rate in todo:
-            if time.monotonic() - t0 > 60 * args.budget_min:
-                print(NAME + ": --budget-min reached; rerun to resume", file=sys.stderr)
-                return 3
-            if not procstat.wait_quiet(args.max_busy, t0 + 60 * args.budget_min):
-                print(NAME + ": --budget-min reached while waiting for a quiet machine; "
-                      "rerun to resume", file=sys.stderr)
+            if not may_start(NAME, args, t0):
                 return 3
             net = "loopback" if rate == "loopback" else "hosts"
             h = loop[n] if net == "loopback" else hosts[n]

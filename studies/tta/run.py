@@ -28,8 +28,8 @@ import sys
 import time
 
 from studies.lib import plan as planfile
-from studies.lib import procstat, provenance
-from studies.lib.hosts import Hosts, Servers
+from studies.lib import provenance
+from studies.lib.hosts import Hosts, Servers, add_run_args, may_start
 from studies.lib.launch import ROOT
 
 PLAN = planfile.load(__file__)
@@ -75,13 +75,7 @@ def main():
     ap.add_argument("--configs", default=CONFIGS, help="reducer[:rank],... (default: %(default)s)")
     ap.add_argument("--seeds", type=int, default=PLAN["seeds"])
     ap.add_argument("--rate", default=PLAN["rate"], help="every link's rate (tc's syntax)")
-    ap.add_argument("--python", default=sys.executable, help="the Python with torch for the workers")
-    ap.add_argument("--results", default=RESULTS)
-    ap.add_argument("--max-busy", type=float, default=PLAN["max_busy"],
-                    help="the machine's busy CPU share over 5 s above which a run waits")
-    ap.add_argument("--budget-min", type=float, default=PLAN["budget_min"])
-    ap.add_argument("--timeout", type=float, default=PLAN["timeout_s"], help="the process group's timeout (s)")
-    ap.add_argument("--dry-run", action="store_true")
+    add_run_args(ap, PLAN, RESULTS)
     args = ap.parse_args()
     configs = parse_configs(args.configs)
     if not re.fullmatch(r"[0-9]+(\.[0-9]+)?[kmg]?bit", args.rate):
@@ -109,12 +103,7 @@ def main():
         hosts.shape(args.rate)
         servers = Servers(args.python, hosts)  # train.py --serve on each host
         for n, (seed, reducer, k) in enumerate(todo):
-            if time.monotonic() - t0 > 60 * args.budget_min:
-                print(NAME + ": --budget-min reached; rerun to resume", file=sys.stderr)
-                return 3
-            if not procstat.wait_quiet(args.max_busy, t0 + 60 * args.budget_min):
-                print(NAME + ": --budget-min reached while waiting for a quiet machine; "
-                      "rerun to resume", file=sys.stderr)
+            if not may_start(NAME, args, t0):
                 return 3
             out = os.path.join(outdir, name(reducer, k, seed) + ".json")
             argv = ["--model", "cnn", "--reducer", reducer, "--rank", str(k or 4), "--seed",
