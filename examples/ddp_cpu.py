@@ -5,11 +5,12 @@ perf/data/README.md on scikit-learn's digits images (perf/data/digits).
 Launch one process per worker, with torchrun:
     torchrun --nproc_per_node 4 examples/ddp_cpu.py
 or by hand with torchrun's variables (Debian's torchrun fails on Python 3.11), which --spawn does:
-    python3 examples/ddp_cpu.py --spawn 4
+    python3 examples/ddp_cpu.py --spawn 4     # MASTER_PORT from the environment, else 29500
 Prints per epoch the training loss, the test accuracy and lowrank's counters.
 """
 import argparse
 import datetime
+import importlib.util
 import os
 import subprocess
 import sys
@@ -20,23 +21,28 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "perf", "train"))  # digits.py: data and model
 try:
-    import lowrank  # installed (pip install .)
-except ImportError:  # not installed: the checkout's package (after scripts/build.sh)
-    sys.path.insert(0, os.path.join(HERE, "..", "python"))
     import lowrank
-import digits  # noqa: E402
+except ImportError as e:
+    raise SystemExit(f"{e}: install it (pip install .), or run in the checkout with PYTHONPATH=python "
+                     "after scripts/build.sh")
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+# The digits data and CNN: the checkout's studies/train/digits.py, loaded from its file (a copy of
+# this script elsewhere: set DIGITS_PY to that file).
+_spec = importlib.util.spec_from_file_location(
+    "digits", os.environ.get("DIGITS_PY", os.path.join(HERE, "..", "studies", "train", "digits.py")))
+digits = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(digits)
 from lowrank.torch import PowerSGDState, powerSGD_hook  # noqa: E402
 
 
 def spawn(n, argv):
     """Starts n copies of this script with torchrun's variables; returns the worst exit code."""
-    port = lowrank.free_master_port()
+    port = os.environ.get("MASTER_PORT", "29500")  # torchrun's default; lowrank's root takes port + 1
     procs = [subprocess.Popen([sys.executable, __file__] + argv,
                               env=dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(n),
-                                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)))
+                                       MASTER_ADDR="127.0.0.1", MASTER_PORT=port))
              for r in range(n)]
     return max(abs(p.wait()) for p in procs)
 

@@ -1,18 +1,20 @@
 #!/usr/bin/env python3
 """Hybrid-sharded training (HSDP) on CPU with FSDP2 and lowrank's PowerSGD on the replica
-all-reduce: 2 replicas x 2 shards over gloo, the digits CNN of perf/data/README.md on
+all-reduce: 2 replicas x 2 shards over gloo, the digits CNN of studies/train/digits.py on
 scikit-learn's digits images (perf/data/digits). Needs torch >= 2.7 (FSDP2's all-reduce hook).
 
 Parameters are sharded over a 1-D "shard" mesh (FSDP reduce-scatters over it and all-reduces
 nothing); lowrank's hook averages each reduce-scattered shard over the "replicate" group, PowerSGD
 compressed. Every rank is a data-parallel worker with its own part of the data.
 
-    python3 examples/fsdp_hsdp_cpu.py --spawn 4          # starts 4 processes on this host
+    python3 examples/fsdp_hsdp_cpu.py --spawn 4   # 4 processes here; MASTER_PORT from the environment,
+                                                  # else 29500
     torchrun --nproc_per_node 4 examples/fsdp_hsdp_cpu.py
 Prints per epoch the training loss, the test accuracy and lowrank's counters.
 """
 import argparse
 import datetime
+import importlib.util
 import os
 import subprocess
 import sys
@@ -22,14 +24,19 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "perf", "train"))  # digits.py: data and model
 try:
-    import lowrank  # installed (pip install .)
-except ImportError:  # not installed: the checkout's package (after scripts/build.sh)
-    sys.path.insert(0, os.path.join(HERE, "..", "python"))
     import lowrank
-import digits  # noqa: E402
+except ImportError as e:
+    raise SystemExit(f"{e}: install it (pip install .), or run in the checkout with PYTHONPATH=python "
+                     "after scripts/build.sh")
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+# The digits data and CNN: the checkout's studies/train/digits.py, loaded from its file (a copy of
+# this script elsewhere: set DIGITS_PY to that file).
+_spec = importlib.util.spec_from_file_location(
+    "digits", os.environ.get("DIGITS_PY", os.path.join(HERE, "..", "studies", "train", "digits.py")))
+digits = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(digits)
 import lowrank.torch.fsdp as lowrank_fsdp  # noqa: E402  (ImportError on torch without FSDP2)
 from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
 from torch.distributed.fsdp import fully_shard  # noqa: E402
@@ -37,10 +44,10 @@ from torch.distributed.fsdp import fully_shard  # noqa: E402
 
 def spawn(n, argv):
     """Starts n copies of this script with torchrun's variables; returns the worst exit code."""
-    port = lowrank.free_master_port()
+    port = os.environ.get("MASTER_PORT", "29500")  # torchrun's default; lowrank's root takes port + 1
     procs = [subprocess.Popen([sys.executable, __file__] + argv,
                               env=dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(n),
-                                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)))
+                                       MASTER_ADDR="127.0.0.1", MASTER_PORT=port))
              for r in range(n)]
     return max(abs(p.wait()) for p in procs)
 

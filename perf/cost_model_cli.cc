@@ -1,5 +1,5 @@
 // lowrank_cost_model: the host transport's cost model (plugin/transport/ucx/cost_model.h) on the
-// command line, so that scripts (perf/cost_table.py) use the one formula the transport chooses with.
+// command line, so that scripts (studies/netns/cost_table.py) use the one formula the transport chooses with.
 //
 //   lowrank_cost_model [--alpha-us A] [--beta-ns B] [--direct-max-ranks R] WORLD:BYTES ...
 //

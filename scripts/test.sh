@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up, builds and runs every test (meson test), then prints one line "N passed, M failed"
 # counting GoogleTest cases one by one and the other tests as one each. Exit status 0 only if none
-# failed.
+# failed. Arguments go to meson test: `scripts/test.sh --no-suite studies` is the library's quick
+# loop, without the studies' tests (tests/studies, suite studies; .ci/run runs them).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${LOWRANK_BUILD_DIR:-$root/build}

@@ -36,7 +36,8 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "python"))
-from lowrank import free_master_port  # noqa: E402  (the package loads nothing at import)
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the root: studies/lib/ports.py
+from studies.lib.ports import free_master_port  # noqa: E402
 RANKS, STEPS = 2, 12
 SHAPES = [(64, 32), (32, 48), (40, 24), (32,)]
 IDS = [101, 202, 303, 404]

@@ -43,8 +43,8 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
 import testlib  # noqa: E402
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
-from lowrank._ports import free_master_port as free_port_pair  # noqa: E402  (P and P + 1)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))  # the root
+from studies.lib.ports import free_master_port as free_port_pair  # noqa: E402  (P and P + 1)
 from testlib import SKIP, check, finish, log, start  # noqa: E402
 
 RESULT_NAMES = {0: "lowrankSuccess", 2: "lowrankSystemError", 5: "lowrankInvalidUsage",

@@ -17,7 +17,7 @@ import pkgpath  # noqa: E402
 pkgpath.use()  # the checkout's package, or the installed one (LOWRANK_TEST_INSTALLED=1)
 
 import launch  # noqa: E402  (tests/python, on the path just above)
-from lowrank import free_master_port as free_port  # noqa: E402  (P and P + 1)
+from studies.lib.ports import free_master_port as free_port  # noqa: E402  (P and P + 1)
 
 
 BIND_RACE = "address already in use"  # torch 1.13's "Address ...", 2.x's "... EADDRINUSE, message: address ..."

@@ -9,6 +9,10 @@ INSTALLED = os.environ.get("LOWRANK_TEST_INSTALLED", "") == "1"
 
 
 def use():
+    """The package's folder first on sys.path (unless INSTALLED), and the checkout's root last, for
+    the test support the tests share with the studies (studies/lib/ports.py; not in the package)."""
+    if ROOT not in sys.path:
+        sys.path.append(ROOT)
     if not INSTALLED:
         path = os.path.join(ROOT, "python")
         if path not in sys.path:

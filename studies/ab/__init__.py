@@ -1,0 +1,1 @@
+"""The A/B comparison of two builds of the perf binary."""

@@ -1,0 +1,1 @@
+"""The accuracy study of docs/training.md (run.py, report.py, plan.toml)."""

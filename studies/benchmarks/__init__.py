@@ -1,0 +1,1 @@
+"""The figures of docs/benchmarks.md."""

@@ -1,0 +1,1 @@
+"""lowrank against PyTorch's PowerSGD hook on the same gradients."""

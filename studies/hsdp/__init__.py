@@ -1,0 +1,1 @@
+"""Training against native HSDP (run.py, report.py, plan.toml)."""

@@ -1,0 +1,120 @@
+"""Hosts for the studies: n network namespaces of netns_hosts.sh (beside this file) over links
+shaped to a rate, and one worker server per host (`--serve` of the training driver or of another
+driver with the same protocol, studies/train/train.py's serve()). Used by the time, switch and tta
+studies."""
+import json
+import os
+import subprocess
+
+from studies.lib import launch
+
+HOSTS_SH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "netns_hosts.sh")
+N = 4
+DRIVER = "studies.train.train"  # the module whose --serve the servers run
+
+
+class Hosts:
+    """n namespaces of netns_hosts.sh, driven through bash (the switch study makes one set per host
+    count: `tag` apart)."""
+
+    def __init__(self, n=N, tag=None):
+        self.n = n
+        self.env = dict(os.environ, HOSTS_TAG=tag or f"lrt{os.getpid()}", HOSTS_N=str(n))
+        self.up = False
+
+    def _sh(self, call):
+        return subprocess.run(["bash", "-c", f'. "{HOSTS_SH}" && {call}'], env=self.env, check=True,
+                              capture_output=True, text=True).stdout.strip()
+
+    def make(self):
+        self.up = True
+        self._sh(f"hosts_up {self.n}")
+
+    def shape(self, rate):
+        return int(self._sh(f"hosts_shape {rate}"))
+
+    def down(self):
+        if self.up:
+            subprocess.run(["bash", "-c", f'. "{HOSTS_SH}" && hosts_down'], env=self.env)
+            self.up = False
+
+    def prefix(self, i):
+        return ["ip", "netns", "exec", f"{self.env['HOSTS_TAG']}h{i}"]
+
+
+class Servers:
+    """One `python -m DRIVER --serve` per host (and one set for loopback), started on first use.
+    driver: another module with train.py's --serve (studies.switch.driver); pin: worker i on core i
+    (taskset), for as many hosts as cores."""
+
+    def __init__(self, python, hosts, driver=DRIVER, pin=False):
+        self.python, self.hosts, self.sets = python, hosts, {}
+        self.n, self.driver, self.pin = hosts.n, driver, pin
+
+    def get(self, setting):
+        net = "loopback" if setting == "loopback" else "hosts"
+        if net not in self.sets:
+            ifname = "lo" if net == "loopback" else "eth0"
+            env = launch.env(GLOO_SOCKET_IFNAME=ifname, LOWRANK_SOCKET_IFNAME=ifname,
+                       UCX_TLS="tcp,self", UCX_NET_DEVICES=ifname, OMP_NUM_THREADS="1")
+            self.sets[net] = [subprocess.Popen(
+                (self.hosts.prefix(i) if net == "hosts" else [])
+                + (["taskset", "-c", str(i)] if self.pin else [])
+                + ["nice", "-n", "-20"] + launch.module(self.python, self.driver, "--serve"),
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+                for i in range(self.n)]
+        return self.sets[net], ("127.0.0.1" if net == "loopback" else "10.77.0.1")
+
+    def run(self, setting, argv, log, port):
+        procs, addr = self.get(setting)
+        for i, p in enumerate(procs):
+            env = dict(RANK=str(i), WORLD_SIZE=str(self.n), LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+                       MASTER_ADDR=addr, MASTER_PORT=str(port))
+            p.stdin.write(json.dumps(dict(argv=argv, env=env, log=log if i == 0 else None)) + "\n")
+            p.stdin.flush()
+        rcs = []
+        for p in procs:
+            line = p.stdout.readline()
+            if not line:
+                raise SystemExit(f"hosts.py: a worker server ended (exit {p.wait()})")
+            rcs.append(json.loads(line)["rc"])
+        return rcs
+
+    def close(self):
+        for procs in self.sets.values():
+            for p in procs:
+                p.stdin.close()
+            for p in procs:
+                p.wait()
+
+
+def add_run_args(ap, plan, results):
+    """The arguments every study on these hosts takes (switch, tta): the workers' Python, the
+    results folder, the quiet-machine guard, the budget, the process group's timeout, --dry-run;
+    defaults from the study's plan (max_busy, budget_min, timeout_s)."""
+    import sys
+    ap.add_argument("--python", default=sys.executable, help="the Python with torch for the workers")
+    ap.add_argument("--results", default=results)
+    ap.add_argument("--max-busy", type=float, default=plan["max_busy"],
+                    help="the machine's busy CPU share over 5 s above which a run waits")
+    ap.add_argument("--budget-min", type=float, default=plan["budget_min"])
+    ap.add_argument("--timeout", type=float, default=plan["timeout_s"], help="the process group's timeout (s)")
+    ap.add_argument("--dry-run", action="store_true")
+
+
+def may_start(name, args, t0):
+    """Whether the next run may start (args from add_run_args; t0: the study's time.monotonic() at
+    its start): not past --budget-min, and a quiet machine (procstat.wait_quiet waits for one up to
+    the budget's end). Says on stderr why not."""
+    import sys
+    import time
+    from studies.lib import procstat
+    end = t0 + 60 * args.budget_min
+    if time.monotonic() > end:
+        print(name + ": --budget-min reached; rerun to resume", file=sys.stderr)
+        return False
+    if not procstat.wait_quiet(args.max_busy, end):
+        print(name + ": --budget-min reached while waiting for a quiet machine; rerun to resume",
+              file=sys.stderr)
+        return False
+    return True

@@ -1,0 +1,1 @@
+"""The perf binary between hosts in network namespaces over shaped links."""

@@ -1,0 +1,1 @@
+"""The approximation-rank study (run.py, report.py, plan.toml)."""

@@ -1,0 +1,1 @@
+"""Plots of the soak run (tests/soak)."""

@@ -1,0 +1,1 @@
+"""The switching study: reducers compared inside one run (run.py, report.py, plan.toml)."""

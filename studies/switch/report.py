@@ -1,0 +1,136 @@
+#!/usr/bin/env python3
+"""The table of switching runs (studies/switch/driver.py), analysed by analysis.py: per setting
+(label, hosts, approximation rank), per reducer the time per batch over runs, its ratio to
+`local` and the overhead, with 95% intervals by run; the ratios of overheads against issue 27's
+targets and their verdicts; socket bytes against each reducer's model. Names its input files, the
+runs' git revisions and this report's.
+
+  /usr/bin/python3 -m studies.switch.report studies/switch/results/main [more files or dirs]
+      [--json summary.json] [--allow-dirty]
+"""
+import argparse
+import glob
+import json
+import os
+import sys
+
+from studies.lib.provenance import revision
+from studies.switch import analysis as sa
+
+
+
+def inputs(paths):
+    files = []
+    for p in paths:
+        if not os.path.exists(p):
+            raise SystemExit(f"studies.switch.report: no such file or folder: {p}")
+        files += sorted(f for f in glob.glob(os.path.join(p, "**", "*.json"), recursive=True)
+                        if os.path.basename(f) != "summary.json") if os.path.isdir(p) else [p]
+    return files
+
+
+def _ci(t, fmt="{:.1f}"):
+    m, lo, hi = t
+    return f"{fmt.format(m)} [{fmt.format(lo)}, {fmt.format(hi)}]"
+
+
+def report(files, allow_dirty=False):
+    """(markdown lines, summary dict)."""
+    lines = [f"Report at revision {revision()}; {len(files)} input files:"]
+    groups, left_out, revs = {}, [], set()
+    for f in files:
+        try:
+            with open(f) as fh:
+                d = json.load(fh)
+        except (OSError, ValueError) as e:
+            left_out.append((f, f"unreadable ({e})"))
+            continue
+        if not isinstance(d, dict) or d.get("kind") != "switch":
+            left_out.append((f, "not a switching run"))
+            continue
+        ok, why = sa.usable(d)
+        if not ok and not (allow_dirty and why.startswith("uncommitted")):
+            left_out.append((f, why))
+            continue
+        revs.add(d["machine"].get("git"))
+        groups.setdefault(sa.setting_key(d), []).append((f, sa.run_summary(d)))
+    lines += [f"- {f}" for f in files]
+    lines += [f"Left out: {f}: {why}" for f, why in left_out]
+    lines += [f"Runs' revisions: {', '.join(sorted(r for r in revs if r))}", ""]
+    summary = {}
+    for (setting, world, rank), runs in sorted(groups.items()):
+        sums = [s for _, s in runs]
+        table = sa.compare(sums)
+        is_target = setting in sa.TARGET_SETTINGS and rank == sa.TARGET_RANK
+        tg = sa.targets(sums, is_target)
+        summary[f"{setting}/{world}hosts/r{rank}"] = dict(runs=[f for f, _ in runs], table=table, targets=tg)
+        lines += [f"### {setting}, {world} hosts, rank {rank}: {len(runs)} runs", "",
+                  "Per run, each reducer's mean time per batch over its kept steps; over runs: the "
+                  "mean with its 95% t-interval, the median of the runs' medians, the ratio to "
+                  "`local` (geometric mean of the runs' ratios, 95% interval), the overhead over "
+                  "`local` (mean [95%], median), the run delay per step, and socket payload bytes "
+                  "per step (all ranks, sent minus retransmitted, `local`'s floor taken off) against the "
+                  "model, and the bytes TCP retransmitted.", "",
+                  "| reducer | runs | ms/batch | median | ratio to local | overhead ms | overhead median "
+                  "| run delay ms/step | bytes/step | model | worst vs model | retransmitted/step |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for name, row in table.items():
+            ratio = _ci(row["ratio_to_local"], "{:.3f}") if row.get("ratio_to_local") else "—"
+            over = _ci(row["overhead_ms"]) if "overhead_ms" in row else "—"
+            med = f"{row['overhead_median_ms']:.1f}" if "overhead_median_ms" in row else "—"
+            worst = max(row.get("bytes_vs_model") or [0.0], key=abs)
+            flag = " (over 5%)" if abs(worst) > sa.BYTES_TOLERANCE else ""
+            lines.append(f"| {name} | {row['runs']} | {_ci(row['mean_ms'])} | {row['median_ms']:.1f} "
+                         f"| {ratio} | {over} | {med} | {row['run_delay_ms']:.1f} | "
+                         f"{row['bytes_per_step']:.0f} | {row['model_bytes_per_step']:.0f} | "
+                         f"{100 * worst:+.1f}%{flag if name != 'local' else ''} | "
+                         f"{row['retrans_per_step']:.0f} |")
+        if any(row.get("ss_bytes_per_step") is not None or row.get("link_bytes_per_step") is not None
+               for row in table.values()):
+            lines += ["", "The other two byte counts per step, all ranks, as counted (nothing taken "
+                      "off): `ss -tin`'s bytes_sent per host, and the link's tx bytes (headers and "
+                      "ACKs included; on loopback every rank's count is the same shared `lo`).", "",
+                      "| reducer | sockets (process) | ss -tin (host) | link tx |", "|---|---|---|---|"]
+            for name, row in table.items():
+                def fmt(v):
+                    return "—" if v is None else f"{v:.0f}"
+                lines.append(f"| {name} | {fmt(row['raw_bytes_per_step'])} | "
+                             f"{fmt(row.get('ss_bytes_per_step'))} | {fmt(row.get('link_bytes_per_step'))} |")
+        lines.append("")
+        for t in tg:
+            a, b = t["pair"]
+            if "ratio" not in t:
+                lines.append(f"- {a} / {b} overheads: {t['verdict']} ({t['reason']})")
+                continue
+            iv = "unbounded" if t["low"] is None else f"[{t['low']:.3f}, {t['high']:.3f}]"
+            lines.append(f"- {a} / {b} overheads, target <= {t['target']:.3g}: ratio of means "
+                         f"{t['ratio']:.3f}, Fieller 95% {iv}, median of runs' ratios "
+                         f"{t['median_per_run']:.3f}; contrast {a} - {t['target']:.3g} x {b}: "
+                         f"{_ci(t['contrast_ms'])} ms; time ratio {a}/{b} "
+                         f"{_ci(t['time_ratio'], '{:.3f}')}: **{t['verdict']}** ({t['reason']})")
+        lines.append("")
+    return lines, summary
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("paths", nargs="+", help="run JSON files or folders holding them")
+    ap.add_argument("--json", help="also write the summary here")
+    ap.add_argument("--allow-dirty", action="store_true",
+                    help="keep runs from a tree with uncommitted changes (never for the doc)")
+    args = ap.parse_args()
+    files = inputs(args.paths)
+    if not files:
+        raise SystemExit("studies.switch.report: no JSON files in " + " ".join(args.paths))
+    lines, summary = report(files, args.allow_dirty)
+    if not summary:  # never overwrite a summary with an empty one
+        sys.stderr.write("\n".join(lines) + "\n")
+        raise SystemExit("studies.switch.report: no usable switching run in " + " ".join(args.paths))
+    print("\n".join(lines))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(summary, f, indent=1, default=str)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""The training driver (train.py), its models (digits.py, charlm.py) and reducers."""

@@ -1,0 +1,61 @@
+"""One DDP comm hook that hands each step's buckets to the reducer of the current block
+(studies/switch/driver.py). Each reducer keeps its own state for the whole run: PyTorch's and
+lowrank's PowerSGD states (residuals, warm-start Q, warm-up counts) go on from the end of that
+reducer's previous block. A step is reduced by one reducer only: `use()` is called between steps
+(DDP has waited every bucket's future when backward returns), so no two reducers' collectives
+are ever in flight together.
+"""
+from studies.train import torch_baseline
+
+NAMES = ["local", "allreduce", "fp16", "torch-powersgd", "lowrank"]
+
+
+def _local(_state, bucket):
+    """No reduction: the compute-only floor."""
+    return torch_baseline.completed(bucket.buffer())
+
+
+class Switch:
+    """hook(state, bucket) for DDP's register_comm_hook (its state argument is unused); the
+    reducers' (state, hook) pairs made once, on every rank at the same point (lowrank's state
+    makes its communicator: a collective)."""
+
+    def __init__(self, names, rank, start_iter, seed):
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        self.reducers = {}
+        for name in names:
+            if name == "local":
+                self.reducers[name] = (None, _local)
+            elif name == "allreduce":  # full precision through a hook, as the others are
+                self.reducers[name] = (None, default_hooks.allreduce_hook)
+            elif name == "fp16":
+                self.reducers[name] = (None, default_hooks.fp16_compress_hook)
+            elif name == "torch-powersgd":
+                self.reducers[name] = torch_baseline.make("chained", None, rank, start_iter, seed)
+            elif name == "lowrank":
+                from lowrank.torch import PowerSGDState, powerSGD_hook
+                self.reducers[name] = (PowerSGDState(process_group=None,
+                                                     matrix_approximation_rank=rank,
+                                                     start_powerSGD_iter=start_iter,
+                                                     random_seed=seed), powerSGD_hook)
+            else:
+                raise ValueError(f"unknown reducer {name!r}; known: {', '.join(NAMES)}")
+        self.current = names[0]
+
+    def use(self, name):
+        """The reducer of the next steps; call between steps only."""
+        if name not in self.reducers:
+            raise ValueError(f"reducer {name!r} was not made")
+        self.current = name
+
+    def hook(self, _state, bucket):
+        state, fn = self.reducers[self.current]
+        return fn(state, bucket)
+
+    def lowrank_state(self):
+        return self.reducers.get("lowrank", (None,))[0]
+
+    def close(self):
+        st = self.lowrank_state()
+        if st is not None:
+            st.close()

@@ -1,0 +1,1 @@
+"""The time-to-accuracy study (run.py, report.py, plan.toml)."""

@@ -1,0 +1,134 @@
+#!/usr/bin/env python3
+"""Issue 27 item 5, time to accuracy: the CNN trained to the end of its schedule (train.py's
+defaults: 10 epochs, per-worker batch 8, SGD with momentum, warm-up then cosine) on 4 hosts, one
+worker per network namespace of studies/lib/netns_hosts.sh on links shaped to 100 Mbit/s, by full
+precision (DDP's allreduce), fp16, PyTorch's PowerSGD hook chained bucket after bucket (the fair
+baseline, studies/train/torch_baseline.py) and lowrank's hook, both PowerSGD hooks at ranks 2 and 4;
+3 seeds each. Each run's JSON holds every epoch's training time (`train_s`: the steps alone, the
+evaluation that follows each epoch left out) and test accuracy: studies/tta/report.py turns
+them into the table, the verdicts and the figure of accuracy against training time.
+
+Order: seed by seed, every configuration once per seed, the order reversed on odd seeds (no
+configuration always follows the same one). Guards, as the switch study's: a tree with uncommitted
+changes runs nothing; a run starts only when at most --max-busy of the machine's CPU time was busy
+over the last 5 s (nothing else running). Resumable: a run whose JSON exists is not rerun; stops
+before a run that would start past --budget-min.
+
+  sudo /usr/bin/python3 -m studies.tta.run --python /work/venv2/bin/python
+  /usr/bin/python3 -m studies.tta.run --dry-run                # the plan, nothing run
+
+Writes studies/tta/results/<rate>/cnn_<reducer>[_r<k>]_s<seed>.json (and .log, rank 0's
+output). Needs root (namespaces, tc, nice -20). The plan: plan.toml beside this file.
+"""
+import argparse
+import json
+import os
+import re
+import sys
+import time
+
+from studies.lib import plan as planfile
+from studies.lib import provenance
+from studies.lib.hosts import Hosts, Servers, add_run_args, may_start
+from studies.lib.launch import ROOT
+
+PLAN = planfile.load(__file__)
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+HOSTS = PLAN["hosts"]
+CONFIGS = ",".join(PLAN["configs"])
+NAME = "studies.tta.run"
+
+
+def parse_configs(text):
+    """"reducer[:k],..." -> [(reducer, k or 0)]."""
+    out = []
+    for item in text.split(","):
+        reducer, _, k = item.strip().partition(":")
+        if reducer not in ("allreduce", "fp16", "torch-powersgd", "lowrank", "lowrank-exact"):
+            raise SystemExit(f"{NAME}: unknown reducer {reducer!r} in {item!r}")
+        if (reducer in ("torch-powersgd", "lowrank")) != bool(re.fullmatch(r"[0-9]+", k)) \
+                or (k and int(k) < 1):
+            raise SystemExit(f"{NAME}: {item!r}: the PowerSGD reducers take :RANK, "
+                             "the others none")
+        c = (reducer, int(k) if k else 0)
+        if c in out:
+            raise SystemExit(f"{NAME}: {item!r} given twice")
+        out.append(c)
+    return out
+
+
+def plan(configs, seeds):
+    """(seed, reducer, k) in the order run."""
+    out = []
+    for s in range(seeds):
+        order = configs[::-1] if s % 2 else configs
+        out += [(s, r, k) for r, k in order]
+    return out
+
+
+def name(reducer, k, seed):
+    return f"cnn_{reducer}" + (f"_r{k}" if k else "") + f"_s{seed}"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--configs", default=CONFIGS, help="reducer[:rank],... (default: %(default)s)")
+    ap.add_argument("--seeds", type=int, default=PLAN["seeds"])
+    ap.add_argument("--rate", default=PLAN["rate"], help="every link's rate (tc's syntax)")
+    add_run_args(ap, PLAN, RESULTS)
+    args = ap.parse_args()
+    configs = parse_configs(args.configs)
+    if not re.fullmatch(r"[0-9]+(\.[0-9]+)?[kmg]?bit", args.rate):
+        raise SystemExit(f"{NAME}: --rate {args.rate!r}: a rate in bits per second in tc's "
+                         "syntax, e.g. 100mbit or 1gbit")
+    if args.seeds < 1:
+        raise SystemExit(NAME + ": --seeds must be at least 1")
+    if not 0 <= args.max_busy < 1:
+        raise SystemExit(NAME + ": --max-busy is a share of the CPU, in [0, 1)")
+    outdir = os.path.join(args.results, args.rate)
+    todo = [c for c in plan(configs, args.seeds)
+            if not os.path.exists(os.path.join(outdir, name(c[1], c[2], c[0]) + ".json"))]
+    print(f"# {NAME}: {HOSTS} hosts at {args.rate}, {len(configs)} configurations x "
+          f"{args.seeds} seeds; {len(todo)} to do", flush=True)
+    if args.dry_run or not todo:
+        for s, r, k in todo:
+            print(f"  seed {s} {r}" + (f" k={k}" if k else ""))
+        return 0
+    provenance.refuse_unless_ready(NAME, ROOT, args.python, need_root=True)
+    os.makedirs(outdir, exist_ok=True)
+    hosts = Hosts(HOSTS, tag=f"lrt{os.getpid() % 100000}")
+    servers, failed, t0 = None, 0, time.monotonic()
+    try:
+        hosts.make()
+        hosts.shape(args.rate)
+        servers = Servers(args.python, hosts)  # train.py --serve on each host
+        for n, (seed, reducer, k) in enumerate(todo):
+            if not may_start(NAME, args, t0):
+                return 3
+            out = os.path.join(outdir, name(reducer, k, seed) + ".json")
+            argv = ["--model", "cnn", "--reducer", reducer, "--rank", str(k or 4), "--seed",
+                    str(seed), "--timeout", str(args.timeout), "--out", out]
+            ts = time.monotonic()
+            port = 23000 + (os.getpid() % 200) * 40 + n % 40
+            rcs = servers.run(args.rate, argv, out[:-5] + ".log", port)
+            ok = all(rc == 0 for rc in rcs) and os.path.exists(out)
+            if ok:
+                e = json.load(open(out))["epochs"][-1]
+                note = f"test accuracy {e['test_accuracy']:.4f}"
+            else:
+                failed += 1
+                note = f"FAILED (exit statuses {rcs}; see {out[:-5]}.log)"
+                if os.path.exists(out):
+                    os.remove(out)
+            print(f"{time.strftime('%H:%M:%S')} seed {seed} {reducer}" + (f" k={k}" if k else "")
+                  + f": {time.monotonic() - ts:.0f} s, {note}", flush=True)
+    finally:
+        if servers is not None:
+            servers.close()
+        hosts.down()
+    print(f"# {NAME}: done in {(time.monotonic() - t0) / 60:.0f} min, {failed} runs failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
