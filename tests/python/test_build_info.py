@@ -1,6 +1,7 @@
 """lowrank.build_info(): the loaded library's resolved file, its sha256 and the revision it was
 built from agree with the file itself and with git (asked here, not through the build's generator);
-a library replaced on disk after it was loaded is refused, not hashed."""
+a loaded plugin is listed with its hash; a library replaced on disk after it was loaded is refused,
+not hashed."""
 import hashlib
 import json
 import os
@@ -41,6 +42,32 @@ def test_the_file_and_its_hash_are_the_loaded_library():
     code = lowrank.library_version()
     assert info["version"] == f"{code // 10000}.{code // 100 % 100}.{code % 100}"
     assert info["package_version"] == lowrank.__version__
+    for plugin in info["plugins"]:
+        with open(plugin["library"], "rb") as f:
+            assert plugin["sha256"] == hashlib.sha256(f.read()).hexdigest()
+
+
+LOADS_THE_SHIM = """
+import ctypes, json, os
+import lowrank
+lowrank.build_info()
+ctypes.CDLL(os.environ["LOWRANK_TEST_SHIM"])
+print(json.dumps(lowrank.build_info()))
+"""
+
+
+def test_a_loaded_plugin_is_listed_with_its_hash():
+    shim = os.environ.get("LOWRANK_TEST_SHIM", "")
+    if not shim:
+        pytest.skip("no NCCL shim built (LOWRANK_TEST_SHIM unset)")
+    env = dict(os.environ,
+               PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(lowrank.__file__))))
+    r = subprocess.run([sys.executable, "-c", LOADS_THE_SHIM], env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    with open(shim, "rb") as f:
+        want = {"library": os.path.realpath(shim), "sha256": hashlib.sha256(f.read()).hexdigest()}
+    assert json.loads(r.stdout)["plugins"] == [want], r.stdout
 
 
 def test_the_revision_is_the_checkouts():
