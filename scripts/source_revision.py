@@ -22,6 +22,7 @@ from the recorded one, -1 when nothing was recorded.
 import argparse
 import hashlib
 import os
+import re
 import subprocess
 import sys
 
@@ -114,11 +115,15 @@ def commit_digest(root, rev):
 
 
 def read_dist_file(root):
+    """(revision, sources digest) recorded in an sdist, each None where absent or malformed."""
     try:
         with open(os.path.join(root, DIST_FILE)) as f:
-            return dict(line.split(None, 1) for line in f.read().split("\n") if " " in line)
+            fields = dict(line.split(None, 1) for line in f.read().split("\n") if " " in line)
     except OSError:
-        return {}
+        fields = {}
+    revision, digest = fields.get("revision", "").strip(), fields.get("sources_digest", "").strip()
+    return (revision if re.fullmatch(r"[0-9a-f]{40}", revision) else None,
+            digest if re.fullmatch(r"[0-9a-f]{64}", digest) else None)
 
 
 def build_info(root):
@@ -132,9 +137,9 @@ def build_info(root):
         except subprocess.CalledProcessError:  # a repository with no commit yet
             revision, recorded = UNKNOWN, None
     else:
-        dist = read_dist_file(root)
-        revision, recorded = dist.get("revision", UNKNOWN).strip(), dist.get("sources_digest")
-    dirty = -1 if recorded is None else int(recorded.strip() != current)
+        revision, recorded = read_dist_file(root)
+        revision = revision or UNKNOWN
+    dirty = -1 if recorded is None else int(recorded != current)
     return {"revision": revision, "sources_dirty": dirty, "sources_digest": current}
 
 

@@ -110,3 +110,10 @@ def test_a_tree_inside_another_repository_is_not_its_revision(tree):
     write(inner / "meson.build", "meson.build\n")
     got = info(inner)
     assert got["revision"] == "unknown" and got["sources_dirty"] == "-1"
+
+
+def test_a_malformed_record_is_unknown(tmp_path):
+    write(tmp_path / "plugin/api/a.cc", "a\n")
+    write(tmp_path / ".lowrank_revision", 'revision 123"; int x;\nsources_digest zz\n')
+    got = info(tmp_path)
+    assert got["revision"] == "unknown" and got["sources_dirty"] == "-1"
