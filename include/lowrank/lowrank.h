@@ -137,6 +137,19 @@ typedef struct {
 /* *version = LOWRANK_VERSION_CODE of the library loaded. Errors: lowrankInvalidArgument (null). */
 lowrankResult_t lowrankGetVersion(int* version);
 
+/* The sources the library loaded was built from, for a result's provenance, as the build found
+ * them (at every build, not only at configure). *revision: the git commit checked out in the
+ * source tree, 40 hex digits; "unknown" where the tree was not a git checkout of its own and no
+ * revision was recorded (an sdist made by `meson dist` records it). *sourcesDirty: 1 when the
+ * library's sources (every file under plugin/, kernels/ and include/, and every meson.build and
+ * meson_options.txt) differed from that revision's, 0 when they did not, -1 when unknown.
+ * *sourcesDigest: 64 hex digits, the sha256 of those sources as built (equal sources, equal
+ * digest, whatever the revision; scripts/source_revision.py computes it for a commit). The
+ * strings are static. Any argument may be NULL. Errors: none (returns lowrankSuccess).
+ * Thread safety: any thread. */
+lowrankResult_t lowrankGetBuildInfo(const char** revision, int* sourcesDirty,
+                                    const char** sourcesDigest);
+
 /* A static, human-readable name of a result code; never null. */
 const char* lowrankGetErrorString(lowrankResult_t result);
 

@@ -8,6 +8,7 @@ Method: Vogels, Karimireddy, Jaggi, "PowerSGD: Practical Low-Rank Gradient Compr
 Distributed Optimization", NeurIPS 2019 (arXiv 1905.13727).
 """
 from ._capi import BufferView, Config, Stats, load as load_library
+from ._build_info import build_info
 from .comm import Communicator, get_unique_id, make_config, nccl_unique_id, tensor_array
 from .errors import InvalidArgumentError, LibraryNotFoundError, LowrankError
 
@@ -42,4 +43,5 @@ def library_version():
 __all__ = ["Communicator", "get_unique_id", "nccl_unique_id", "make_config", "tensor_array",
            "LowrankError",
            "InvalidArgumentError", "LibraryNotFoundError", "library_path", "library_version",
+           "build_info",
            "BufferView", "Config", "Stats"]

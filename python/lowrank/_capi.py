@@ -128,8 +128,11 @@ _PROTOTYPES = {
 }
 # Present only where the library was built with NCCL's header (lowrank_nccl.h), or only in newer
 # libraries (lowrankGetNcclLibrary: 0.1.0 from this package's release on; lowrankBufferSetTensors:
-# tensor ids, after 0.1.0; lowrankBufferGetTensorRanks: per-tensor ranks, after that).
+# tensor ids, after 0.1.0; lowrankBufferGetTensorRanks: per-tensor ranks, after that;
+# lowrankGetBuildInfo: the revision built from, after that).
 _OPTIONAL = {
+    "lowrankGetBuildInfo": (_R, [ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(_I),
+                                 ctypes.POINTER(ctypes.c_char_p)]),
     "lowrankBufferSetTensors": (_R, [_P, _P, _I, ctypes.POINTER(Tensor)]),
     "lowrankBufferGetTensorRanks": (_R, [_P, _P, ctypes.POINTER(_I), ctypes.POINTER(_I)]),
     "lowrankGetNcclLibrary": (_R, [ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(ctypes.c_char_p),

@@ -30,6 +30,15 @@ def _lowrank(out):
     out.append(f"lowrank {lowrank.__version__} (package {os.path.dirname(lowrank.__file__)})")
     lib = _capi.load()
     out.append(f"  library: {lib.lowrank_path} (version code {lowrank.library_version()})")
+    try:
+        info = lowrank.build_info()
+    except Exception as e:  # noqa: BLE001 (the library loaded: the report goes on)
+        out.append(f"  build info: failed: {e}")
+        return lib
+    dirty = {True: "differed from it", False: "as committed", None: "unknown"}[info["sources_dirty"]]
+    out.append(f"  resolved: {info['library']}, sha256 {info['sha256']}")
+    out.append(f"  built from revision {info['revision']} (library sources: {dirty}; "
+               f"digest {info['sources_digest']})")
     return lib
 
 

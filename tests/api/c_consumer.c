@@ -1,5 +1,6 @@
 /* The public header is plain C (no CUDA, no C++): this program is compiled as C99 with warnings as
- * errors, and checks a one-rank allreduce and the config initializer through the C ABI. */
+ * errors, and checks a one-rank allreduce, the config initializer and the build info through the
+ * C ABI. */
 #include <lowrank/lowrank.h>
 #include <stdio.h>
 
@@ -9,8 +10,10 @@ int main(void) {
   lowrankComm_t comm;
   float x[256];
   int i, version = 0;
+  const char* revision = NULL;
   if (cfg.size != sizeof(lowrankConfig_t) || cfg.magic != LOWRANK_CONFIG_MAGIC) return 1;
   if (lowrankGetVersion(&version) != lowrankSuccess || version != LOWRANK_VERSION_CODE) return 2;
+  if (lowrankGetBuildInfo(&revision, NULL, NULL) != lowrankSuccess || !revision) return 8;
   cfg.approxRank = 2;
   if (lowrankGetUniqueId(&id) != lowrankSuccess) return 3;
   if (lowrankCommInitRankConfig(&comm, 1, id, 0, &cfg) != lowrankSuccess) return 4;
