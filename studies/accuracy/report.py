@@ -153,6 +153,17 @@ def time_table(rows):
     return out
 
 
+def verdict(t):
+    """MET / NOT MET; a rule decided on more seeds than plan.toml's [seeds] says so: those seeds
+    were added after a result (optional stopping), so it is not the plan's test."""
+    planned = PLAN["seeds"][t["model"]]
+    word = "MET" if t["met"] else "NOT MET"
+    if max(t["n"]) > planned:
+        word += (f" on seeds beyond the plan's {planned}, added after a result (optional stopping: "
+                 "not the plan's test)")
+    return word
+
+
 def write_summary(rows, targets):
     os.makedirs(RESULTS, exist_ok=True)
     with open(os.path.join(RESULTS, "summary.json"), "w") as f:
@@ -174,7 +185,7 @@ def write_summary(rows, targets):
                      f"{r['mean']:.4f} | — | {r['batch_ms']:.1f} | {r['bits_per_worker']:.3g} | — |")
     lines += time_table(rows)
     lines += ["", "## Targets", ""]
-    lines += [f"- {'MET' if t['met'] else 'NOT MET'}: {t['text']} (seeds {t['n'][0]} and {t['n'][1]})"
+    lines += [f"- {verdict(t)}: {t['text']} (seeds {t['n'][0]} and {t['n'][1]})"
               for t in targets] or ["- no results yet"]
     with open(os.path.join(RESULTS, "summary.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
