@@ -155,10 +155,18 @@ def decisions(rows, runs):
                 half = (f"; in 16 bits, by the ring model: the factors alone {r['bits16_factors_frac']:.3f} of "
                         f"full's bits, every element after the 32-bit warm-up "
                         f"{r['bits16_after_warmup_frac']:.3f}")
+            per_seed = ""  # the rule is on the means; the per-seed spread beside it
+            if len(seeds) >= 2:
+                ad, fd = runs[("transformer", r["config"])], full
+                iv = stats.mean_interval([final_metric(ad[s]) / final_metric(fd[s]) - 1 for s in seeds],
+                                         D["within_confidence"])
+                per_seed = (f"; per seed, loss / full's - 1: mean {iv.estimate:+.2%} (SE {iv.se:.2%}; "
+                            f"{iv.confidence:.0%} interval [{iv.low:+.2%}, {iv.high:+.2%}])")
             out.append(f"- transformer {r['config']}: within {D['within_full'] - 1:.0%} of full precision on seeds {seeds} "
                        f"({m:.4f} against {f:.4f}, {m / f - 1:+.2%}) at {r['bits_frac']:.3f} of its bits "
                        f"sent ({r['bits_ring_frac']:.3f} by the ring model): "
-                       + ("meets" if meets else "misses") + f" the {D['bits_budget']:g} budget" + half)
+                       + ("meets" if meets else "misses") + f" the {D['bits_budget']:g} budget" + half
+                       + per_seed)
     fixed = [r for r in rows if r["model"] == "transformer" and r["config"][:1] == "r"
              and r["config"][1:].isdigit()]
     for a in (r for r in rows if r["model"] == "transformer" and r["config"].startswith("a")):
