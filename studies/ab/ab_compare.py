@@ -3,7 +3,7 @@
 interleaved in one run: A B A B ..., one pair after the other, so that the machine's drift (other
 jobs, clock, caches) falls on both sides of every pair.
 
-  /usr/bin/python3 studies/ab/ab_compare.py --base BASE_BUILD/perf/lowrank_allreduce_perf \
+  /usr/bin/python3 -m studies.ab.ab_compare --base BASE_BUILD/perf/lowrank_allreduce_perf \
       --cand CAND_BUILD/perf/lowrank_allreduce_perf --pairs 12 --out /tmp/ab [-- PERF ARGS]
 
 Default perf arguments: ResNet-50 shapes (studies/lib/gradsets.py resnet50, made once in --grads if missing),
@@ -17,7 +17,8 @@ Each run writes its JSON (-J); per pair the script takes cand/base of
     run's timed calls, so less noisy than either alone).
 The 95% interval of a ratio: the per-pair ratios' logarithms, mean +- t(0.975, n-1) * sd / sqrt(n),
 exponentiated (the interval of the geometric mean ratio); "upper95" is the one-sided 95% upper bound,
-mean + t(0.95, n-1) * sd / sqrt(n), the test of "no slowdown". --verdict METRIC:BOUND states, before
+mean + t(0.95, n-1) * sd / sqrt(n), the test of "no slowdown" (studies/lib/stats.py: paired_ratio,
+paired_ratio_upper_bound; exact quantiles). --verdict METRIC:BOUND states, before
 the run, the metric and bound that decide: "no slowdown shown" when its upper95 <= BOUND, otherwise
 "not shown". --alternate runs base first in the first pair run (the warm-up, when there is one)
 and swaps the order in every pair after it (each pair's order is in runs.json), so that a run's
@@ -27,7 +28,8 @@ The load average is read before every run.
 moment, decided before the pair, never from a result). --logs: compute the same statistics from the
 printed output of an interleaved run made by another harness (every run's output appended in order).
 Writes OUT/runs.json (every run), OUT/summary.json and OUT/summary.md; prints the summary.
-Standard library only (no numpy, no scipy). First use: studies/ab/results/issue15_ab.md.
+Needs scipy (studies/lib/stats.py; Debian's python3-scipy); run from the checkout's root as a
+module, as above. First use: studies/ab/results/issue15_ab.md.
 """
 import argparse
 import datetime
@@ -39,51 +41,12 @@ import subprocess
 import sys
 import time
 
+from studies.lib import stats
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
-# two-sided 95% quantiles of Student's t, by degrees of freedom
-T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262,
-        10: 2.228, 11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110,
-        18: 2.101, 19: 2.093, 20: 2.086, 21: 2.080, 22: 2.074, 23: 2.069, 24: 2.064, 25: 2.060,
-        26: 2.056, 27: 2.052, 28: 2.048, 29: 2.045, 30: 2.042, 40: 2.021, 60: 2.000, 120: 1.980}
-
-
-# one-sided 95% quantiles of Student's t, by degrees of freedom
-T95 = {1: 6.314, 2: 2.920, 3: 2.353, 4: 2.132, 5: 2.015, 6: 1.943, 7: 1.895, 8: 1.860, 9: 1.833,
-       10: 1.812, 11: 1.796, 12: 1.782, 13: 1.771, 14: 1.761, 15: 1.753, 16: 1.746, 17: 1.740,
-       18: 1.734, 19: 1.729, 20: 1.725, 21: 1.721, 22: 1.717, 23: 1.714, 24: 1.711, 25: 1.708,
-       26: 1.706, 27: 1.703, 28: 1.701, 29: 1.699, 30: 1.697, 40: 1.684, 60: 1.671, 120: 1.658}
-
-
-def t_quantile(table, df):
-    """The table's quantile at df, or at the largest tabulated df below it (conservative)."""
-    if df in table:
-        return table[df]
-    keys = sorted(k for k in table if k <= df)
-    return table[keys[-1]] if keys else table[1]
-
-
-def _logs(ratios):
-    """(mean, standard error) of the ratios' logarithms; the error is None below 2 pairs."""
-    logs = [math.log(r) for r in ratios]
-    n = len(logs)
-    m = statistics.fmean(logs)
-    return m, (statistics.stdev(logs) / math.sqrt(n) if n >= 2 else None)
-
-
-def interval(ratios):
-    """Geometric mean of the ratios and its two-sided 95% t-interval (on the logarithms)."""
-    m, se = _logs(ratios)
-    if se is None:
-        return math.exp(m), None, None
-    half = t_quantile(T975, len(ratios) - 1) * se
-    return math.exp(m), math.exp(m - half), math.exp(m + half)
-
-
-def upper95(ratios):
-    """The one-sided 95% upper bound of the geometric mean ratio (None below 2 pairs)."""
-    m, se = _logs(ratios)
-    return None if se is None else math.exp(m + t_quantile(T95, len(ratios) - 1) * se)
+CONFIDENCE = 0.95        # the two-sided interval's central coverage
+BOUND_CONFIDENCE = 0.95  # the one-sided upper bound's coverage (upper95, --verdict)
 
 
 def loadavg():
@@ -157,6 +120,29 @@ def parse_text(text):
     return runs
 
 
+def summarize(counted):
+    """{metric key: its statistics} over the counted pairs (each with "base" and "cand" runs):
+    per metric in METRICS that every run has, the per-pair ratios cand / base, their geometric
+    mean with its CONFIDENCE interval (stats.paired_ratio), the one-sided BOUND_CONFIDENCE upper
+    bound (stats.paired_ratio_upper_bound), the median ratio and each side's median. SystemExit
+    for a value <= 0 (no ratio)."""
+    out = {}
+    for key, field, what in METRICS:
+        if any(p[s][field] is None for p in counted for s in ("base", "cand")):
+            continue
+        if any(p[s][field] <= 0 for p in counted for s in ("base", "cand")):
+            raise SystemExit(f"ab_compare: a run has {field} <= 0: no ratio can be taken")
+        cand, base = [p["cand"][field] for p in counted], [p["base"][field] for p in counted]
+        ratio = stats.paired_ratio(cand, base, CONFIDENCE)
+        out[key] = {
+            "what": what, "ratios": [c / b for c, b in zip(cand, base)], "geomean": ratio.estimate,
+            "ci95": [ratio.low, ratio.high],
+            "upper95": stats.paired_ratio_upper_bound(cand, base, BOUND_CONFIDENCE).upper,
+            "median_ratio": statistics.median(c / b for c, b in zip(cand, base)),
+            "base_median": statistics.median(base), "cand_median": statistics.median(cand)}
+    return out
+
+
 METRICS = [("oop", "oop_us", "out-of-place time per call"),
            ("inp", "inp_us", "in-place time per call"),
            ("call", "call_us", "time per call, out-of-place and in-place together"),
@@ -169,11 +155,14 @@ METRICS = [("oop", "oop_us", "out-of-place time per call"),
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--base", required=True, help="baseline lowrank_allreduce_perf (with --logs: its log)")
-    ap.add_argument("--cand", required=True, help="candidate lowrank_allreduce_perf (with --logs: its log)")
+    ap.add_argument("--base", help="baseline lowrank_allreduce_perf (with --logs: its log); required")
+    ap.add_argument("--cand", help="candidate lowrank_allreduce_perf (with --logs: its log); required")
     ap.add_argument("--logs", action="store_true",
                     help="run nothing: --base and --cand are the printed output of an interleaved run made by "
                          "another harness, every run's output appended in order, the warm-up runs first")
+    ap.add_argument("--from-runs", action="store_true",
+                    help="run nothing: recompute OUT/summary.{json,md} from OUT/runs.json, with the "
+                         "header (binaries, labels, times, perf arguments, verdict) of OUT/summary.json")
     ap.add_argument("--pairs", type=int, default=12, help="counted pairs (default 12)")
     ap.add_argument("--warmup-pairs", type=int, default=1, help="pairs run first, not counted (default 1)")
     ap.add_argument("--grads", default="/tmp/lowrank-gradsets/resnet50", help="gradient files (made if missing)")
@@ -191,6 +180,21 @@ def main():
     ap.add_argument("--label-cand", default="cand")
     ap.add_argument("perf_args", nargs="*", help="after --: the perf binary's arguments (without -J)")
     a = ap.parse_args()
+    old = None
+    if a.from_runs:
+        if a.logs:
+            ap.error("--from-runs and --logs: one source of runs")
+        try:
+            with open(os.path.join(a.out, "summary.json")) as f:
+                old = json.load(f)
+        except (OSError, ValueError) as e:
+            ap.error(f"--from-runs: cannot read {a.out}/summary.json ({e})")
+        a.base, a.cand = old["base"], old["cand"]
+        a.label_base, a.label_cand = old["label_base"], old["label_cand"]
+        if a.verdict is None and old.get("verdict"):
+            a.verdict = f"{old['verdict']['metric']}:{old['verdict']['bound']}"
+    elif a.base is None or a.cand is None:
+        ap.error("--base and --cand are required (except with --from-runs)")
     verdict = None
     if a.verdict is not None:
         key, _, bound = a.verdict.partition(":")
@@ -207,7 +211,7 @@ def main():
     if a.pairs < 2:
         ap.error("--pairs must be at least 2 (an interval needs two pairs)")
 
-    if not os.path.exists(os.path.join(a.grads, "synth_worker0.safetensors")):
+    if not a.from_runs and not os.path.exists(os.path.join(a.grads, "synth_worker0.safetensors")):
         subprocess.run([sys.executable, os.path.join(HERE, "..", "lib", "gradsets.py"), "resnet50", a.grads, "4"], check=True)
     perf_args = a.perf_args or ["-t", "4", "--gradients", a.grads, "--step", "synth", "-k", "4",
                                 "--mode", "powersgd", "-n", "5", "-w", "2", "--rounds", "1",
@@ -218,7 +222,12 @@ def main():
 
     started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     runs = []
-    total = 0 if a.logs else a.warmup_pairs + a.pairs
+    total = 0 if a.logs or a.from_runs else a.warmup_pairs + a.pairs
+    if a.from_runs:
+        with open(os.path.join(a.out, "runs.json")) as f:
+            runs = json.load(f)
+        started, ended, perf_args = old["started"], old["ended"], old["perf_args"]
+        a.alternate = any(p.get("order", ["base"])[0] == "cand" for p in runs)
     if a.logs:
         with open(a.base) as f:
             base_runs = parse_text(f.read())
@@ -255,7 +264,7 @@ def main():
         b, c = pair["base"], pair["cand"]
         print(f"{tag}: base {b['oop_us'] / 1e3:8.1f} ms  cand {c['oop_us'] / 1e3:8.1f} ms"
               f"  ratio {c['oop_us'] / b['oop_us']:.4f}  load {b['load_before'][0]:.2f}", flush=True)
-    if not a.logs:
+    if not (a.logs or a.from_runs):
         ended = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
     counted = [p for p in runs if p["counted"]]
@@ -266,19 +275,7 @@ def main():
                "base": a.base, "cand": a.cand, "label_base": a.label_base, "label_cand": a.label_cand,
                "load_1min": [p[s]["load_before"][0] for p in counted for s in ("base", "cand")
                              if p[s]["load_before"] is not None],
-               "metrics": {}}
-    for key, field, what in METRICS:
-        if any(p[s][field] is None for p in counted for s in ("base", "cand")):
-            continue
-        if any(p[s][field] <= 0 for p in counted for s in ("base", "cand")):
-            raise SystemExit(f"ab_compare: a run has {field} <= 0: no ratio can be taken")
-        ratios = [p["cand"][field] / p["base"][field] for p in counted]
-        gm, lo, hi = interval(ratios)
-        summary["metrics"][key] = {
-            "what": what, "ratios": ratios, "geomean": gm, "ci95": [lo, hi], "upper95": upper95(ratios),
-            "median_ratio": statistics.median(ratios),
-            "base_median": statistics.median(p["base"][field] for p in counted),
-            "cand_median": statistics.median(p["cand"][field] for p in counted)}
+               "metrics": summarize(counted)}
     undecided = False
     if verdict:
         key, bound = verdict
@@ -288,8 +285,9 @@ def main():
                     "compute and comm need --phases 1)" if undecided else
                     "no slowdown shown" if up is not None and up <= bound else "not shown")
         summary["verdict"] = {"metric": key, "bound": bound, "upper95": up, "decision": decision}
-    with open(os.path.join(a.out, "runs.json"), "w") as f:
-        json.dump(runs, f, indent=1)
+    if not a.from_runs:
+        with open(os.path.join(a.out, "runs.json"), "w") as f:
+            json.dump(runs, f, indent=1)
     with open(os.path.join(a.out, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
 

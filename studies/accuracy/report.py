@@ -11,31 +11,27 @@ Writes RESULTS/summary.{json,md}.
 import argparse
 import glob
 import json
-import math
 import os
+import statistics
 
 from studies.lib import plan as planfile
 from studies.lib import runlabel
+from studies.lib import stats
 from studies.lib.launch import ROOT
 
 PLAN = planfile.load(__file__)
 TARGETS = PLAN["targets"]
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")  # --results
 IMG = os.path.join(ROOT, "docs", "img")                                        # --img
-# Student's t, two-sided 95%, by degrees of freedom (for the intervals over seeds).
-T95 = {1: 12.71, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 
 
 # ---- summary -----------------------------------------------------------------------------------
 def mean_se(xs):
-    n = len(xs)
-    if n == 0:
-        return None, None, 0
-    m = sum(xs) / n
-    if n < 2:
-        return m, None, n
-    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1))
-    return m, sd / math.sqrt(n), n
+    """(mean, standard error, n) over seeds (stats.mean_se); the SE None for one seed."""
+    if len(xs) < 2:
+        return statistics.fmean(xs), None, len(xs)
+    m = stats.mean_se(xs)
+    return m.mean, m.se, m.n
 
 
 def load_runs():
@@ -65,14 +61,15 @@ def summarize(ranks):
     runs = load_runs()
     rows = []
     for (model, reducer, k), ds in sorted(runs.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2] or 0)):
-        m, se, n = mean_se([final_metric(d) for d in ds])
+        values = [final_metric(d) for d in ds]
+        m, se, n = mean_se(values)
         t, tse, _ = mean_se([steady_ms(d) for d in ds])
         b, _, _ = mean_se([d["epochs"][-1]["bits_cumulative"] for d in ds])
         h = [e["hook_call_ms_mean"] for d in ds for e in d["epochs"][1:]
              if e.get("hook_call_ms_mean") is not None]
         rows.append(dict(model=model, reducer=reducer, rank=k, seeds=sorted(d["config"]["seed"] for d in ds),
                          n=n, metric="test_accuracy" if model == "cnn" else "test_loss",
-                         mean=m, se=se, batch_ms=t, batch_ms_se=tse, bits_per_worker=b,
+                         values=values, mean=m, se=se, batch_ms=t, batch_ms_se=tse, bits_per_worker=b,
                          hook_call_ms=sum(h) / len(h) if h else None,
                          workers=ds[0]["config"]["world"], epochs=ds[0]["config"]["epochs"],
                          torch=ds[0]["machine"]["torch"]))
@@ -82,9 +79,10 @@ def summarize(ranks):
         return next((r for r in rows if (r["model"], r["reducer"], r["rank"]) == (model, reducer, k)), None)
 
     def se_diff(a, b):
-        if a["se"] is None or b["se"] is None:
+        """The standard error of mean(a) - mean(b), seeds independent (Welch's); None below 2 seeds."""
+        if a["n"] < 2 or b["n"] < 2:
             return None
-        return math.sqrt(a["se"] ** 2 + b["se"] ** 2)
+        return stats.welch_difference(a["values"], b["values"]).se
 
     for model in ("cnn", "transformer"):
         full = row(model, "allreduce")
@@ -155,6 +153,17 @@ def time_table(rows):
     return out
 
 
+def verdict(t):
+    """MET / NOT MET; a rule decided on more seeds than plan.toml's [seeds] says so: those seeds
+    were added after a result (optional stopping), so it is not the plan's test."""
+    planned = PLAN["seeds"][t["model"]]
+    word = "MET" if t["met"] else "NOT MET"
+    if max(t["n"]) > planned:
+        word += (f" on seeds beyond the plan's {planned}, added after a result (optional stopping: "
+                 "not the plan's test)")
+    return word
+
+
 def write_summary(rows, targets):
     os.makedirs(RESULTS, exist_ok=True)
     with open(os.path.join(RESULTS, "summary.json"), "w") as f:
@@ -176,7 +185,7 @@ def write_summary(rows, targets):
                      f"{r['mean']:.4f} | — | {r['batch_ms']:.1f} | {r['bits_per_worker']:.3g} | — |")
     lines += time_table(rows)
     lines += ["", "## Targets", ""]
-    lines += [f"- {'MET' if t['met'] else 'NOT MET'}: {t['text']} (seeds {t['n'][0]} and {t['n'][1]})"
+    lines += [f"- {verdict(t)}: {t['text']} (seeds {t['n'][0]} and {t['n'][1]})"
               for t in targets] or ["- no results yet"]
     with open(os.path.join(RESULTS, "summary.md"), "w") as f:
         f.write("\n".join(lines) + "\n")

@@ -13,6 +13,7 @@ import os
 import statistics
 
 from studies.lib import plan as planfile
+from studies.lib import stats
 
 PLAN = planfile.load(__file__)
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
@@ -32,7 +33,7 @@ def summary(folder):
     for (model, reducer), ds in sorted(runs.items()):
         key = "test_accuracy" if model == "cnn" else "test_loss"
         xs = [d["epochs"][-1][key] for d in ds]
-        se = statistics.stdev(xs) / len(xs) ** 0.5 if len(xs) > 1 else float("nan")
+        se = stats.mean_se(xs).se if len(xs) > 1 else float("nan")  # one seed: no SE
         bits = statistics.mean(d["epochs"][-1]["bits_per_worker"] for d in ds)
         lines.append(f"| {model} | {reducer} | {len(xs)} | {key} {statistics.mean(xs):.4f} +- {se:.4f} "
                      f"| {bits:.3g} |")

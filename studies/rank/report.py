@@ -12,16 +12,14 @@ import json
 import os
 
 from studies.accuracy.report import final_metric, mean_se  # the accuracy study's, shared
+from studies.lib import stats
 from studies.lib.launch import ROOT
 from studies.rank.design import PLAN, Study, load
 
 D = PLAN["decisions"]
+EQ_ALPHA = (1 - D["eq_confidence"]) / 2  # each one-sided test's size: the 90% interval, tests at 5%
 IMG = os.path.join(ROOT, "docs", "img")
 S = Study("first")  # main() sets the follow-up
-
-
-T90 = {1: 6.314, 2: 2.920, 3: 2.353, 4: 2.132, 5: 2.015}   # two-sided 90% (TOST at 5%)
-assert D["eq_confidence"] == 0.90, "T90 is the two-sided 90% table"
 
 
 def bits_full(d):
@@ -42,6 +40,20 @@ def collect():
     return runs
 
 
+def bits_16(d):
+    """lowrank's payload by the ring model (bits per worker over the run) had it sent in 16 bits
+    what it sends in 32 (not built): (the factors only: the exact warm-up steps and the tensors it
+    leaves exact stay 32-bit; every element after the warm-up). From lowrank_stats: the warm-up
+    steps send every parameter exact; None for other reducers."""
+    st = d.get("lowrank_stats")
+    if not st:
+        return None
+    warm = (st["calls"] - st["compressedCalls"]) * d["config"]["parameters"]
+    exact, factors = st["exactElements"] - warm, st["payloadElements"] - st["exactElements"]
+    unit = 32.0 * d["config"]["ring_factor"]
+    return unit * (warm + exact + factors / 2), unit * (warm + (exact + factors) / 2)
+
+
 def row(model, config, ds, full_bits):
     seeds = sorted(ds)
     vals = [final_metric(ds[s]) for s in seeds]
@@ -53,26 +65,55 @@ def row(model, config, ds, full_bits):
     # sends more than the ring would (bytesSent / payload is about 3.6 at 16 workers)
     ring = [ds[s]["lowrank_stats"]["payloadElements"] * 32.0 * ds[s]["config"]["ring_factor"]
             if ds[s].get("lowrank_stats") else ds[s]["epochs"][-1]["bits_cumulative"] for s in seeds]
+    half = [bits_16(ds[s]) for s in seeds]
+    half = [sum(h[i] for h in half) / len(half) / full_bits for i in (0, 1)] \
+        if full_bits and all(half) else [None, None]
     revs = sorted({ds[s]["machine"].get("git", "?") for s in seeds})
     return dict(model=model, config=config, seeds=seeds, metric=m, se=se, values=vals,
                 bits=sum(bits) / len(bits), bits_frac=(sum(bits) / len(bits)) / full_bits if full_bits else None,
                 bits_after_warmup=(sum(after) / len(after)) if all(a is not None for a in after) else None,
                 bits_ring=sum(ring) / len(ring),
                 bits_ring_frac=(sum(ring) / len(ring)) / full_bits if full_bits else None,
+                bits16_factors_frac=half[0], bits16_after_warmup_frac=half[1],
                 rank_changes=[ds[s].get("lowrank_stats", {}).get("rankChanges") for s in seeds],
                 revisions=revs)
 
 
 def tost(a, b):
-    """Paired (by seed) difference a - b of final metrics: mean, 90% interval, equivalent?"""
+    """Paired (by seed) difference a - b of final metrics against the plan's margin, by two
+    one-sided tests (stats.paired_tost): mean, the eq_confidence interval, equivalent? None
+    below 2 seeds."""
     seeds = sorted(set(a) & set(b))
     if len(seeds) < 2:
         return None
-    d = [final_metric(a[s]) - final_metric(b[s]) for s in seeds]
-    m, se, _ = mean_se(d)
-    half = T90[min(len(d) - 1, 5)] * se
-    return dict(seeds=seeds, diff=m, lo=m - half, hi=m + half,
-                equivalent=(m - half > -D["eq_margin"] and m + half < D["eq_margin"]))
+    t = stats.paired_tost([final_metric(a[s]) for s in seeds], [final_metric(b[s]) for s in seeds],
+                          D["eq_margin"], alpha=EQ_ALPHA)
+    return dict(seeds=seeds, diff=t.estimate, lo=t.interval[0], hi=t.interval[1], p=t.p,
+                equivalent=t.equivalent)
+
+
+def chord(ad, a, f0, f1, key, runs):
+    """The adaptive configuration (row a, runs ad) against the straight line between the fixed
+    rows f0 and f1 at a[key] (bits as a share of full's), per seed on the seeds all three have:
+    dict(f0, f1, seeds, diff (loss minus the line's, nats), se, low, high (the interval at
+    front_confidence), below (the plan's rule: diff < -front_se x SE)); None below 2 seeds."""
+    w = 0.0 if f1[key] == f0[key] else (a[key] - f0[key]) / (f1[key] - f0[key])
+    d0, d1 = runs[("transformer", f0["config"])], runs[("transformer", f1["config"])]
+    seeds = sorted(set(ad) & set(d0) & set(d1))
+    if len(seeds) < 2:
+        return None
+    diffs = [final_metric(ad[s]) - ((1 - w) * final_metric(d0[s]) + w * final_metric(d1[s]))
+             for s in seeds]
+    m, iv = stats.mean_se(diffs), stats.mean_interval(diffs, D["front_confidence"])
+    return dict(f0=f0["config"], f1=f1["config"], seeds=seeds, diff=m.mean, se=m.se, low=iv.low,
+                high=iv.high, below=m.mean < -D["front_se"] * m.se)
+
+
+def bracket(fixed, value, key):
+    """The neighbouring rows of `fixed` (sorted by key) around value: (below, above) or None."""
+    lo = [f for f in fixed if f[key] <= value]
+    hi = [f for f in fixed if f[key] >= value]
+    return (lo[-1], hi[0]) if lo and hi else None
 
 
 def paired(a, b):
@@ -84,6 +125,14 @@ def paired(a, b):
     xb = [final_metric(b[s]) for s in seeds]
     _, se, _ = mean_se([x - y for x, y in zip(xa, xb)])
     return seeds, sum(xa) / len(xa), sum(xb) / len(xb), se
+
+
+def fixed_by(fixed, key):
+    return sorted(fixed, key=lambda r: r[key])
+
+
+def _front(below):
+    return "below the front" if below else "not below the front"
 
 
 def decisions(rows, runs):
@@ -100,32 +149,56 @@ def decisions(rows, runs):
             seeds, m, f, _ = paired(runs[("transformer", r["config"])], full)
             if not seeds or m > D["within_full"] * f:
                 continue
+            meets = r["bits_frac"] <= D["bits_budget"]
+            half = ""  # what 16-bit sending would have cost (not built)
+            if not meets and r["bits16_factors_frac"] is not None:
+                half = (f"; in 16 bits, by the ring model: the factors alone {r['bits16_factors_frac']:.3f} of "
+                        f"full's bits, every element after the 32-bit warm-up "
+                        f"{r['bits16_after_warmup_frac']:.3f}")
+            per_seed = ""  # the rule is on the means; the per-seed spread beside it
+            if len(seeds) >= 2:
+                ad, fd = runs[("transformer", r["config"])], full
+                iv = stats.mean_interval([final_metric(ad[s]) / final_metric(fd[s]) - 1 for s in seeds],
+                                         D["within_confidence"])
+                per_seed = (f"; per seed, loss / full's - 1: mean {iv.estimate:+.2%} (SE {iv.se:.2%}; "
+                            f"{iv.confidence:.0%} interval [{iv.low:+.2%}, {iv.high:+.2%}])")
             out.append(f"- transformer {r['config']}: within {D['within_full'] - 1:.0%} of full precision on seeds {seeds} "
                        f"({m:.4f} against {f:.4f}, {m / f - 1:+.2%}) at {r['bits_frac']:.3f} of its bits "
                        f"sent ({r['bits_ring_frac']:.3f} by the ring model): "
-                       + ("meets" if r["bits_frac"] <= D["bits_budget"] else "misses")
-                       + f" the {D['bits_budget']:g} budget")
-    fixed = sorted((r for r in rows if r["model"] == "transformer" and r["config"][:1] == "r"
-                    and r["config"][1:].isdigit()), key=lambda r: r["bits_frac"])
+                       + ("meets" if meets else "misses") + f" the {D['bits_budget']:g} budget" + half
+                       + per_seed)
+    fixed = [r for r in rows if r["model"] == "transformer" and r["config"][:1] == "r"
+             and r["config"][1:].isdigit()]
     for a in (r for r in rows if r["model"] == "transformer" and r["config"].startswith("a")):
         ad = runs[("transformer", a["config"])]
         for key, what in (("bits_frac", "bits sent"), ("bits_ring_frac", "ring model")):
-            lo = [f for f in fixed if f[key] <= a[key]]
-            hi = [f for f in fixed if f[key] >= a[key]]
-            if not lo or not hi:
+            pair = bracket(fixed_by(fixed, key), a[key], key)
+            if pair is None:
                 out.append(f"- adaptive {a['config']} ({what}): outside the fixed ranks' range of bits")
                 continue
-            f0, f1 = lo[-1], hi[0]
-            w = 0.0 if f1[key] == f0[key] else (a[key] - f0[key]) / (f1[key] - f0[key])
-            d0, d1 = runs[("transformer", f0["config"])], runs[("transformer", f1["config"])]
-            seeds = sorted(set(ad) & set(d0) & set(d1))
-            diffs = [final_metric(ad[s]) - ((1 - w) * final_metric(d0[s]) + w * final_metric(d1[s]))
-                     for s in seeds]
-            m, se, _ = mean_se(diffs)
-            below = se is not None and m < -D["front_se"] * se
+            c = chord(ad, a, *pair, key, runs)
+            if c is None:
+                out.append(f"- adaptive {a['config']} ({what}): fewer than 2 seeds in common")
+                continue
             out.append(f"- adaptive {a['config']} ({what}): at {a[key]:.3f} of full's bits (between "
-                       f"{f0['config']} and {f1['config']}), loss minus the fixed front's on seeds {seeds}: "
-                       f"{m:+.4f} (SE {se:.4f}): " + ("below the front" if below else "not below the front"))
+                       f"{c['f0']} and {c['f1']}), loss minus the fixed front's on seeds {c['seeds']}: "
+                       f"{c['diff']:+.4f} (SE {c['se']:.4f}; {D['front_confidence']:.0%} interval "
+                       f"[{c['low']:+.4f}, {c['high']:+.4f}]): " + _front(c["below"]))
+            # The same rule against the front built without one fixed rank (where that changes
+            # the chord): whether the verdict rests on how the front is built.
+            for left in fixed:
+                rest = fixed_by([f for f in fixed if f is not left], key)
+                other = bracket(rest, a[key], key)
+                if other is None or [f["config"] for f in other] == [c["f0"], c["f1"]]:
+                    continue
+                o = chord(ad, a, *other, key, runs)
+                if o is None:
+                    continue
+                out.append(f"  - without {left['config']} (between {o['f0']} and {o['f1']}, seeds "
+                           f"{o['seeds']}): {o['diff']:+.4f} (SE {o['se']:.4f}; "
+                           f"{D['front_confidence']:.0%} interval [{o['low']:+.4f}, {o['high']:+.4f}]): "
+                           + _front(o["below"]) + ("" if o["below"] == c["below"] else
+                                                   ": the verdict depends on how the front is built"))
     cf, cr = runs.get(("cnn", "full")), runs.get(("cnn", "r2"))
     for c in sorted(c for (m, c) in runs if m == "cnn" and c.startswith("a")):
         ca = runs[("cnn", c)]

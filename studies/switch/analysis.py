@@ -6,12 +6,12 @@ The unit is the run. Each run gives, per reducer, one time per batch: the mean (
 over its kept steps (every measured block's steps after the first --drop-steps; rank 0's step
 times, as train.py's batch_ms). Reducers are compared within a run, then over runs:
 - ratio to `local`, and between reducers: t-interval over the runs' log-ratios, back-transformed
-  (a geometric mean ratio with its 95% interval);
+  (a geometric mean ratio with its interval: stats.paired_ratio);
 - overhead = time - local's time, per run, in ms: mean with its t-interval, and the median;
-- ratio of overheads (the targets): Fieller's 95% interval for paired data, i.e. the values rho
-  for which the t-test over runs of (overhead_a - rho * overhead_b) does not reject 0. Not a
-  log-ratio: a run's overhead can be <= 0 through noise, where a log is undefined, and the
-  Fieller set needs no sign. When the denominator's overhead is not clearly above 0, the set is
+- ratio of overheads (the targets): Fieller's interval for paired data
+  (stats.paired_fieller_ratio), i.e. the values rho for which the t-test over runs of
+  (overhead_a - rho * overhead_b) does not reject 0. Not a log-ratio: a run's overhead can be
+  <= 0 through noise, where a log is undefined, and the Fieller set needs no sign. When the denominator's overhead is not clearly above 0, the set is
   unbounded and nothing is decided.
 
 Decision rule, per target (decide()): at least MIN_RUNS runs, else UNDECIDED; the Fieller
@@ -19,12 +19,14 @@ interval bounded with the denominator's mean overhead above 0, else UNDECIDED; M
 end <= the target, NOT MET if its lower end > the target, UNDECIDED otherwise. Equivalently
 (tested), MET iff the upper end of the t-interval of the contrast overhead_a - target *
 overhead_b is below 0. Runs from a tree with uncommitted changes, or whose replicas ended
-different, are left out (listed by the report).
+different, are left out (listed by the report). Every interval is at plan.toml's
+[analysis] confidence, computed by studies/lib/stats.py.
 """
 import math
 import statistics as st
 
 from studies.lib import plan as planfile
+from studies.lib import stats
 
 _RULE = planfile.load(__file__)["analysis"]
 MIN_RUNS = _RULE["min_runs"]
@@ -36,76 +38,10 @@ TARGET_RANK = _RULE["target_rank"]
 BYTES_TOLERANCE = _RULE["bytes_tolerance"]
 
 
-# ---- Student's t ---------------------------------------------------------------------------------
-def t_cdf(t, df):
-    """Student's t CDF for integer df >= 1 (the closed forms in cos/sin of atan(t / sqrt(df)))."""
-    th = math.atan2(t, math.sqrt(df))
-    c2, s = math.cos(th) ** 2, math.sin(th)
-    if df % 2:  # odd: (th + sin cos (1 + 2/3 c2 + 2*4/(3*5) c2^2 + ...)) / pi
-        term, total = 1.0, 1.0
-        for k in range(1, (df - 1) // 2):
-            term *= c2 * (2 * k) / (2 * k + 1)
-            total += term
-        inner = th + (s * math.cos(th) * total if df > 1 else 0.0)
-        return 0.5 + inner / math.pi
-    term, total = 1.0, 1.0  # even: sin/2 (1 + c2/2 + 1*3/(2*4) c2^2 + ...)
-    for k in range(1, df // 2):
-        term *= c2 * (2 * k - 1) / (2 * k)
-        total += term
-    return 0.5 + 0.5 * s * total
-
-
-def t_quantile(p, df):
-    """The p quantile (p > 0.5) of Student's t with df degrees of freedom, by bisection."""
-    lo, hi = 0.0, 1.0
-    while t_cdf(hi, df) < p:
-        hi *= 2
-    for _ in range(200):
-        mid = 0.5 * (lo + hi)
-        lo, hi = (mid, hi) if t_cdf(mid, df) < p else (lo, mid)
-    return 0.5 * (lo + hi)
-
-
-def t_crit(n):
-    return t_quantile(0.5 + CONFIDENCE / 2, n - 1)
-
-
-# ---- intervals over runs -------------------------------------------------------------------------
-def mean_ci(xs):
-    """(mean, low, high): the t-interval of the mean over runs (low and high NaN for n < 2: one
-    run gives no interval)."""
-    n, m = len(xs), st.mean(xs)
-    if n < 2:
-        return m, math.nan, math.nan
-    hw = t_crit(n) * st.stdev(xs) / math.sqrt(n)
-    return m, m - hw, m + hw
-
-
-def ratio_ci(num, den):
-    """Geometric mean of num/den over runs with its 95% interval: the t-interval of the
-    log-ratios, back-transformed. num, den: per-run values, paired by position."""
-    m, lo, hi = mean_ci([math.log(a / b) for a, b in zip(num, den)])
-    return math.exp(m), math.exp(lo), math.exp(hi)
-
-
-def fieller(a, b):
-    """Fieller's 95% interval for mean(a) / mean(b), a and b paired by run: (ratio of means,
-    low, high), low and high None where the set is unbounded (mean(b) not clearly nonzero)."""
-    n = len(a)
-    ma, mb = st.mean(a), st.mean(b)
-    est = ma / mb if mb else math.nan
-    if n < 2:
-        return est, None, None
-    t2 = t_crit(n) ** 2
-    vaa, vbb = st.variance(a) / n, st.variance(b) / n
-    vab = sum((x - ma) * (y - mb) for x, y in zip(a, b)) / (n - 1) / n
-    qa = mb * mb - t2 * vbb
-    if qa <= 0:
-        return est, None, None
-    qb = -2 * (ma * mb - t2 * vab)
-    qc = ma * ma - t2 * vaa
-    root = math.sqrt(max(0.0, qb * qb - 4 * qa * qc))
-    return est, (-qb - root) / (2 * qa), (-qb + root) / (2 * qa)
+# ---- intervals over runs (studies/lib/stats.py) --------------------------------------------------
+def _interval(xs):
+    """stats.mean_interval of xs at CONFIDENCE, or None below 2 runs (one run gives no interval)."""
+    return stats.mean_interval(xs, CONFIDENCE) if len(xs) >= 2 else None
 
 
 def decide(a, b, target):
@@ -114,14 +50,14 @@ def decide(a, b, target):
     n = len(a)
     if n < MIN_RUNS:
         return "UNDECIDED", f"{n} runs, fewer than {MIN_RUNS}"
-    est, lo, hi = fieller(a, b)
-    if lo is None or st.mean(b) <= 0:
-        return "UNDECIDED", "the denominator's overhead is not clearly above 0 (unbounded interval)"
-    if hi <= target:
-        return "MET", f"upper end {hi:.3g} <= {target:.3g}"
-    if lo > target:
-        return "NOT MET", f"lower end {lo:.3g} > {target:.3g}"
-    return "UNDECIDED", f"interval [{lo:.3g}, {hi:.3g}] contains {target:.3g}"
+    f = stats.paired_fieller_ratio(a, b, CONFIDENCE)
+    if not f.bounded or st.mean(b) <= 0:
+        return "UNDECIDED", f"the denominator's overhead is not clearly above 0 ({f.kind} interval)"
+    if f.high <= target:
+        return "MET", f"upper end {f.high:.3g} <= {target:.3g}"
+    if f.low > target:
+        return "NOT MET", f"lower end {f.low:.3g} > {target:.3g}"
+    return "UNDECIDED", f"interval [{f.low:.3g}, {f.high:.3g}] contains {target:.3g}"
 
 
 # ---- one run -------------------------------------------------------------------------------------
@@ -202,7 +138,7 @@ def compare(summaries):
         if not rs:
             continue
         means = [s[name]["mean_ms"] for s in rs]
-        row = dict(runs=len(rs), mean_ms=mean_ci(means), median_ms=st.median(
+        row = dict(runs=len(rs), mean_ms=_interval(means), median_ms=st.median(
             s[name]["median_ms"] for s in rs), run_delay_ms=st.mean(s[name]["run_delay_ms"] for s in rs),
             cpu_ms=st.mean(s[name]["cpu_ms"] for s in rs))
         floor = [s["local"]["bytes_per_step"] for s in rs]
@@ -218,9 +154,9 @@ def compare(summaries):
         if name != "local":
             row["bytes_vs_model"] = [p / m - 1 for p, m in zip(payload, model) if m > 0]
             loc = [s["local"]["mean_ms"] for s in rs]
-            row["ratio_to_local"] = ratio_ci(means, loc) if len(rs) > 1 else None
+            row["ratio_to_local"] = stats.paired_ratio(means, loc, CONFIDENCE) if len(rs) > 1 else None
             over = [a - b for a, b in zip(means, loc)]
-            row["overhead_ms"] = mean_ci(over)
+            row["overhead_ms"] = _interval(over)
             row["overhead_median_ms"] = st.median(over)
         table[name] = row
     return table
@@ -241,12 +177,13 @@ def targets(summaries, is_target_setting):
                             reason=f"{len(rs)} runs with both reducers"))
             continue
         a, b = overheads(rs, a_name), overheads(rs, b_name)
-        est, lo, hi = fieller(a, b)
-        contrast = mean_ci([x - target * y for x, y in zip(a, b)])
-        times = ratio_ci([s[a_name]["mean_ms"] for s in rs], [s[b_name]["mean_ms"] for s in rs])
+        fieller = stats.paired_fieller_ratio(a, b, CONFIDENCE)
+        contrast = stats.mean_interval([x - target * y for x, y in zip(a, b)], CONFIDENCE)
+        times = stats.paired_ratio([s[a_name]["mean_ms"] for s in rs], [s[b_name]["mean_ms"] for s in rs],
+                                   CONFIDENCE)
         per_run = [x / y for x, y in zip(a, b) if y != 0]
         verdict, reason = decide(a, b, target) if is_target_setting else ("reported", "not a target setting")
-        out.append(dict(pair=(a_name, b_name), target=target, runs=len(rs), ratio=est, low=lo,
-                        high=hi, median_per_run=st.median(per_run) if per_run else math.nan,
+        out.append(dict(pair=(a_name, b_name), target=target, runs=len(rs), fieller=fieller,
+                        median_per_run=st.median(per_run) if per_run else math.nan,
                         contrast_ms=contrast, time_ratio=times, verdict=verdict, reason=reason))
     return out

@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
 """The table of switching runs (studies/switch/driver.py), analysed by analysis.py: per setting
 (label, hosts, approximation rank), per reducer the time per batch over runs, its ratio to
-`local` and the overhead, with 95% intervals by run; the ratios of overheads against issue 27's
-targets and their verdicts; socket bytes against each reducer's model. Names its input files, the
+`local` and the overhead, with intervals by run (plan.toml's [analysis] confidence); the ratios
+of overheads against issue 27's targets and their verdicts; socket bytes against each reducer's model. Names its input files, the
 runs' git revisions and this report's.
 
   /usr/bin/python3 -m studies.switch.report studies/switch/results/main [more files or dirs]
       [--json summary.json] [--allow-dirty]
 """
 import argparse
+import dataclasses
 import glob
 import json
 import os
@@ -29,9 +30,16 @@ def inputs(paths):
     return files
 
 
-def _ci(t, fmt="{:.1f}"):
-    m, lo, hi = t
-    return f"{fmt.format(m)} [{fmt.format(lo)}, {fmt.format(hi)}]"
+def _ci(iv, fmt="{:.1f}"):
+    """An Interval of studies/lib/stats.py as "estimate [low, high]"; "—" for None (one run)."""
+    if iv is None:
+        return "—"
+    return f"{fmt.format(iv.estimate)} [{fmt.format(iv.low)}, {fmt.format(iv.high)}]"
+
+
+def _json(value):
+    """json.dump's default: the statistics' results (frozen dataclasses) as dicts."""
+    return dataclasses.asdict(value) if dataclasses.is_dataclass(value) else str(value)
 
 
 def report(files, allow_dirty=False):
@@ -58,6 +66,7 @@ def report(files, allow_dirty=False):
     lines += [f"Left out: {f}: {why}" for f, why in left_out]
     lines += [f"Runs' revisions: {', '.join(sorted(r for r in revs if r))}", ""]
     summary = {}
+    c = f"{sa.CONFIDENCE:.0%}"
     for (setting, world, rank), runs in sorted(groups.items()):
         sums = [s for _, s in runs]
         table = sa.compare(sums)
@@ -66,9 +75,9 @@ def report(files, allow_dirty=False):
         summary[f"{setting}/{world}hosts/r{rank}"] = dict(runs=[f for f, _ in runs], table=table, targets=tg)
         lines += [f"### {setting}, {world} hosts, rank {rank}: {len(runs)} runs", "",
                   "Per run, each reducer's mean time per batch over its kept steps; over runs: the "
-                  "mean with its 95% t-interval, the median of the runs' medians, the ratio to "
-                  "`local` (geometric mean of the runs' ratios, 95% interval), the overhead over "
-                  "`local` (mean [95%], median), the run delay per step, and socket payload bytes "
+                  f"mean with its {c} t-interval, the median of the runs' medians, the ratio to "
+                  f"`local` (geometric mean of the runs' ratios, {c} interval), the overhead over "
+                  f"`local` (mean [{c}], median), the run delay per step, and socket payload bytes "
                   "per step (all ranks, sent minus retransmitted, `local`'s floor taken off) against the "
                   "model, and the bytes TCP retransmitted.", "",
                   "| reducer | runs | ms/batch | median | ratio to local | overhead ms | overhead median "
@@ -99,12 +108,13 @@ def report(files, allow_dirty=False):
         lines.append("")
         for t in tg:
             a, b = t["pair"]
-            if "ratio" not in t:
+            if "fieller" not in t:
                 lines.append(f"- {a} / {b} overheads: {t['verdict']} ({t['reason']})")
                 continue
-            iv = "unbounded" if t["low"] is None else f"[{t['low']:.3f}, {t['high']:.3f}]"
+            f = t["fieller"]
+            iv = f"[{f.low:.3f}, {f.high:.3f}]" if f.bounded else f.kind
             lines.append(f"- {a} / {b} overheads, target <= {t['target']:.3g}: ratio of means "
-                         f"{t['ratio']:.3f}, Fieller 95% {iv}, median of runs' ratios "
+                         f"{f.estimate:.3f}, Fieller {f.confidence:.0%} {iv}, median of runs' ratios "
                          f"{t['median_per_run']:.3f}; contrast {a} - {t['target']:.3g} x {b}: "
                          f"{_ci(t['contrast_ms'])} ms; time ratio {a}/{b} "
                          f"{_ci(t['time_ratio'], '{:.3f}')}: **{t['verdict']}** ({t['reason']})")
@@ -129,7 +139,7 @@ def main():
     print("\n".join(lines))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(summary, f, indent=1, default=str)
+            json.dump(summary, f, indent=1, default=_json)
 
 
 if __name__ == "__main__":

@@ -7,8 +7,9 @@ chained hook existed: studies/lib/runlabel.py) in rows of its own, labelled.
 
 Samples: the mean time per batch of each epoch but the first, of every repetition (an epoch's
 mean is one sample: batches within an epoch are not independent, epochs nearly are). Each cell:
-the mean over samples with its 95% interval (Student's t), and the communication overhead = time
-per batch - local's, with its 95% interval (Welch). Also the time per batch each hook spends
+the mean over samples with its interval (Student's t), and the communication overhead = time
+per batch - local's, with its interval (Welch's, exact fractional df); both at the plan's
+confidence. Also the time per batch each hook spends
 inside its call (on the autograd thread, so it delays backward) and the tail (from the last
 bucket's hook call returning to backward's end: the reduction left once every gradient is
 computed); together, the hook's time outside the backward computation.
@@ -27,39 +28,12 @@ import statistics as st
 
 from studies.lib import plan as planfile
 from studies.lib import runlabel
+from studies.lib import stats
 
 PLAN = planfile.load(__file__)
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 SKIP = PLAN["report"]["skip_epochs"]
-assert PLAN["report"]["confidence"] == 0.95, "T95 below is the two-sided 95% table"
-# Student's t, two-sided 95%, by degrees of freedom (larger df: the normal's 1.96 is close enough
-# past 30, and the table steps are interpolated by the nearest lower entry).
-T95 = {1: 12.71, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262,
-       10: 2.228, 12: 2.179, 15: 2.131, 20: 2.086, 25: 2.060, 30: 2.042}
-
-
-def t95(df):
-    if df >= 30:
-        return 2.042 if df < 60 else 1.96
-    return T95[max(d for d in T95 if d <= max(1, int(df)))]
-
-
-def interval(xs):
-    """(mean, half-width of the 95% interval, n)."""
-    n = len(xs)
-    m = st.mean(xs)
-    if n < 2:
-        return m, math.inf, n
-    return m, t95(n - 1) * st.stdev(xs) / math.sqrt(n), n
-
-
-def diff_interval(a, b):
-    """mean(a) - mean(b) and its 95% interval, Welch's t (unequal variances)."""
-    va, vb = st.variance(a) / len(a), st.variance(b) / len(b)
-    se = math.sqrt(va + vb)
-    df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1)) if se > 0 else 1
-    d = st.mean(a) - st.mean(b)
-    return d, d - t95(df) * se, d + t95(df) * se
+CONFIDENCE = PLAN["report"]["confidence"]  # of every interval (studies/lib/stats.py)
 
 
 def load(results):
@@ -78,7 +52,11 @@ def load(results):
 def summarize_config(runs):
     epochs = [e for d in runs for e in d["epochs"][SKIP:]]  # the plan's warm-up epochs excluded
     samples = [e["batch_ms_mean"] for e in epochs]
-    m, hw, n = interval(samples)
+    if len(samples) >= 2:
+        iv = stats.mean_interval(samples, CONFIDENCE)
+        m, hw, n = iv.estimate, iv.high - iv.estimate, iv.n
+    else:  # one epoch: no interval
+        m, hw, n = st.mean(samples), math.inf, len(samples)
     hook = [x for e in epochs for x in (e.get("hook_ms") or []) if x is not None]
     tail = [x for e in epochs for x in (e.get("tail_ms") or []) if x is not None]
     return dict(ms=m, ms_hw=hw, epochs=n, batches=sum(e["steps"] for e in epochs), runs=len(runs),
@@ -106,8 +84,8 @@ def summarize(data):
         local = s.get("local")
         for key, c in s.items():
             if local and key != "local" and len(c["samples"]) > 1 and len(local["samples"]) > 1:
-                d, lo, hi = diff_interval(c["samples"], local["samples"])
-                c["overhead_ms"], c["overhead_lo"], c["overhead_hi"] = d, lo, hi
+                w = stats.welch_difference(c["samples"], local["samples"], CONFIDENCE)
+                c["overhead_ms"], c["overhead_lo"], c["overhead_hi"] = w.estimate, w.low, w.high
         out[setting] = s
     return out
 
@@ -157,14 +135,14 @@ def order(settings):
 
 
 def markdown(summary, tg, tg_waited):
-    lines = []
+    lines, level = [], f"{CONFIDENCE:.0%}"
     for setting in order(summary):
         s = summary[setting]
         ranks = sorted({int(key.split("_r")[1]) for key in s if "_r" in key})
         loc = s.get("local")
         lines += [f"### {setting}", "",
-                  "Time per batch in ms, mean ± 95% half-width over epochs (the first of each run "
-                  "excluded); in brackets the overhead over `local` and its 95% interval. "
+                  f"Time per batch in ms, mean ± {level} half-width over epochs (the first of each run "
+                  f"excluded); in brackets the overhead over `local` and its {level} interval. "
                   f"`local` (no reduction): {cell(loc)} ms"
                   + (f" ({loc['epochs']} epochs, {loc['batches']} batches)" if loc else "") + ".", "",
                   "| | PyTorch | lowrank |", "|---|---|---|"]

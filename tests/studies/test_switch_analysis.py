@@ -10,6 +10,7 @@ import statistics as st
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+from studies.lib import stats
 from studies.switch import analysis as sa
 from studies.switch import report as switch_report
 
@@ -54,14 +55,6 @@ def study(rng, n_runs, local, over, sd_run=0.3, sd_over=0.0):
     return [sa.run_summary(r) for r in runs]
 
 
-def test_t_quantiles_match_tables():
-    for df, want in [(1, 12.706), (2, 4.303), (5, 2.571), (10, 2.228), (30, 2.042)]:
-        assert sa.t_quantile(0.975, df) == pytest.approx(want, abs=1e-3)
-    for df in (1, 2, 7):
-        assert sa.t_cdf(0.0, df) == pytest.approx(0.5)
-        assert sa.t_cdf(1.3, df) + sa.t_cdf(-1.3, df) == pytest.approx(1.0)
-
-
 def test_run_summary_keeps_only_measured_steps():
     rng = random.Random(1)
     run = make_run({"local": 50.0, "lowrank": 60.0}, rng)
@@ -95,10 +88,10 @@ def test_pairing_removes_run_speed():
     rng = random.Random(3)
     sums = study(rng, 8, 40.0, {"lowrank": 10.0, "torch-powersgd": 50.0}, sd_run=0.3)
     table = sa.compare(sums)
-    g, lo, hi = table["lowrank"]["ratio_to_local"]
-    assert lo < 50 / 40 < hi and hi - lo < 0.05
-    est, flo, fhi = sa.fieller(sa.overheads(sums, "lowrank"), sa.overheads(sums, "torch-powersgd"))
-    assert flo < 0.2 < fhi  # the run's speed scales both overheads alike: their ratio stays 0.2
+    r = table["lowrank"]["ratio_to_local"]
+    assert r.low < 50 / 40 < r.high and r.high - r.low < 0.05
+    f = stats.paired_fieller_ratio(sa.overheads(sums, "lowrank"), sa.overheads(sums, "torch-powersgd"))
+    assert f.low < 0.2 < f.high  # the run's speed scales both overheads alike: their ratio stays 0.2
 
 
 @pytest.mark.parametrize("kind", ["log_ratio", "fieller"])
@@ -117,11 +110,11 @@ def test_coverage(kind):
             den.append(base)
             num.append(base * 1.2 * math.exp(rng.gauss(0, 0.05)))
         if kind == "fieller":
-            _, lo, hi = sa.fieller(a, b)
-            hits += lo <= rho <= hi
+            f = stats.paired_fieller_ratio(a, b, sa.CONFIDENCE)
+            hits += f.low <= rho <= f.high
         else:
-            _, lo, hi = sa.ratio_ci(num, den)
-            hits += lo <= 1.2 <= hi
+            r = stats.paired_ratio(num, den, sa.CONFIDENCE)
+            hits += r.low <= 1.2 <= r.high
     assert 0.91 <= hits / n_studies <= 0.99, hits
 
 
@@ -142,9 +135,9 @@ def test_decision_rule():
     # At the boundary: UNDECIDED exactly when the interval holds the target.
     for _ in range(50):
         a, b = overheads(8, 1 / 3, sd=4.0)
-        est, lo, hi = sa.fieller(a, b)
+        f = stats.paired_fieller_ratio(a, b, sa.CONFIDENCE)
         verdict = sa.decide(a, b, 1 / 3)[0]
-        assert (verdict == "UNDECIDED") == (lo <= 1 / 3 <= hi)
+        assert (verdict == "UNDECIDED") == (f.low <= 1 / 3 <= f.high)
 
 
 def test_decision_equals_contrast_test():
@@ -155,9 +148,9 @@ def test_decision_equals_contrast_test():
         n, rho, target = rng.randint(6, 12), rng.uniform(0, 0.8), rng.choice([0.1, 1 / 3])
         b = [30 + rng.gauss(0, 4) for _ in range(n)]
         a = [rho * x + rng.gauss(0, 3) for x in b]
-        if sa.fieller(a, b)[1] is None:
+        if not stats.paired_fieller_ratio(a, b, sa.CONFIDENCE).bounded:
             continue
-        _, _, hi = sa.mean_ci([x - target * y for x, y in zip(a, b)])
+        hi = stats.mean_interval([x - target * y for x, y in zip(a, b)], sa.CONFIDENCE).high
         assert (sa.decide(a, b, target)[0] == "MET") == (hi < 0)
 
 
