@@ -15,7 +15,7 @@ import math
 import os
 
 from studies.lib import plan as planfile
-from studies.lib import runlabel
+from studies.lib import provenance, runlabel
 from studies.lib.launch import ROOT
 
 PLAN = planfile.load(__file__)
@@ -43,6 +43,7 @@ def load_runs():
     for path in sorted(glob.glob(os.path.join(RESULTS, "runs", "*.json"))):
         with open(path) as f:
             d = json.load(f)
+        provenance.check_run(d, PLAN, path)
         c = d["config"]
         reducer = runlabel.reducer(c)
         k = c["rank"] if runlabel.has_rank(reducer) else None

@@ -13,6 +13,7 @@ import os
 import statistics
 
 from studies.lib import plan as planfile
+from studies.lib import provenance
 
 PLAN = planfile.load(__file__)
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
@@ -24,6 +25,7 @@ def summary(folder):
     for path in sorted(glob.glob(os.path.join(folder, "*.json"))):
         with open(path) as f:
             d = json.load(f)
+        provenance.check_run(d, PLAN, path)
         c = d["config"]
         if c["model"] in PLAN["models"] and c["reducer"] in PLAN["reducers"]:
             runs.setdefault((c["model"], c["reducer"]), []).append(d)
