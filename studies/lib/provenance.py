@@ -11,7 +11,8 @@ stores it as the JSON's "provenance"):
                  the revision and sources digest it was built from, versions, loaded plugins); for a
                  perf binary's run, of the library that binary loads (binary_library()); None when
                  none could be loaded, with library_error saying why
-  python, torch, lowrank   the versions (torch None where not imported; lowrank the package's)
+  python, torch, lowrank   the versions (torch None where not imported; lowrank the package's,
+                 or for a binary's run where the package is not imported, the library's)
   started_utc, ended_utc   ISO 8601 in UTC, to the second
 A training worker makes the record in its own process, so the library is the one it ran.
 
@@ -40,8 +41,9 @@ import platform
 import subprocess
 import sys
 
+from studies.lib.launch import ROOT
+
 _HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(_HERE))
 UNKNOWN = "unknown"
 
 
@@ -146,7 +148,7 @@ def binary_library(binary):
     path = next((ln.split("=>", 1)[1].split("(")[0].strip() for ln in ldd.stdout.splitlines()
                  if ln.strip().startswith("liblowrank.so") and "=>" in ln), None)
     if not path or not os.path.exists(path):
-        return None, f"{binary} does not load liblowrank (ldd: {ldd.stdout.strip() or ldd.stderr.strip()})"
+        return None, f"{binary} does not load liblowrank ({ldd.stderr.strip() or 'not in ldd'})"
     env = dict(os.environ, LOWRANK_LIBRARY=path,
                PYTHONPATH=os.pathsep.join([os.path.join(ROOT, "python"), os.environ.get("PYTHONPATH", "")]))
     r = subprocess.run([sys.executable, "-c", "import json, lowrank; print(json.dumps(lowrank.build_info()))"],
@@ -169,7 +171,7 @@ def start(root=ROOT, binary=None):
     record = dict(revision=rev, describe=desc, dirty=desc.endswith("-dirty") if desc else None,
                   library=library, python=platform.python_version(),
                   torch=getattr(torch, "__version__", None) if torch else None,
-                  lowrank=getattr(lowrank, "__version__", None) if lowrank else None,
+                  lowrank=getattr(lowrank, "__version__", None) if lowrank else (library or {}).get("version"),
                   started_utc=utc_now(), ended_utc=None)
     if why:
         record["library_error"] = why

@@ -136,3 +136,16 @@ def test_every_studys_plan_names_its_committed_runs():
             assert provenance.check_run({"config": {}}, plan, p), p
         with pytest.raises(provenance.ProvenanceError):
             provenance.check_run({"config": {}}, {}, runs[0])
+
+
+def test_a_perf_binarys_library():
+    """binary_library(): the liblowrank the dynamic loader gives a perf binary (one built here)."""
+    perf = os.path.join(ROOT, "build", "perf", "lowrank_allreduce_perf")
+    if not os.access(perf, os.X_OK):
+        pytest.skip(f"no perf binary at {perf}")
+    lib, why = provenance.binary_library(perf)
+    assert why is None, why
+    assert os.path.dirname(lib["library"]) == os.path.realpath(os.path.join(ROOT, "build"))
+    record = provenance.start(binary=perf)
+    assert record["binary"] == os.path.realpath(perf) and record["library"] == lib
+    assert provenance.binary_library("/bin/sh")[0] is None  # no liblowrank: said, not raised
