@@ -3,7 +3,7 @@
 interleaved in one run: A B A B ..., one pair after the other, so that the machine's drift (other
 jobs, clock, caches) falls on both sides of every pair.
 
-  /usr/bin/python3 -m studies.ab.ab_compare --base BASE_BUILD/perf/lowrank_allreduce_perf \
+  PYTHONPATH=.:python /usr/bin/python3 -m studies.ab.ab_compare --base BASE_BUILD/perf/lowrank_allreduce_perf \
       --cand CAND_BUILD/perf/lowrank_allreduce_perf --pairs 12 --out /tmp/ab [-- PERF ARGS]
 
 Default perf arguments: ResNet-50 shapes (studies/lib/gradsets.py resnet50, made once in --grads if missing),
@@ -27,7 +27,8 @@ The load average is read before every run.
 --wait-quiet N: before each pair, wait until at most N tasks are runnable (a shared machine's quiet
 moment, decided before the pair, never from a result). --logs: compute the same statistics from the
 printed output of an interleaved run made by another harness (every run's output appended in order).
-Writes OUT/runs.json (every run), OUT/summary.json and OUT/summary.md; prints the summary.
+Writes OUT/runs.json (every run), OUT/summary.json (with each side's library: "provenance",
+studies/lib/provenance.py) and OUT/summary.md; prints the summary.
 Needs scipy (studies/lib/stats.py; Debian's python3-scipy); run from the checkout's root as a
 module, as above. First use: studies/ab/results/issue15_ab.md.
 """
@@ -41,7 +42,7 @@ import subprocess
 import sys
 import time
 
-from studies.lib import stats
+from studies.lib import provenance, stats
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -221,6 +222,9 @@ def main():
     env.pop("LD_LIBRARY_PATH", None)  # each binary finds its own liblowrank.so (build rpath)
 
     started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    # each side's library (the one its binary loads); none for runs another harness made
+    records = None if a.logs or a.from_runs else {side: provenance.start(binary=b) for side, b in
+                                   (("base", a.base), ("cand", a.cand))}
     runs = []
     total = 0 if a.logs or a.from_runs else a.warmup_pairs + a.pairs
     if a.from_runs:
@@ -273,6 +277,8 @@ def main():
             p[s]["call_us"] = (p[s]["oop_us"] + p[s]["inp_us"]) / 2
     summary = {"started": started, "ended": ended, "pairs": len(counted), "perf_args": perf_args,
                "base": a.base, "cand": a.cand, "label_base": a.label_base, "label_cand": a.label_cand,
+               "provenance": (old.get("provenance") if a.from_runs else
+                              records and {side: provenance.finish(r) for side, r in records.items()}),
                "load_1min": [p[s]["load_before"][0] for p in counted for s in ("base", "cand")
                              if p[s]["load_before"] is not None],
                "metrics": summarize(counted)}

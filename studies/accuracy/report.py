@@ -15,7 +15,7 @@ import os
 import statistics
 
 from studies.lib import plan as planfile
-from studies.lib import runlabel
+from studies.lib import provenance, runlabel
 from studies.lib import stats
 from studies.lib.launch import ROOT
 
@@ -39,6 +39,7 @@ def load_runs():
     for path in sorted(glob.glob(os.path.join(RESULTS, "runs", "*.json"))):
         with open(path) as f:
             d = json.load(f)
+        provenance.check_run(d, PLAN, path)
         c = d["config"]
         reducer = runlabel.reducer(c)
         k = c["rank"] if runlabel.has_rank(reducer) else None

@@ -43,7 +43,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
 
-from studies.lib import gradsets
+from studies.lib import gradsets, provenance
 from studies.lib.launch import ROOT
 from studies.lib.ports import free_master_port
 
@@ -211,6 +211,7 @@ def main():
     if not os.access(a.perf, os.X_OK):
         sys.exit(f"no perf binary at {a.perf} (ninja -C build)")
 
+    record = provenance.start(ROOT, binary=a.perf)  # the library the perf binary loads
     git = subprocess.run(["git", "-C", ROOT, "log", "--oneline", "-1"], capture_output=True,
                          text=True).stdout.strip()
     dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"],
@@ -304,7 +305,7 @@ def main():
     with open(a.out + ".md", "w") as f:
         f.write(text + "\n\n```\n" + torch.__config__.show() + "```\n")
     with open(a.out + ".json", "w") as f:
-        json.dump(dict(header=head, results=results), f, indent=1)
+        json.dump(dict(header=head, provenance=provenance.finish(record), results=results), f, indent=1)
     print(f"# written: {a.out}.md, {a.out}.json")
 
 

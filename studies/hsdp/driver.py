@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from studies.lib import plan as planfile
+from studies.lib import provenance
 from studies.train import charlm, train  # CnnTask, CharTask, lr_at, DEFAULTS; spawn
 
 PLAN = planfile.load(__file__)
@@ -73,6 +74,7 @@ def run(args):
         opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     else:
         opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    record = provenance.start() if rank == 0 else None  # this worker's own library
     total, step, epochs, t_run = task.steps * args.epochs, 0, [], time.perf_counter()
     for epoch in range(1, args.epochs + 1):
         loss_sum = 0.0
@@ -106,6 +108,7 @@ def run(args):
     if state is not None:
         state.close()
     if rank == 0 and args.out:
+        out["provenance"] = provenance.finish(record)
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w") as f:
             json.dump(out, f, indent=1)

@@ -13,6 +13,7 @@ import os
 import statistics
 
 from studies.lib import plan as planfile
+from studies.lib import provenance
 from studies.lib import stats
 
 PLAN = planfile.load(__file__)
@@ -25,6 +26,7 @@ def summary(folder):
     for path in sorted(glob.glob(os.path.join(folder, "*.json"))):
         with open(path) as f:
             d = json.load(f)
+        provenance.check_run(d, PLAN, path)
         c = d["config"]
         if c["model"] in PLAN["models"] and c["reducer"] in PLAN["reducers"]:
             runs.setdefault((c["model"], c["reducer"]), []).append(d)

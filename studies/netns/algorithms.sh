@@ -128,6 +128,8 @@ SRC=$(git -C "$(dirname "$PERF")" rev-parse --show-toplevel 2>/dev/null)
 GIT="$(git -C "$SRC" log --oneline -1 2>/dev/null)$([ -n "$(git -C "$SRC" status --porcelain -uno 2>/dev/null)" ] && echo ' (tree modified)')"
 GIT="$GIT; binary $PERF built $(date -r "$PERF" -Is)"
 echo "# binary: $GIT"
+PYPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"  # the studies package, for provenance and the report
+PYTHONPATH=$PYPATH "$PY" -m studies.lib.provenance start --binary "$PERF" >"$WORK/provenance.json" || exit 1
 : >"$WORK/runs.txt"
 T0=$(date +%s)
 for n in ${WORLDS//,/ }; do
@@ -151,4 +153,5 @@ for n in ${WORLDS//,/ }; do
 done
 echo "# sweep done in $(($(date +%s) - T0)) s"
 mkdir -p "$(dirname "$OUT")"
-"$PY" "$HERE/algorithms_report.py" "$WORK/runs.txt" "$OUT" "$MODEL" "$CORES" "$GIT" "$CMDLINE" "$(date -Is)"
+PYTHONPATH=$PYPATH "$PY" -m studies.netns.algorithms_report "$WORK/runs.txt" "$OUT" "$MODEL" "$CORES" "$GIT" "$CMDLINE" "$(date -Is)" \
+  "$WORK/provenance.json"

@@ -1,7 +1,9 @@
 #!/usr/bin/python3
 """The report of studies/netns/algorithms.sh: every algorithm per point, the model's choice, the best.
 
-usage: netns_algorithms_report.py RUNS OUT MODEL CORES GIT CMDLINE DATE   (from netns_algorithms.sh)
+usage: python -m studies.netns.algorithms_report RUNS OUT MODEL CORES GIT CMDLINE DATE [PROVENANCE]
+                                                                    (from algorithms.sh)
+PROVENANCE: the runs' start record (python -m studies.lib.provenance start), kept in OUT.json.
 RUNS lines: WORLD DELAY RATE REP ALGO ALPHA_US BETA_NS ITERS WALL_S PREFIX (rank r: PREFIX.r<r>.json);
 rate "none" marks the CPU floor (no qdisc). Writes OUT.json, OUT.md (and OUT.png with matplotlib).
 
@@ -18,6 +20,8 @@ import json
 import statistics
 import subprocess
 import sys
+
+from studies.lib import provenance
 
 FORCED = ["ring", "halving_doubling", "recursive_doubling", "direct"]
 SHORT = {"ring": "ring", "halving_doubling": "hd", "recursive_doubling": "rd", "direct": "direct", "auto": "auto"}
@@ -200,6 +204,8 @@ def main():
     samples, meta, walls = load(runs)
     points = analyse(samples, meta, model)
     head = dict(date=date, git=git, cmdline=cmdline, cores=int(cores), targets=targets(points))
+    if len(sys.argv) > 8:  # the runs' start record (python -m studies.lib.provenance start)
+        head["provenance"] = provenance.finish(json.load(open(sys.argv[8])))
     fig = figure(points, out)
     json.dump(dict(head, figure=fig, points=points, runs=walls), open(out + ".json", "w"), indent=1)
     md = markdown(points, walls, head)

@@ -94,6 +94,8 @@ echo "# netns_bench: $(date -Is), $(nproc) cores, $N hosts; perf $PERF; gradient
 GIT0=$(git -C "$ROOT" log --oneline -1 2>/dev/null)
 LIB0=$(ls -l --time-style=+%s "$(dirname "$PERF")/../liblowrank.so"* 2>/dev/null | md5sum | cut -c1-8)
 echo "# lowrank: $GIT0"
+PYPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"  # the studies package, for provenance and the report
+PYTHONPATH=$PYPATH "$PY" -m studies.lib.provenance start --binary "$PERF" >"$WORK/provenance.json" || exit 1
 : >"$WORK/runs.txt"
 for rate in ${RATES//,/ }; do
   bits=$(shape $rate) || exit 1
@@ -113,4 +115,5 @@ if [ "$(ls -l --time-style=+%s "$(dirname "$PERF")/../liblowrank.so"* 2>/dev/nul
   echo "netns_bench.sh: WARNING: the library was rebuilt during the run (now at $(git -C "$ROOT" log --oneline -1)): rows may come from two builds" >&2
   GITINFO="$GIT0 (library REBUILT during the run, now $(git -C "$ROOT" log --oneline -1 | cut -c1-7))"
 fi
-"$PY" "$HERE/report.py" runs "$WORK/runs.txt" "$OUT" "$N" "$(date -Is)" "$(nproc)" "$GITINFO" "$GDIR"
+PYTHONPATH=$PYPATH "$PY" -m studies.netns.report runs "$WORK/runs.txt" "$OUT" "$N" "$(date -Is)" "$(nproc)" "$GITINFO" "$GDIR" \
+  "$WORK/provenance.json"

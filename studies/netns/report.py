@@ -1,8 +1,11 @@
 #!/usr/bin/python3
 """The report of studies/netns/bench.sh: speedups, bounds, the link check; JSON and markdown.
 
-usage: netns_report.py runs RUNS_FILE OUT HOSTS DATE CORES GIT GRADIENTS   (from netns_bench.sh)
-       netns_report.py json OLD.json OUT                                   (recompute a saved run)
+usage: python -m studies.netns.report runs RUNS_FILE OUT HOSTS DATE CORES GIT GRADIENTS [PROVENANCE]
+                                                                     (from bench.sh)
+       python -m studies.netns.report json OLD.json OUT                (recompute a saved run)
+PROVENANCE: the start record of the runs (python -m studies.lib.provenance start), finished here
+and kept in OUT.json as "provenance" (studies/lib/provenance.py).
 RUNS_FILE lines: RATE BITS KIND PIPELINE RANK0_JSON. Writes OUT.json and OUT.md; exit status 1 when a
 link was bypassed (exact busbw above the link rate).
 
@@ -24,6 +27,8 @@ Hidden fraction (pipelined rows): (compute + comm - time) / min(compute, comm).
 import json
 import statistics
 import sys
+
+from studies.lib import provenance
 
 GOODPUT = 1448 / 1514
 
@@ -128,11 +133,13 @@ def main():
     if len(sys.argv) >= 9 and sys.argv[1] == "runs":
         runs, out, n, date, cores, git, gdir = sys.argv[2:9]
         meta = dict(date=date, cores=int(cores), hosts=int(n), lowrank=git, gradients=gdir)
+        if len(sys.argv) > 9:
+            meta["provenance"] = provenance.finish(json.load(open(sys.argv[9])))
         rows = load_runs(runs)
     elif len(sys.argv) == 4 and sys.argv[1] == "json":
         old = json.load(open(sys.argv[2]))
         out = sys.argv[3]
-        meta = {k: old[k] for k in ("date", "cores", "hosts", "lowrank", "gradients")}
+        meta = {k: old[k] for k in ("date", "cores", "hosts", "lowrank", "gradients", "provenance") if k in old}
         rows = old["rows"]
     else:
         sys.exit(__doc__)

@@ -12,6 +12,7 @@ import json
 import os
 
 from studies.accuracy.report import final_metric, mean_se  # the accuracy study's, shared
+from studies.lib import provenance
 from studies.lib import stats
 from studies.lib.launch import ROOT
 from studies.rank.design import PLAN, Study, load
@@ -33,6 +34,7 @@ def collect():
         if p.endswith("summary.json"):
             continue
         d = load(p)
+        provenance.check_run(d, PLAN, p)
         base = os.path.basename(p)[:-5]
         model, rest = base.split("_", 1)
         config, seed = rest.rsplit("_s", 1)

@@ -47,7 +47,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from studies.lib import plan as planfile
-from studies.lib import procstat, sockbytes
+from studies.lib import procstat, provenance, sockbytes
 from studies.switch import design as switch_design
 from studies.train import switch_hook, train
 
@@ -111,6 +111,7 @@ def run(args):
            [(name, args.block_steps, False) for name in order]
     total = sum(n for _, n, _ in plan)
     info = train.machine_info() if rank == 0 else None
+    record = provenance.start() if rank == 0 else None  # this worker's own library
     if rank == 0:
         print(f"switch run {args.run_index}: {world} workers, order {' '.join(order)}, "
               f"{total} steps; torch {torch.__version__}", flush=True)
@@ -167,7 +168,8 @@ def run(args):
         for key in ("spawn", "fresh", "serve"):
             config.pop(key, None)
         info["loadavg_end"] = os.getloadavg()
-        result = dict(kind="switch", config=config, machine=info, wall_s=wall_s,
+        result = dict(kind="switch", config=config, machine=info,
+                      provenance=provenance.finish(record), wall_s=wall_s,
                       replicas_identical=all(torch.equal(digests[0], d) for d in digests[1:]),
                       ranks=[dict(rank=r, blocks=bl) for r, bl in enumerate(everyone)])
         if lowrank_state is not None:

@@ -15,9 +15,12 @@ import json
 import os
 import sys
 
+from studies.lib import plan as planfile
+from studies.lib import provenance
 from studies.lib.provenance import revision
 from studies.switch import analysis as sa
 
+PLAN = planfile.load(__file__)  # its [provenance] allow: runs that check_run lets through
 
 
 def inputs(paths):
@@ -56,6 +59,7 @@ def report(files, allow_dirty=False):
         if not isinstance(d, dict) or d.get("kind") != "switch":
             left_out.append((f, "not a switching run"))
             continue
+        provenance.check_run(d, PLAN, f)
         ok, why = sa.usable(d)
         if not ok and not (allow_dirty and why.startswith("uncommitted")):
             left_out.append((f, why))

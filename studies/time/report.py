@@ -27,7 +27,7 @@ import os
 import statistics as st
 
 from studies.lib import plan as planfile
-from studies.lib import runlabel
+from studies.lib import provenance, runlabel
 from studies.lib import stats
 
 PLAN = planfile.load(__file__)
@@ -41,6 +41,7 @@ def load(results):
     out = {}
     for path in sorted(glob.glob(os.path.join(results, "*", "*.json"))):
         d = json.load(open(path))
+        provenance.check_run(d, PLAN, path)
         c = d["config"]
         reducer = runlabel.reducer(c)
         k = c["rank"] if runlabel.has_rank(reducer) else 0

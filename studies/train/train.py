@@ -50,7 +50,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from studies.lib import launch
+from studies.lib import launch, provenance
 from studies.lib.launch import ROOT as REPO
 from studies.lib.ports import free_master_port
 from studies.train import charlm, digits, torch_baseline
@@ -347,11 +347,7 @@ def machine_info():
             info["cpu"] = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), None)
     except OSError:
         pass
-    try:
-        info["git"] = subprocess.run(["git", "-C", REPO, "describe", "--always", "--dirty"],
-                                     capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        pass
+    info["git"] = provenance.describe(REPO)
     return info
 
 
@@ -433,6 +429,7 @@ def run(args):
     for key in ("spawn", "fresh"):
         config.pop(key, None)
     info = machine_info() if rank == 0 else None
+    record = provenance.start(REPO) if rank == 0 else None  # this worker's own library
 
     if rank == 0:
         print(f"{args.model} {args.reducer}" + (f" rank {args.rank}" if "powersgd" in args.reducer
@@ -548,6 +545,7 @@ def run(args):
                                               numel_after=after)
     if rank == 0:
         result["machine"]["loadavg_end"] = os.getloadavg()
+        result["provenance"] = provenance.finish(record)
         if args.out:
             os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
             tmp = args.out + ".tmp"

@@ -35,11 +35,12 @@ import statistics as st
 import sys
 
 from studies.lib import plan as planfile
-from studies.lib import runlabel
+from studies.lib import provenance, runlabel
 from studies.lib import stats
 from studies.lib.provenance import revision
 
-RULES = planfile.load(__file__)["rules"]
+PLAN = planfile.load(__file__)
+RULES = PLAN["rules"]
 ACC_POINTS = RULES["acc_points"]      # half a point of accuracy
 SE_MULTIPLE = RULES["se_multiple"]
 TIME_TARGET = RULES["time_target"]    # lowrank's training time at most a quarter of full precision's
@@ -66,6 +67,7 @@ def load(folder, allow_dirty=False):
             continue
         if not isinstance(d, dict) or ("epochs" not in d and "config" not in d):
             continue  # the summary, not a run
+        provenance.check_run(d, PLAN, path)
         try:
             git = (d.get("machine") or {}).get("git") or ""
             if (not git or git.endswith("-dirty")) and not allow_dirty:

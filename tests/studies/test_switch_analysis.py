@@ -18,6 +18,12 @@ NAMES = ["local", "allreduce", "fp16", "torch-powersgd", "lowrank"]
 DROP = 2
 
 
+# a provenance record that studies/lib/provenance.py's check_run keeps: the library built from
+# the run's own revision, clean
+PROVENANCE = dict(revision="a" * 40, library=dict(revision="a" * 40, sources_dirty=False,
+                                                  sources_digest="d" * 64))
+
+
 def make_run(ms, rng, steps=12, git="0123abc", setting="100mbit", world=2, rank=4,
              identical=True, model=None, payload=None):
     """A switching run's JSON: reducer -> true ms per batch; every kept step that time times
@@ -38,7 +44,8 @@ def make_run(ms, rng, steps=12, git="0123abc", setting="100mbit", world=2, rank=
                                                        bytes_retrans=retrans))))
         ranks.append(dict(rank=r, blocks=blocks))
     return dict(kind="switch", config=dict(drop_steps=DROP, world=world, rank=rank, setting=setting),
-                machine=dict(git=git), replicas_identical=identical, ranks=ranks)
+                machine=dict(git=git), provenance=PROVENANCE, replicas_identical=identical,
+                ranks=ranks)
 
 
 def study(rng, n_runs, local, over, sd_run=0.3, sd_over=0.0):

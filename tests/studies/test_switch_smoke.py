@@ -131,3 +131,11 @@ def test_socket_bytes_at_4_ranks(result4):
             assert abs(counted - mean["lowrank"]) <= 0.05 * counted, (r["rank"], counted, mean["lowrank"])
             ring = model["lowrank"]
             assert 0.99 * ring <= counted <= 1.01 * ring * world / 2, (r["rank"], counted, ring)
+
+
+def test_provenance_of_the_worker(result):
+    """The record of studies/lib/provenance.py, made by rank 0's own process (the library it ran)."""
+    rec = result["provenance"]
+    assert rec["library"] is not None, rec.get("library_error")
+    assert rec["describe"] == result["machine"]["git"] and rec["torch"] == result["machine"]["torch"]
+    assert rec["started_utc"] <= rec["ended_utc"]

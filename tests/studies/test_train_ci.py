@@ -91,8 +91,16 @@ def test_compression_ratio_above_10(runs):
 
 
 def test_json_record(runs):
+    lib = os.environ.get("LOWRANK_LIBRARY")
     for res in runs.values():
         assert res["machine"]["torch"] and res["config"]["world"] == 2
+        # provenance (studies/lib/provenance.py): the worker's own library, the versions, UTC times
+        rec = res["provenance"]
+        assert rec["library"] is not None, rec.get("library_error")
+        if lib:
+            assert rec["library"]["library"] == os.path.realpath(lib)
+        assert rec["torch"] == res["machine"]["torch"] and rec["describe"] == res["machine"]["git"]
+        assert rec["started_utc"] <= rec["ended_utc"] and rec["ended_utc"].endswith("+00:00")
         for e in res["epochs"]:
             assert len(e["batch_ms"]) == e["steps"] == res["config"]["steps_per_epoch"]
             assert e["batch_ms_mean"] > 0 and e["train_loss"] > 0

@@ -26,13 +26,20 @@ def test_bad_configs_refused(bad):
         tta_study.parse_configs(bad)
 
 
+# a provenance record that studies/lib/provenance.py's check_run keeps: the library built from
+# the run's own revision, clean
+PROVENANCE = dict(revision="a" * 40, library=dict(revision="a" * 40, sources_dirty=False,
+                                                  sources_digest="d" * 64))
+
+
 def write_run(folder, reducer, k, seed, acc, epoch_s, git="abc1234", epochs=4):
     cfg = dict(reducer=reducer, rank=k or 4, seed=seed, model="cnn")
     if reducer == "torch-powersgd":
         cfg["torch_powersgd_wrapper"] = "chained"
     # accuracy rising to `acc` at the last epoch
     eps = [dict(train_s=epoch_s, test_accuracy=acc - 0.01 * (epochs - 1 - i)) for i in range(epochs)]
-    d = dict(config=cfg, machine=dict(git=git), epochs=eps, wall_s=epochs * epoch_s + 5.0)
+    d = dict(config=cfg, machine=dict(git=git), provenance=PROVENANCE, epochs=eps,
+             wall_s=epochs * epoch_s + 5.0)
     path = os.path.join(folder, tta_study.name(reducer, k, seed) + ".json")
     json.dump(d, open(path, "w"))
 
@@ -95,7 +102,8 @@ def test_bad_files_left_out_with_the_reason(tmp_path):
     make(str(tmp_path), lowrank_s=15.0, lowrank_acc_drop=0.0)
     (tmp_path / "broken.json").write_text("{not json")
     (tmp_path / "cnn_fp16_s9.json").write_text(json.dumps(dict(config=dict(reducer="fp16", seed=9),
-                                                               machine=dict(git="abc"), epochs=[])))
+                                                               machine=dict(git="abc"),
+                                                               provenance=PROVENANCE, epochs=[])))
     runs, left = tta_report.load(str(tmp_path))
     why = dict(left)
     assert "unreadable" in why["broken.json"] and "not a complete" in why["cnn_fp16_s9.json"]
