@@ -34,7 +34,10 @@ env -u PYTHONPATH -u LOWRANK_LIBRARY LOWRANK_TEST_INSTALLED=1 \
   LOWRANK_TEST_NCCL_DOUBLE_DIR="$away/nccl_double" \
   "$root/tests/python/run_pytest.sh" "$venv/bin/python" "$reports/installed_torch2.xml" \
   "$root/tests/python" || rc=1
-LOWRANK_TEST_WHEEL=$wheel LOWRANK_TEST_VENV=$venv \
+# the device code's targets the wheel was built for (-Dgpu_targets), which python -m lowrank reports
+archs=$(meson introspect "$build" --buildoptions | /usr/bin/python3 -c \
+  'import json, sys; print(next(o["value"] for o in json.load(sys.stdin) if o["name"] == "gpu_targets"))')
+LOWRANK_TEST_WHEEL=$wheel LOWRANK_TEST_VENV=$venv LOWRANK_TEST_CUDA_ARCHS=$archs \
   /usr/bin/python3 -m pytest -q -p no:cacheprovider --junitxml="$reports/wheel.xml" \
   "$root/tests/wheel" || rc=1
 exit $rc
