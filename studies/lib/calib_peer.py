@@ -3,6 +3,9 @@ call, started by `ip netns exec NS python3 calib_peer.py MODE ...`). Times are t
 seconds, one clock for every namespace of the machine, so a sender's start and a receiver's last
 byte can be subtracted. Servers print "ready" once listening; clients print one JSON line.
 
+  icmp-ping ADDR COUNT WARMUP GAP_S           COUNT timed ICMP echoes of 64 bytes (ping's default
+                                              size; the peer's kernel answers) after WARMUP
+                                              untimed ones (ARP, caches): {"rtt_s": [...]}
   udp-echo PORT                               echo every datagram until killed
   udp-ping ADDR PORT COUNT SIZE WARMUP GAP_S  COUNT timed round trips of SIZE bytes after WARMUP
                                               untimed ones (ARP, caches): {"rtt_s": [...]}
@@ -16,6 +19,7 @@ byte can be subtracted. Servers print "ready" once listening; clients print one 
   tcp-bulk ADDR PORT SECONDS                  sends for SECONDS, then closes: {"mss"}
 """
 import json
+import os
 import socket
 import struct
 import sys
@@ -43,6 +47,34 @@ def _recv_exact(c, n, buf):
         if k == 0:
             raise EOFError
         got += k
+
+
+def _icmp_checksum(b):
+    s = sum(struct.unpack(f"!{len(b) // 2}H", b))
+    s = (s >> 16) + (s & 0xFFFF)
+    return ~(s + (s >> 16)) & 0xFFFF
+
+
+def icmp_ping(addr, count, warmup, gap):
+    s = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)
+    s.connect((addr, 0))
+    s.settimeout(5)
+    ident, rtts = os.getpid() & 0xFFFF, []
+    for seq in range(int(warmup) + int(count)):
+        body = struct.pack("!BBHHH", 8, 0, 0, ident, seq) + b"x" * 56  # 64 bytes, as ping's
+        body = body[:2] + struct.pack("!H", _icmp_checksum(body)) + body[4:]
+        t = time.monotonic()
+        s.send(body)
+        while True:
+            r = s.recv(2048)
+            ihl = (r[0] & 0xF) * 4
+            typ, _, _, rid, rseq = struct.unpack("!BBHHH", r[ihl:ihl + 8])
+            if typ == 0 and rid == ident and rseq == seq:
+                break
+        if seq >= int(warmup):
+            rtts.append(time.monotonic() - t)
+        time.sleep(float(gap))
+    print(json.dumps({"rtt_s": rtts}))
 
 
 def udp_echo(port):
@@ -151,7 +183,7 @@ def tcp_bulk(addr, port, seconds):
     print(json.dumps({"mss": mss}))
 
 
-MODES = {"udp-echo": udp_echo, "udp-ping": udp_ping, "tcp-sink": tcp_sink, "tcp-send": tcp_send,
+MODES = {"icmp-ping": icmp_ping, "udp-echo": udp_echo, "udp-ping": udp_ping, "tcp-sink": tcp_sink, "tcp-send": tcp_send,
          "tcp-bulk-sink": tcp_bulk_sink, "tcp-bulk": tcp_bulk}
 
 if __name__ == "__main__":

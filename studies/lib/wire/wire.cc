@@ -319,7 +319,7 @@ int Switch::run() {
     int64_t next = next_due();
     int timeout = -1;
     bool may_spin = spun < kWindowNs / 2;
-    spinning = next != kNever && next - now <= lead_ns_ && may_spin;
+    spinning = may_spin && next != kNever && next - now <= lead_ns_;
     if (spinning) {
       timeout = 0;  // still taking arrivals
     } else {
