@@ -7,15 +7,18 @@ bucket's burst would not). Needs a C++17 compiler (the wire is built on first us
 
 Root-only (skipped with the reason otherwise; need root, /dev/net/tun, iproute2, g++): four hosts
 on the wire at 100 Mbit/s and 1 ms pass every calibration check, hosts_down leaves nothing behind,
-and the legacy tbf link fails the calibration's message check (its burst), so the check can fail.
+and the legacy tbf link fails the calibration's message check (its burst), so the check can fail,
+through the CLI the shell drivers use.
 These measure time on a shared machine: ~15 s together."""
+import json
 import os
 import shutil
 import subprocess
+import sys
 
 import pytest
 
-from studies.lib import calibrate
+from studies.lib import calibrate, launch
 from studies.lib.hosts import HOSTS_SH, Hosts
 
 RATE = 100e6
@@ -127,16 +130,17 @@ def hosts(request):
         h.down()
 
 
-def test_wire_passes_its_calibration(hosts):
+def test_wire_passes_its_calibration(hosts, tmp_path):
     _need_root_links()
     h = hosts(4, "wire")
     assert h.shape("100mbit") == RATE
     h.delay("1ms")
     assert h.settings() == ("wire", RATE, 1e-3)
-    cal = calibrate.calibrate(h, bulk_s=1.0)
+    cal = h.calibrate(tmp_path, bulk_s=1.0)  # raises, naming the failed check, if one fails
     assert set(cal["checks"]) == {"ping_pong", "message", "fan_out", "bulk"}, cal["skipped"]
-    assert cal["passed"], calibrate.describe(cal)
+    assert cal["passed"] and h.calibration is cal
     assert " dropped 0" in cal["wire"]
+    assert json.loads((tmp_path / "calibrations.jsonl").read_text()) == json.loads(json.dumps(cal))
 
 
 def test_hosts_down_leaves_nothing(hosts):
@@ -151,11 +155,16 @@ def test_hosts_down_leaves_nothing(hosts):
     assert not os.path.exists(state)
 
 
-def test_tbf_legacy_fails_the_message_check(hosts):
+def test_tbf_legacy_fails_the_message_check(hosts, tmp_path):
+    """Through the shell drivers' way in: the CLI, its exit status and --out, then attach()."""
     _need_root_links()
     h = hosts(2, "tbf-legacy")
     h.shape("100mbit")
-    cal = calibrate.calibrate(h, bulk_s=0.6)
-    assert "message" in cal["failed"], calibrate.describe(cal)
-    with pytest.raises(calibrate.CalibrationError, match="message: FAIL"):
-        calibrate.require(cal)
+    r = subprocess.run([sys.executable, "-m", "studies.lib.calibrate", "--tag", h.env["HOSTS_TAG"],
+                        "--hosts", "2", "--bulk-s", "0.6", "--out", str(tmp_path / "cal.json")],
+                       capture_output=True, text=True, env=launch.env())
+    assert r.returncode == 1 and "message: FAIL" in r.stdout, r.stdout + r.stderr
+    assert "message" in json.loads((tmp_path / "cal.json").read_text())["failed"]
+    (tmp_path / "run.json").write_text('{"rows": []}')
+    calibrate.attach(tmp_path / "run.json", [tmp_path / "cal.json"])
+    assert json.loads((tmp_path / "run.json").read_text())["calibration"][0]["link"] == "tbf-legacy"
