@@ -9,7 +9,7 @@ Root-only (skipped with the reason otherwise; need root, /dev/net/tun, iproute2,
 on the wire at 100 Mbit/s and 1 ms pass every calibration check, hosts_down leaves nothing behind,
 and the legacy tbf link fails the calibration's message check (its burst), so the check can fail,
 through the CLI the shell drivers use.
-These measure time on a shared machine: ~15 s together."""
+These measure time on a shared machine: the whole file takes ~8-10 s here."""
 import json
 import os
 import shutil
