@@ -1,7 +1,8 @@
-"""Hosts for the studies: n network namespaces of netns_hosts.sh (beside this file) over links
-shaped to a rate, and one worker server per host (`--serve` of the training driver or of another
-driver with the same protocol, studies/train/train.py's serve()). Used by the time, switch and tta
-studies."""
+"""Hosts for the studies: n network namespaces of netns_hosts.sh (beside this file) over links that
+delay and pace like a wire (the wire of studies/lib/wire/ where the kernel has no netem; see
+netns_hosts.sh), checked by studies/lib/calibrate.py, and one worker server per host (`--serve` of
+the training driver or of another driver with the same protocol, studies/train/train.py's
+serve()). Used by the time, switch and tta studies."""
 import json
 import os
 import subprocess
@@ -15,23 +16,62 @@ DRIVER = "studies.train.train"  # the module whose --serve the servers run
 
 class Hosts:
     """n namespaces of netns_hosts.sh, driven through bash (the switch study makes one set per host
-    count: `tag` apart)."""
+    count: `tag` apart). link: HOSTS_LINK (auto, wire, netem, tbf-legacy; default: the
+    environment's, else auto). After shape()/delay(), calibrate() checks the links (and raises
+    calibrate.CalibrationError if they fail); its dict is kept in `calibration` for the run's JSON.
+    Not thread-safe."""
 
-    def __init__(self, n=N, tag=None):
+    def __init__(self, n=N, tag=None, link=None):
         self.n = n
         self.env = dict(os.environ, HOSTS_TAG=tag or f"lrt{os.getpid()}", HOSTS_N=str(n))
+        if link:
+            self.env["HOSTS_LINK"] = link
         self.up = False
+        self.calibration = None
 
     def _sh(self, call):
-        return subprocess.run(["bash", "-c", f'. "{HOSTS_SH}" && {call}'], env=self.env, check=True,
-                              capture_output=True, text=True).stdout.strip()
+        r = subprocess.run(["bash", "-c", f'. "{HOSTS_SH}" && {call}'], env=self.env,
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"netns_hosts.sh: {call} failed (exit {r.returncode}): {r.stderr.strip()}")
+        return r.stdout.strip()
 
     def make(self):
         self.up = True
         self._sh(f"hosts_up {self.n}")
 
     def shape(self, rate):
+        """Every link at `rate` ("100mbit", "1gbit"); returns bit/s."""
+        self.calibration = None
         return int(self._sh(f"hosts_shape {rate}"))
+
+    def delay(self, delay):
+        """One-way delay ("250us", "1ms", "0") on every link, the rate kept."""
+        self.calibration = None
+        self._sh(f"hosts_delay {delay}")
+
+    def settings(self):
+        """(kind of link, rate in bit/s (0: none), one-way delay in s) as set now."""
+        kind, bits, ns = self._sh("hosts_settings").split()
+        return kind, int(bits), int(ns) / 1e9
+
+    def link_stats(self):
+        """The wire's counters since the previous call (its status line); "" for other links."""
+        return self._sh("hosts_link_stats")
+
+    def calibrate(self, out_dir=None, **kw):
+        """calibrate.checked(self): the calibration dict (kept in self.calibration), also appended
+        as one line to out_dir/calibrations.jsonl when out_dir is given (beside the runs it covers,
+        passed or not; .jsonl, so the reports' globs of run files *.json do not take it); raises
+        calibrate.CalibrationError if it failed."""
+        from studies.lib import calibrate
+        cal = calibrate.calibrate(self, **kw)
+        if out_dir:
+            os.makedirs(out_dir, exist_ok=True)
+            with open(os.path.join(out_dir, "calibrations.jsonl"), "a") as f:
+                f.write(json.dumps(cal) + "\n")
+        self.calibration = calibrate.require(cal)
+        return cal
 
     def down(self):
         if self.up:

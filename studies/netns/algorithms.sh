@@ -2,7 +2,10 @@
 # netns_algorithms.sh: the host transport's allreduce algorithms side by side over links with a
 # delay and a rate (issue 24, item 4), and how close the cost model's choice (auto) comes to the best.
 #
-# For each world (hosts, one perf process each), delay (netem, one way) and rate (tbf), R repetitions;
+# For each world (hosts, one perf process each), delay (one way) and rate, on the links of
+# studies/lib/netns_hosts.sh (netem where the kernel has it, else the user-space wire), calibrated
+# at every setting first (studies/lib/calibrate.py: a setting that fails stops the sweep, exit 1;
+# the calibrations go into OUT.json as "calibration"), R repetitions;
 # within a repetition every algorithm runs once (ring, halving_doubling, recursive_doubling,
 # direct, auto: LOWRANK_UCX_ALGO), in an order rotated from one repetition to the next, so that drift
 # of the machine hits all alike. A run is `lowrank_allreduce_perf -M exact` over the sizes of one
@@ -19,9 +22,8 @@
 # (2) with --pin 1 (default) host i's process is pinned to core i mod cores, so that no process
 # migrates (it does not give a process a core of its own when there are more hosts than cores).
 #
-# Needs root, iproute2 and a kernel with sch_netem for a nonzero delay (checked before anything runs;
-# the 2-core machine this was written on has none: its kernel has no modules, only tbf, htb, pfifo).
-# --delays 0 runs the rates alone.
+# Needs root and iproute2; without sch_netem the links are the wire's (/dev/net/tun, g++). The CPU
+# floor's "no qdisc" is, on the wire, the wire with neither rate nor delay (a switch in user space).
 #
 # usage (root): studies/netns/algorithms.sh [--worlds 4,8,16] [--delays 0.25ms,1ms] [--rates 100mbit,1gbit]
 #     [--algos ring,halving_doubling,recursive_doubling,direct,auto] [--reps 3]
@@ -76,12 +78,20 @@ HOSTS_PY=$PY
 trap 'hosts_down; rm -rf "$WORK"' EXIT
 trap 'echo "netns_algorithms.sh: interrupted" >&2; exit 130' INT TERM
 
-# fail before hours of runs if a delay cannot be made here
+# fail before hours of runs if a delay cannot be made here (HOSTS_LINK=tbf-legacy on a kernel
+# without netem)
 if [ -n "$(echo "${DELAYS//,/ }" | tr ' ' '\n' | grep -v '^0\(ms\|us\)\?$')" ]; then
-  hosts_up 1 || exit 1
+  hosts_up 2 || exit 1
   hosts_delay 1ms || exit 2
   hosts_down
 fi
+# calibrate N DELAY RATE: the links checked before any run over them (refused: exit 1)
+calibrate() {
+  local f=$WORK/calib.n$1.d$2.r$3.json
+  PYTHONPATH=$ROOT "$PY" -m studies.lib.calibrate --tag $HOSTS_TAG --hosts $1 --out "$f" | sed 's/^/# /' ||
+    { echo "netns_algorithms.sh: the links ($1 hosts, $3, $2) failed their calibration: sweep refused" >&2; exit 1; }
+  echo "$f" >>"$WORK/calibs.txt"
+}
 
 # delay in microseconds (0.25ms -> 250)
 us() { "$PY" -c "import re; m=re.fullmatch(r'([0-9.]+)(ms|us)?','$1'); print(float(m.group(1))*(1000 if m.group(2)=='ms' else 1))"; }
@@ -131,6 +141,7 @@ echo "# binary: $GIT"
 PYPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"  # the studies package, for provenance and the report
 PYTHONPATH=$PYPATH "$PY" -m studies.lib.provenance start --binary "$PERF" >"$WORK/provenance.json" || exit 1
 : >"$WORK/runs.txt"
+: >"$WORK/calibs.txt"
 T0=$(date +%s)
 for n in ${WORLDS//,/ }; do
   hosts_up $n || exit 1
@@ -145,7 +156,8 @@ for n in ${WORLDS//,/ }; do
     hosts_shape $rate >/dev/null || exit 1
     for delay in ${DELAYS//,/ }; do
       hosts_delay $delay || exit 1
-      echo "# $n hosts, $rate, one-way delay $delay ($(($(date +%s) - T0)) s so far)"
+      echo "# $n hosts, $rate, one-way delay $delay, link $(hosts_link) ($(($(date +%s) - T0)) s so far)"
+      calibrate $n $delay $rate
       sweep $n $delay $rate $ALGOS
     done
   done
@@ -155,3 +167,7 @@ echo "# sweep done in $(($(date +%s) - T0)) s"
 mkdir -p "$(dirname "$OUT")"
 PYTHONPATH=$PYPATH "$PY" -m studies.netns.algorithms_report "$WORK/runs.txt" "$OUT" "$MODEL" "$CORES" "$GIT" "$CMDLINE" "$(date -Is)" \
   "$WORK/provenance.json"
+rc=$?
+PYTHONPATH=$PYPATH "$PY" -c 'import sys; from studies.lib.calibrate import attach; attach(sys.argv[1], sys.argv[2:])' \
+  "$OUT.json" $(cat "$WORK/calibs.txt") || exit 1
+exit $rc

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # netns_bench.sh: lowrank across four "hosts" on one machine, over links of a known rate.
 #
-# Makes four network namespaces (the hosts) on a bridge, one veth pair each, addresses 10.77.0.1-4/24,
-# every link shaped by tc tbf (both directions: the host's egress and the bridge port's egress toward
-# it), and runs lowrank_allreduce_perf as one process per host, started with a launcher's variables
+# Makes four network namespaces (the hosts, addresses 10.77.0.1-4/24) joined by links that pace
+# like a wire at each rate (studies/lib/netns_hosts.sh: netem where the kernel has it, else the
+# user-space wire; HOSTS_LINK=tbf-legacy for the old tbf links), calibrates the links at each rate
+# (studies/lib/calibrate.py; a rate whose calibration fails stops the run, exit status 1; the
+# calibrations go into OUT.json as "calibration"), and runs lowrank_allreduce_perf as one process per
+# host, started with a launcher's variables
 # (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), LOWRANK_SOCKET_IFNAME and UCX_TLS=tcp,self,
 # UCX_NET_DEVICES=<the host's veth> so that no shared-memory or loopback path bypasses the links.
 # Gradients: ResNet-50 layer shapes, synthetic with a decaying spectrum (studies/lib/gradsets.py).
@@ -70,6 +73,12 @@ trap 'hosts_down; rm -rf "$WORK"' EXIT
 trap 'echo "netns_bench.sh: interrupted" >&2; exit 130' INT TERM
 hosts_up $N || exit 1
 shape() { hosts_shape "$@" || exit 1; }
+# calibrate RATE: the links checked before any run over them (refused: exit 1)
+calibrate() {
+  PYTHONPATH=$ROOT "$PY" -m studies.lib.calibrate --tag $HOSTS_TAG --hosts $N --out "$WORK/calib.$1.json" |
+    sed 's/^/# /' || { echo "netns_bench.sh: the links at $1 failed their calibration: run refused" >&2; exit 1; }
+  echo "$WORK/calib.$1.json" >>"$WORK/calibs.txt"
+}
 
 # run NAME PIPELINE ARGS...: one perf process per host; rank r's JSON in $WORK/NAME.r<r>.json
 run() {
@@ -97,9 +106,11 @@ echo "# lowrank: $GIT0"
 PYPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"  # the studies package, for provenance and the report
 PYTHONPATH=$PYPATH "$PY" -m studies.lib.provenance start --binary "$PERF" >"$WORK/provenance.json" || exit 1
 : >"$WORK/runs.txt"
+: >"$WORK/calibs.txt"
 for rate in ${RATES//,/ }; do
   bits=$(shape $rate) || exit 1
-  echo "# ---- $rate ($bits bit/s)"
+  echo "# ---- $rate ($bits bit/s, link $(hosts_link))"
+  calibrate $rate
   run "$rate.exact" 1 --mode exact$([ "$FP16" = 1 ] && echo ,fp16) -k 0 -n $ITERS -w 1 --rounds 1 && echo "$rate $bits exact - $WORK/$rate.exact.r0.json" >>"$WORK/runs.txt"
   for pipe in ${PIPES//,/ }; do
     for k in ${KS//,/ }; do
@@ -117,3 +128,7 @@ if [ "$(ls -l --time-style=+%s "$(dirname "$PERF")/../liblowrank.so"* 2>/dev/nul
 fi
 PYTHONPATH=$PYPATH "$PY" -m studies.netns.report runs "$WORK/runs.txt" "$OUT" "$N" "$(date -Is)" "$(nproc)" "$GITINFO" "$GDIR" \
   "$WORK/provenance.json"
+rc=$?
+PYTHONPATH=$PYPATH "$PY" -c 'import sys; from studies.lib.calibrate import attach; attach(sys.argv[1], sys.argv[2:])' \
+  "$OUT.json" $(cat "$WORK/calibs.txt") || exit 1
+exit $rc

@@ -99,6 +99,8 @@ def main():
                 h.make()
             if net == "hosts" and shaped.get(n) != rate:
                 h.shape(rate)
+                # refused if the links fail; calibrations.jsonl beside the runs it covers
+                h.calibrate(os.path.dirname(out_path(args.results, i, n, rate)))
                 shaped[n] = rate
             key = (n, net)
             if key not in servers:

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """The time-per-batch setting of the training study (docs/training.md): four workers of
 the training driver (studies/train/train.py), one per "host", in network namespaces over links
-shaped to each rate (the hosts of studies/lib/netns_hosts.sh, shared with studies/netns/bench.sh),
+shaped to each rate (the hosts of studies/lib/netns_hosts.sh, shared with studies/netns/bench.sh;
+calibrated at each rate by studies/lib/calibrate.py, which refuses links that fail and writes
+calibrations.jsonl beside the runs),
 and as plain processes over loopback. Then studies/time/report.py makes the table. The plan
 (settings, repetitions, ranks, epochs) is plan.toml beside this file.
 
@@ -104,6 +106,7 @@ def main():
                 return 3
             if setting != "loopback" and setting != shaped:
                 hosts.shape(setting)
+                hosts.calibrate(os.path.join(args.results, setting))  # refused if it fails
                 shaped = setting
             out = os.path.join(args.results, setting, name(args.model, reducer, k, rep) + ".json")
             os.makedirs(os.path.dirname(out), exist_ok=True)

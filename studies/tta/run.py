@@ -101,6 +101,7 @@ def main():
     try:
         hosts.make()
         hosts.shape(args.rate)
+        hosts.calibrate(outdir)  # refused if the links fail; calibrations.jsonl beside the runs
         servers = Servers(args.python, hosts)  # train.py --serve on each host
         for n, (seed, reducer, k) in enumerate(todo):
             if not may_start(NAME, args, t0):
