@@ -51,6 +51,14 @@ int commCreate(const lowrankRealNccl_t* nccl, void* ncclComm, int nranks, double
   dc.timeoutSec = timeoutSec;
   const Err s = [&]() -> Err {
     LR_CUDA(cudaGetDevice(&dc.device));
+    int pools = 0;  // cudaMallocAsync's memory pools (not on every GPU, driver or MIG set-up)
+    dc.asyncAlloc = cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, dc.device) ==
+                        cudaSuccess && pools;
+    (void)cudaGetLastError();
+    if (!dc.asyncAlloc)
+      LR_WARN("CUDA backend: device %d has no memory pools (cudaMallocAsync): buffers planned or "
+              "released during training allocate and free synchronously, which waits for the "
+              "device", dc.device);
     LR_CUDA(cudaStreamCreateWithFlags(&dc.stream, cudaStreamNonBlocking));
     LR_CUDA(cudaMalloc(reinterpret_cast<void**>(&dc.planCheck),
                        LOWRANK_PLAN_CHECK_WORDS * sizeof(uint64_t)));
@@ -72,18 +80,25 @@ int commCreate(const lowrankRealNccl_t* nccl, void* ncclComm, int nranks, double
   return lowrankSuccess;
 }
 
+// The communicator's teardown (lowrankCommDestroy: the point where the rest of its memory goes
+// back to CUDA, synchronously). Its buffers are gone: their frees are queued behind the
+// communication stream, and their pinned blocks back in the pool once the device got there.
+// Whatever a collective that never ends may still touch stays allocated.
 void commDestroy(lowrankCudaComm_t* c) {
   if (!c) return;
   DeviceComm& dc = c->dc;
-  if (dc.stream && !settleDevice(dc, nullptr, dc.stream)) {
-    // A collective that never ends may still use the stream and the plan check's words.
-    LR_WARN("CUDA backend: the communication stream did not finish; it is left as it is");
+  const bool settled = (!dc.stream || settleDevice(dc, nullptr, dc.stream)) &&
+                       settleDevice(dc, [&] { return dc.pinned.settled(); });
+  if (!settled) {
+    LR_WARN("CUDA backend: the communication stream or a buffer's last call did not finish; "
+            "their memory is left as it is");
     delete c;
     return;
   }
   if (dc.stream) cudaStreamDestroy(dc.stream);
   if (dc.planCheck) cudaFree(dc.planCheck);
   if (dc.hostPlanCheck) cudaFreeHost(dc.hostPlanCheck);
+  dc.pinned.freeAll();
   delete c;
 }
 

@@ -57,6 +57,7 @@ cudaError_t setError(cudaError_t e);
 struct CUstream_st {
   bool blocking = true;  // ordered with the legacy default stream (not cudaStreamNonBlocking)
   bool legacy = false;
+  bool destroyed = false;        // cudaStreamDestroy'd with work queued: runs it, takes no more
   std::deque<emu::OpPtr> queue;  // queued, not yet run, in issue order
   emu::OpPtr tail;               // the last operation queued (run or not)
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
