@@ -6,7 +6,8 @@
 // into another grouping at step 10 (as DDP does after its first iteration: new buffers planned
 // mid-training, the old ones released), a checkpoint saved at step 20 and restored at step 30;
 // 100 calls. Everything the test itself does on the device (memory, uploads) is on the main thread
-// before the run. Emulation only.
+// before the run. And lowrank's set-up and waits on one thread leave another thread's CUDA graph
+// capture in global mode (PyTorch's) intact (issue 39, item 3). Emulation only.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -168,6 +169,103 @@ TEST(DeviceSyncCalls, WithoutMemoryPoolsTheRebucketingSynchronizes) {
   ASSERT_EQ(run.error, "");
   EXPECT_NE(run.training.find("cudaMalloc: "), std::string::npos) << run.training;
   EXPECT_NE(run.training.find("cudaFree: "), std::string::npos) << run.training;
+}
+
+// The emulation's model of capture modes, which the next test relies on: a potentially unsafe
+// call (cudaMalloc) from another thread breaks a capture in global mode, unless that thread is in
+// relaxed mode.
+cudaError_t captureWhileAnotherThreadMallocs(cudaStreamCaptureMode otherThreadsMode) {
+  cudaStream_t x = nullptr;
+  EXPECT_EQ(cudaStreamCreate(&x), cudaSuccess);
+  void* d = nullptr;
+  EXPECT_EQ(cudaMalloc(&d, 64), cudaSuccess);
+  EXPECT_EQ(cudaStreamBeginCapture(x, cudaStreamCaptureModeGlobal), cudaSuccess);
+  EXPECT_EQ(cudaMemsetAsync(d, 1, 64, x), cudaSuccess);
+  void* p = nullptr;
+  std::thread other([&] {
+    cudaStreamCaptureMode mode = otherThreadsMode;
+    EXPECT_EQ(cudaThreadExchangeStreamCaptureMode(&mode), cudaSuccess);
+    if (cudaMalloc(&p, 64) != cudaSuccess) p = nullptr;
+    EXPECT_EQ(cudaThreadExchangeStreamCaptureMode(&mode), cudaSuccess);
+  });
+  other.join();
+  cudaGraph_t graph = nullptr;
+  const cudaError_t ended = cudaStreamEndCapture(x, &graph);
+  if (p) cudaFree(p);
+  if (graph) cudaGraphDestroy(graph);
+  (void)cudaGetLastError();
+  cudaDeviceSynchronize();
+  cudaFree(d);
+  cudaStreamDestroy(x);
+  return ended;
+}
+
+TEST(DeviceCapture, EmulationBreaksAGlobalCaptureOnAnotherThreadsUnsafeCall) {
+  LR_SKIP_WITHOUT_DEVICE();
+  EXPECT_EQ(captureWhileAnotherThreadMallocs(cudaStreamCaptureModeGlobal),
+            cudaErrorStreamCaptureInvalidated);
+  EXPECT_EQ(captureWhileAnotherThreadMallocs(cudaStreamCaptureModeRelaxed), cudaSuccess);
+}
+
+// A thread captures a graph on a blocking stream in global mode (PyTorch's default) while another
+// makes a communicator's first device calls (the backend's device side, a buffer planned and
+// checked across comm ranks, pinned memory), later calls, a checkpoint save and the stats: the
+// capture ends cleanly and its graph runs.
+TEST(DeviceCapture, PlanningOnAnotherThreadLeavesAGlobalCaptureIntact) {
+  LR_SKIP_WITHOUT_DEVICE();
+  lowrankConfig_t cfg = config(4);
+  cfg.startIter = 0;
+  OneRankNccl one(cfg);
+  Bucket bucket(kFirst[0]);
+  cudaStream_t x = nullptr, s = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&x), cudaSuccess);
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  void* d = nullptr;
+  ASSERT_EQ(cudaMalloc(&d, 256), cudaSuccess);
+  ASSERT_EQ(cudaMemset(d, 0, 256), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+
+  ASSERT_EQ(cudaStreamBeginCapture(x, cudaStreamCaptureModeGlobal), cudaSuccess);
+  ASSERT_EQ(cudaMemsetAsync(d, 7, 256, x), cudaSuccess);
+  std::string error;
+  std::thread hook([&] {
+    auto fail = [&](const char* what) {
+      if (error.empty()) error = std::string(what) + ": " + lowrankGetLastError(one.comm);
+    };
+    if (bucket.declare(one.comm) != lowrankSuccess) fail("lowrankBufferSetTensors");
+    for (int call = 0; call < 3; ++call)
+      if (lowrankAllReduce(bucket.send, bucket.recv, bucket.count, lowrankFloat32, lowrankAvg,
+                           one.comm, s) != lowrankSuccess)
+        fail("lowrankAllReduce");
+    size_t size = 0;
+    if (lowrankBufferSaveState(one.comm, bucket.recv, nullptr, &size) != lowrankSuccess)
+      fail("lowrankBufferSaveState (size)");
+    std::vector<unsigned char> saved(size);
+    if (lowrankBufferSaveState(one.comm, bucket.recv, saved.data(), &size) != lowrankSuccess)
+      fail("lowrankBufferSaveState");
+    lowrankStats_t st;
+    if (lowrankGetStats(one.comm, &st) != lowrankSuccess || st.compressedCalls != 3)
+      fail("lowrankGetStats (3 compressed calls)");
+  });
+  hook.join();
+  EXPECT_EQ(error, "");
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamEndCapture(x, &graph), cudaSuccess)
+      << "lowrank's calls on another thread broke the capture";
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  ASSERT_EQ(cudaGraphLaunch(exec, x), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(x), cudaSuccess);
+  unsigned char host[256];
+  ASSERT_EQ(cudaMemcpy(host, d, 256, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(host[0], 7);
+  EXPECT_EQ(host[255], 7);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  cudaFree(d);
+  cudaStreamDestroy(x);
+  cudaStreamDestroy(s);
 }
 
 }  // namespace

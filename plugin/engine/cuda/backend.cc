@@ -11,6 +11,7 @@
 #include "abi/cuda_backend.h"
 #include "abi/plugin_log.h"
 #include "abi/services.h"
+#include "engine/cuda/capture_mode.h"
 #include "engine/cuda/cuda_status.h"
 #include "engine/cuda/device_schedule.h"
 #include "engine/cuda/device_state.h"
@@ -36,6 +37,7 @@ namespace {
 
 int commCreate(const lowrankRealNccl_t* nccl, void* ncclComm, int nranks, double timeoutSec,
                lowrankCudaComm_t** out, int* device, lowrankCudaError_t* error) {
+  const RelaxedCaptureMode relaxed;  // never breaks another thread's capture (capture_mode.h)
   if (!lowrankGetServices(LOWRANK_SERVICES_VERSION))
     return Err::Fail(lowrankSystemError,
                      "the CUDA backend needs liblowrank's services table version %d, which the "
@@ -85,6 +87,7 @@ int commCreate(const lowrankRealNccl_t* nccl, void* ncclComm, int nranks, double
 // communication stream, and their pinned blocks back in the pool once the device got there.
 // Whatever a collective that never ends may still touch stays allocated.
 void commDestroy(lowrankCudaComm_t* c) {
+  const RelaxedCaptureMode relaxed;  // never breaks another thread's capture (capture_mode.h)
   if (!c) return;
   DeviceComm& dc = c->dc;
   const bool settled = (!dc.stream || settleDevice(dc, nullptr, dc.stream)) &&
@@ -110,6 +113,7 @@ void commAbort(lowrankCudaComm_t* c) {
 }
 
 int planCheck(lowrankCudaComm_t* c, uint64_t* words, lowrankCudaError_t* error) {
+  const RelaxedCaptureMode relaxed;  // never breaks another thread's capture (capture_mode.h)
   constexpr size_t kBytes = LOWRANK_PLAN_CHECK_WORDS * sizeof(uint64_t);
   const DeviceComm& dc = c->dc;
   const Err s = [&]() -> Err {
@@ -141,6 +145,7 @@ int exactAllReduce(lowrankCudaComm_t* c, const void* send, void* recv, size_t co
 
 int stateCreate(lowrankCudaComm_t* c, const lowrankCudaPlan_t* plan, lowrankCudaState_t** out,
                 uint64_t* bytes, lowrankCudaError_t* error) {
+  const RelaxedCaptureMode relaxed;  // never breaks another thread's capture (capture_mode.h)
   auto* st = new (std::nothrow) lowrankCudaState();
   if (!st) return Err::Fail(lowrankSystemError, "out of host memory").report(error);
   const Err s = st->b.allocate(*plan, c->dc);  // frees what it allocated on failure
@@ -154,6 +159,7 @@ int stateCreate(lowrankCudaComm_t* c, const lowrankCudaPlan_t* plan, lowrankCuda
 }
 
 void stateDestroy(lowrankCudaState_t* st) {
+  const RelaxedCaptureMode relaxed;  // never breaks another thread's capture (capture_mode.h)
   if (!st) return;
   st->b.release();
   delete st;
@@ -161,6 +167,7 @@ void stateDestroy(lowrankCudaState_t* st) {
 
 int runCompressed(lowrankCudaComm_t* c, lowrankCudaState_t* st, const void* send, void* recv,
                   int op, const float* freshQ, void* stream, lowrankCudaError_t* error) {
+  const RelaxedCaptureMode relaxed;  // never breaks another thread's capture (capture_mode.h)
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   DeviceBuffer& b = st->b;
   const Err r = [&]() -> Err {
@@ -187,6 +194,7 @@ int runCompressed(lowrankCudaComm_t* c, lowrankCudaState_t* st, const void* send
 // into host memory freed after a timeout; then the copies, ordered on the state's stream, and
 // their own bounded wait.
 int stateSave(lowrankCudaState_t* st, float* residual, float* qt, lowrankCudaError_t* error) {
+  const RelaxedCaptureMode relaxed;  // never breaks another thread's capture (capture_mode.h)
   const DeviceBuffer& b = st->b;
   const Err s = [&]() -> Err {
     (void)cudaGetLastError();
@@ -205,6 +213,7 @@ int stateSave(lowrankCudaState_t* st, float* residual, float* qt, lowrankCudaErr
 
 int stateLoad(lowrankCudaState_t* st, const float* residual, const float* qt,
               lowrankCudaError_t* error) {
+  const RelaxedCaptureMode relaxed;  // never breaks another thread's capture (capture_mode.h)
   DeviceBuffer& b = st->b;
   const Err s = [&]() -> Err {
     (void)cudaGetLastError();
@@ -223,6 +232,7 @@ int stateLoad(lowrankCudaState_t* st, const float* residual, const float* qt,
 
 int collectChecks(lowrankCudaState_t* st, int wait, uint32_t* rejected, uint32_t* opMismatches,
                   lowrankCudaError_t* error) {
+  const RelaxedCaptureMode relaxed;  // never breaks another thread's capture (capture_mode.h)
   DeviceBuffer& b = st->b;
   const size_t n = wait == lowrankCudaCollectAll ? SIZE_MAX
                    : wait == lowrankCudaCollectForRoom && b.checksPending == DeviceBuffer::kCheckSlots

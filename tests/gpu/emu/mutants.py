@@ -59,6 +59,21 @@ MUTANTS = {
         "(which synchronizes the device) instead of taking them from the communicator's pool",
         "    LR_TRY(dc.pinned.take(kCheckSlots * 2 * sizeof(float), &checks));\n",
         "    LR_CUDA(cudaMallocHost(&checks, kCheckSlots * 2 * sizeof(float)));\n"),
+    "plan_check_breaks_capture": (
+        "backend.cc",
+        "the plan check polls its collective (cudaStreamQuery) in the caller's capture mode: a "
+        "hook thread planning a buffer breaks another thread's CUDA graph capture (global mode)",
+        "int planCheck(lowrankCudaComm_t* c, uint64_t* words, lowrankCudaError_t* error) {\n"
+        "  const RelaxedCaptureMode relaxed;",
+        "int planCheck(lowrankCudaComm_t* c, uint64_t* words, lowrankCudaError_t* error) {\n"
+        "  "),
+    "setup_on_legacy_stream": (
+        "device_state.cc",
+        "a buffer's set-up records an event on the legacy default stream (as before issue 39), "
+        "which breaks another thread's capture of a blocking stream and synchronizes with "
+        "PyTorch's default stream",
+        "    if (!on) {\n",
+        "    if (true) {\n"),
     "abort_grace_per_buffer": (
         "device_wait.cc",
         "after an abort each buffer's teardown wait gets a second of its own (issue 39: 32 stuck "
@@ -133,6 +148,8 @@ FIRST = {
     "free_synchronous": "DeviceSyncCalls.NoneOnTheTrainingPathOfADdpShapedRun",
     "tables_synchronous": "DeviceSyncCalls.NoneOnTheTrainingPathOfADdpShapedRun",
     "pinned_per_buffer": "DeviceSyncCalls.NoneOnTheTrainingPathOfADdpShapedRun",
+    "plan_check_breaks_capture": "DeviceCapture.PlanningOnAnotherThreadLeavesAGlobalCaptureIntact",
+    "setup_on_legacy_stream": "DeviceCapture.PlanningOnAnotherThreadLeavesAGlobalCaptureIntact",
     "abort_grace_per_buffer": "DeviceWaits.AbortWith32StuckBuffersTakesOneDeadlineWithoutMemoryPools",
     "fresh_q_dropped": "DeviceEngine.ExactOnRankKInput",
     "decompress_on_comm_stream": "DeviceCheckpoint.ResumeIsBitIdenticalOnEveryRank",

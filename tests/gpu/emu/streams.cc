@@ -70,6 +70,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s) {
   countSync("cudaStreamSynchronize");
   std::lock_guard<std::recursive_mutex> lock(deviceMutex());
   if (cudaError_t e = refuseIfCapturing(stream(s))) return e;
+  if (cudaError_t e = checkUnsafeDuringCapture(false)) return setError(e);
   if (!s) return setError(syncLegacy());
   complete(s->tail);
   return cudaSuccess;
@@ -78,6 +79,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s) {
 cudaError_t cudaStreamQuery(cudaStream_t s) {
   std::lock_guard<std::recursive_mutex> lock(deviceMutex());
   if (cudaError_t e = refuseIfCapturing(stream(s))) return e;
+  if (cudaError_t e = checkUnsafeDuringCapture(false)) return setError(e);
   return poll(stream(s)->tail) ? cudaSuccess : cudaErrorNotReady;
 }
 
@@ -128,12 +130,16 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags) {
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
   countSync("cudaEventSynchronize");
   if (!e) return setError(cudaErrorInvalidResourceHandle);
+  if (cudaError_t err = checkUnsafeDuringCapture(false)) return setError(err);
   complete(e->marker);
   return cudaSuccess;
 }
 
+// A query is a potentially unsafe call during a capture (PyTorch's NCCL watchdog, polling its
+// events, broke other threads' captures in global mode until it polled in relaxed mode).
 cudaError_t cudaEventQuery(cudaEvent_t e) {
   if (!e) return setError(cudaErrorInvalidResourceHandle);
+  if (cudaError_t err = checkUnsafeDuringCapture(false)) return setError(err);
   return poll(e->marker) ? cudaSuccess : cudaErrorNotReady;
 }
 
