@@ -127,7 +127,11 @@ int planCheck(lowrankCudaComm_t* c, uint64_t* words, lowrankCudaError_t* error) 
                                lowrankMax, dc.comm, dc.stream);
     }));
     LR_CUDA(cudaMemcpyAsync(dc.hostPlanCheck, dc.planCheck, kBytes, cudaMemcpyDeviceToHost, dc.stream));
-    LR_TRY(waitDevice(dc, nullptr, dc.stream, "the plan check"));
+    Err waited = waitDevice(dc, nullptr, dc.stream, "the plan check");
+    if (waited.code == lowrankTimeout)  // the one wait where a caller's open group shows
+      waited.msg += "; a first call inside the caller's ncclGroupStart/ncclGroupEnd waits for a "
+                    "collective NCCL holds until ncclGroupEnd: not allowed (lowrank_nccl.h)";
+    LR_TRY(waited);
     std::memcpy(words, dc.hostPlanCheck, kBytes);
     return Err::Ok();
   }();
