@@ -36,10 +36,11 @@ MUTANTS = {
         ""),
     "tables_not_ordered": (
         "device_state.cc",
-        "set-up racing the first call: the P chunks' launch tables go up on the communication "
-        "stream, which the buffer's non-blocking stream is not ordered with",
-        "createBlockTable(blocks.data(), blocks.size(), &pChunks[c].blocks, on));",
-        "createBlockTable(blocks.data(), blocks.size(), &pChunks[c].blocks, dc.stream));"),
+        "set-up racing the first call (without memory pools, the fallback): the buffer's "
+        "non-blocking stream does not wait for the launch tables' synchronous copies from pageable "
+        "memory (legacy default stream)",
+        "    LR_CUDA(cudaStreamWaitEvent(compute, forked, 0));\n",
+        ""),
     # Issue 39: no synchronizing call on the training path, and one deadline for an abort.
     "free_synchronous": (
         "device_state.cc",
@@ -144,7 +145,7 @@ FIRST = {
     "no_wait_for_q_allreduce": "two-rank",
     "allreduce_before_compute": "two-rank",
     "residual_never_written": "DeviceEngine.ExactOnRankKInput",
-    "tables_not_ordered": "DeviceStreams.*",
+    "tables_not_ordered": "DeviceStreams.TwoHundredCallsWithoutMemoryPools*",
     "free_synchronous": "DeviceSyncCalls.NoneOnTheTrainingPathOfADdpShapedRun",
     "tables_synchronous": "DeviceSyncCalls.NoneOnTheTrainingPathOfADdpShapedRun",
     "pinned_per_buffer": "DeviceSyncCalls.NoneOnTheTrainingPathOfADdpShapedRun",
