@@ -264,7 +264,9 @@ lowrankResult_t lowrankCommUserRank(const lowrankComm_t comm, int* rank);
  * take that decision on the GPU instead: see lowrank_nccl.h.
  *
  * `stream` is a cudaStream_t for device buffers, which need a communicator made by
- * lowrankCommInitFromNccl (lowrank_nccl.h); the call is then asynchronous on that stream. Host
+ * lowrankCommInitFromNccl (lowrank_nccl.h); the call is then asynchronous on that stream, and a
+ * compressed one must not be made inside the caller's ncclGroupStart/ncclGroupEnd (lowrank_nccl.h
+ * says why and what is detected). Host
  * buffers: pass NULL (on an NCCL communicator a stream is accepted and ignored). Device memory is
  * recognised through the CUDA driver when the process has loaded one; otherwise every buffer is
  * host memory. Host and device buffers in one call: lowrankInvalidArgument.
@@ -284,7 +286,9 @@ lowrankResult_t lowrankCommUserRank(const lowrankComm_t comm, int* rank);
  * communicator usable; the others, and a mismatch the transport finds midway through a collective,
  * mark it failed (later calls: lowrankInvalidUsage naming the first error): destroy it. Over NCCL
  * (lowrank_nccl.h), any error NCCL returns for one of a host-buffer call's allreduces fails it
- * likewise, whatever its code (ncclInvalidUsage and ncclInvalidArgument included). On error
+ * likewise, whatever its code (ncclInvalidUsage and ncclInvalidArgument included). A failure of a
+ * communicator that owns its NCCL communicator (lowrankCommInitNcclRank) aborts that one at once
+ * (ncclCommAbort). On error
  * recvbuff may be partly written but the buffer's state is reset, never left half-updated. */
 lowrankResult_t lowrankAllReduce(const void* sendbuff, void* recvbuff, size_t count,
                                  lowrankDataType_t datatype, lowrankRedOp_t op,

@@ -24,7 +24,14 @@
  *
  * The NCCL communicator stays the application's: lowrank's allreduces join its own calls on it, so
  * every comm rank must make its lowrankAllReduce and NCCL calls on that communicator in the same
- * order (as for any NCCL call), and not inside an ncclGroupStart/ncclGroupEnd of its own.
+ * order (as for any NCCL call). A compressed lowrankAllReduce must not be made inside the
+ * caller's ncclGroupStart/ncclGroupEnd (on any communicator): NCCL defers lowrank's collectives to
+ * ncclGroupEnd while the events that order its passes record at once, so the output would be
+ * computed from unreduced factors. NCCL offers no query of an open group, so lowrank cannot refuse
+ * it in general: a buffer's first call (which waits for its plan check, held by NCCL until
+ * ncclGroupEnd) fails with lowrankTimeout at LOWRANK_TIMEOUT saying so; later calls are not
+ * detected. (The NCCL shim, LD_PRELOAD=liblowrank_nccl.so, sees the group and defers such a
+ * call to ncclGroupEnd.) Uncompressed calls are ncclAllReduce and may be grouped as NCCL allows.
  * Asynchronous NCCL failures (a peer lost mid-collective) surface as NCCL's do: poll
  * ncclCommGetAsyncError and abort the NCCL communicator; lowrankCommAbort does not abort it. Every
  * wait of lowrank on the device (the plan check, a checkpoint, room for a call's checks) polls
@@ -40,7 +47,9 @@
  * the ranks can no longer be assumed in step. (Before, ncclInvalidUsage and ncclInvalidArgument
  * left the communicator usable.) The NCCL communicator itself is the application's to recover.
  * (lowrankCommInitNcclRank instead makes an NCCL communicator that lowrank owns: there,
- * lowrankCommDestroy and lowrankCommAbort destroy and abort it.)
+ * lowrankCommDestroy destroys it, and lowrankCommAbort, or any failure of the lowrank communicator
+ * (a timeout, an NCCL error, a peer lost), aborts it at once with ncclCommAbort, so that the
+ * caller's stream, joined behind its collectives, is released.)
  * Compressed dtypes are float32, float16 and bfloat16; other NCCL dtypes (float8 too) are passed
  * to ncclAllReduce unchanged.
  */

@@ -54,13 +54,20 @@ struct OrthoDesc {
 };
 
 // Device copies of the descriptor tables (and any workspace the kernels need). Created at plan
-// time (may allocate and copy synchronously), destroyed with the buffer's state.
+// time, destroyed with the buffer's state. `stream` null: allocated and uploaded synchronously
+// (cudaMalloc, cudaMemcpy from pageable memory; destroy then cudaFree's, which synchronizes the
+// device). A stream: stream-ordered on it (cudaMallocAsync, cudaMemcpyAsync from pageable memory,
+// which stages its source before it returns; destroy then cudaFreeAsync's on that stream, which
+// must still exist): no synchronizing call (the CUDA backend's training path, issue 39).
 struct BlockTable;
 struct ExactTable;
 struct OrthoTable;
-cudaError_t createBlockTable(const BlockDesc* blocks, size_t n, BlockTable** out);
-cudaError_t createExactTable(const ExactDesc* runs, size_t n, ExactTable** out);
-cudaError_t createOrthoTable(const OrthoDesc* mats, size_t n, OrthoTable** out);
+cudaError_t createBlockTable(const BlockDesc* blocks, size_t n, BlockTable** out,
+                             cudaStream_t stream = nullptr);
+cudaError_t createExactTable(const ExactDesc* runs, size_t n, ExactTable** out,
+                             cudaStream_t stream = nullptr);
+cudaError_t createOrthoTable(const OrthoDesc* mats, size_t n, OrthoTable** out,
+                             cudaStream_t stream = nullptr);
 void destroy(BlockTable*);
 void destroy(ExactTable*);
 void destroy(OrthoTable*);
@@ -117,7 +124,8 @@ cudaError_t scale(float* x, size_t n, float s, cudaStream_t stream);
 // (then dst is left as it was, so a bad call never poisons the warm start).
 struct ScatterTable;
 cudaError_t createScatterTable(const BlockDesc* blocks, const uint64_t* dstOffset,
-                               const uint64_t* dstLd, size_t n, ScatterTable** out);
+                               const uint64_t* dstLd, size_t n, ScatterTable** out,
+                               cudaStream_t stream = nullptr);
 void destroy(ScatterTable*);
 cudaError_t scatterQ(const ScatterTable* t, const float* wire, float* qt, const float* checks,
                      float expectedOp, cudaStream_t stream);

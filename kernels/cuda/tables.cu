@@ -1,5 +1,5 @@
 // Plan-time creation of the device tables: tile counts, prefix arrays and workspaces, uploaded once
-// (synchronous cudaMalloc / cudaMemcpy).
+// (synchronous cudaMalloc / cudaMemcpy, or stream-ordered on the table's stream).
 #include <algorithm>
 #include <new>
 #include <vector>
@@ -13,19 +13,35 @@ namespace {
 
 using namespace detail;
 
-// Uploads `count` elements of `src` into a fresh device allocation (nothing for count 0).
+// Device memory of a table: synchronous without a stream, else stream-ordered on it.
+cudaError_t devAlloc(void** p, size_t bytes, cudaStream_t stream) {
+  return stream ? cudaMallocAsync(p, bytes, stream) : cudaMalloc(p, bytes);
+}
 template <typename T>
-cudaError_t upload(const T* src, size_t count, T** dst) {
+cudaError_t devAlloc(T** p, size_t count, cudaStream_t stream) {
+  return devAlloc(reinterpret_cast<void**>(p), count * sizeof(T), stream);
+}
+void devFree(void* p, cudaStream_t stream) {
+  if (!p) return;
+  if (stream) cudaFreeAsync(p, stream);
+  else cudaFree(p);
+}
+
+// Uploads `count` elements of `src` into a fresh device allocation (nothing for count 0). On a
+// stream the pageable source is staged before cudaMemcpyAsync returns (it may go at once).
+template <typename T>
+cudaError_t upload(const T* src, size_t count, T** dst, cudaStream_t stream) {
   *dst = nullptr;
   if (count == 0) return cudaSuccess;
-  cudaError_t err = cudaMalloc(reinterpret_cast<void**>(dst), count * sizeof(T));
+  cudaError_t err = devAlloc(dst, count, stream);
   if (err != cudaSuccess) {
     *dst = nullptr;
     return err;
   }
-  err = cudaMemcpy(*dst, src, count * sizeof(T), cudaMemcpyHostToDevice);
+  err = stream ? cudaMemcpyAsync(*dst, src, count * sizeof(T), cudaMemcpyHostToDevice, stream)
+               : cudaMemcpy(*dst, src, count * sizeof(T), cudaMemcpyHostToDevice);
   if (err != cudaSuccess) {
-    cudaFree(*dst);
+    devFree(*dst, stream);
     *dst = nullptr;
   }
   return err;
@@ -47,12 +63,14 @@ uint64_t slabs2(const BlockDesc& d, uint64_t sr) {
 
 }  // namespace
 
-cudaError_t createBlockTable(const BlockDesc* blocks, size_t n, BlockTable** out) {
+cudaError_t createBlockTable(const BlockDesc* blocks, size_t n, BlockTable** out,
+                             cudaStream_t stream) {
   if (!out || (n && !blocks) || n >= UINT32_MAX) return cudaErrorInvalidValue;
   *out = nullptr;
   auto* t = new (std::nothrow) BlockTable;
   if (!t) return cudaErrorMemoryAllocation;
   t->n = uint32_t(n);
+  t->stream = stream;
   std::vector<DevBlock> dev(n);
   for (size_t b = 0; b < n; ++b) {
     if (blocks[b].rows > kMaxDim || blocks[b].cols > kMaxDim) {  // pass 1 indexes columns in int32
@@ -121,11 +139,11 @@ cudaError_t createBlockTable(const BlockDesc* blocks, size_t n, BlockTable** out
     }
   }
 
-  cudaError_t err = upload(dev.data(), n, &t->blocks);
-  if (err == cudaSuccess) err = upload(pre.data(), pre.size(), &t->prefix);
+  cudaError_t err = upload(dev.data(), n, &t->blocks, t->stream);
+  if (err == cudaSuccess) err = upload(pre.data(), pre.size(), &t->prefix, t->stream);
   const uint64_t wsFloats = std::max(ws1, ws2);  // pass 1 and 2 never run at once on a table
   if (err == cudaSuccess && wsFloats)
-    err = cudaMalloc(reinterpret_cast<void**>(&t->ws), wsFloats * sizeof(float));
+    err = devAlloc(&t->ws, wsFloats, t->stream);
   if (err != cudaSuccess) {
     t->ws = nullptr;
     destroy(t);
@@ -137,18 +155,20 @@ cudaError_t createBlockTable(const BlockDesc* blocks, size_t n, BlockTable** out
 
 void destroy(BlockTable* t) {
   if (!t) return;
-  cudaFree(t->blocks);
-  cudaFree(t->prefix);
-  cudaFree(t->ws);
+  devFree(t->blocks, t->stream);
+  devFree(t->prefix, t->stream);
+  devFree(t->ws, t->stream);
   delete t;
 }
 
-cudaError_t createExactTable(const ExactDesc* runs, size_t n, ExactTable** out) {
+cudaError_t createExactTable(const ExactDesc* runs, size_t n, ExactTable** out,
+                             cudaStream_t stream) {
   if (!out || (n && !runs) || n >= UINT32_MAX) return cudaErrorInvalidValue;
   *out = nullptr;
   auto* t = new (std::nothrow) ExactTable;
   if (!t) return cudaErrorMemoryAllocation;
   t->n = uint32_t(n);
+  t->stream = stream;
   std::vector<uint64_t> pre(n + 1, 0);
   for (size_t i = 0; i < n; ++i) pre[i + 1] = pre[i] + ceilDiv(runs[i].numel, kElemsPerCta);
   t->tiles = pre[n];
@@ -156,8 +176,8 @@ cudaError_t createExactTable(const ExactDesc* runs, size_t n, ExactTable** out) 
     delete t;
     return cudaErrorInvalidValue;
   }
-  cudaError_t err = upload(runs, n, &t->runs);
-  if (err == cudaSuccess) err = upload(pre.data(), pre.size(), &t->prefix);
+  cudaError_t err = upload(runs, n, &t->runs, t->stream);
+  if (err == cudaSuccess) err = upload(pre.data(), pre.size(), &t->prefix, t->stream);
   if (err != cudaSuccess) {
     destroy(t);
     return err;
@@ -168,8 +188,8 @@ cudaError_t createExactTable(const ExactDesc* runs, size_t n, ExactTable** out) 
 
 void destroy(ExactTable* t) {
   if (!t) return;
-  cudaFree(t->runs);
-  cudaFree(t->prefix);
+  devFree(t->runs, t->stream);
+  devFree(t->prefix, t->stream);
   delete t;
 }
 
@@ -185,22 +205,24 @@ static cudaError_t sizeSolverWork(OrthoTable* t, const DenseQrApi* api) {
     lwork = std::max({lwork, a, b});
   }
   t->solverLwork = lwork;
-  cudaError_t err = cudaMalloc(reinterpret_cast<void**>(&t->solverWork), lwork * sizeof(double));
+  cudaError_t err = devAlloc(&t->solverWork, size_t(lwork), t->stream);
   if (err != cudaSuccess) {
     t->solverWork = nullptr;
     return err;
   }
-  err = cudaMalloc(reinterpret_cast<void**>(&t->solverInfo), sizeof(int));
+  err = devAlloc(&t->solverInfo, 1, t->stream);
   if (err != cudaSuccess) t->solverInfo = nullptr;
   return err;
 }
 
-cudaError_t createOrthoTable(const OrthoDesc* mats, size_t n, OrthoTable** out) {
+cudaError_t createOrthoTable(const OrthoDesc* mats, size_t n, OrthoTable** out,
+                             cudaStream_t stream) {
   if (!out || (n && !mats) || n >= UINT32_MAX || n > kMaxGrid) return cudaErrorInvalidValue;
   *out = nullptr;
   auto* t = new (std::nothrow) OrthoTable;
   if (!t) return cudaErrorMemoryAllocation;
   t->n = uint32_t(n);
+  t->stream = stream;
   // cuSOLVER is loaded, and a handle made, only for a table that has a matrix for it.
   const DenseQrApi* api = nullptr;
   if (std::any_of(mats, mats + n, denseQrOrtho) && (api = denseQrApi()) &&
@@ -255,14 +277,14 @@ cudaError_t createOrthoTable(const OrthoDesc* mats, size_t n, OrthoTable** out) 
     destroy(t);
     return cudaErrorInvalidValue;
   }
-  cudaError_t err = upload(mats, n, &t->mats);
-  if (err == cudaSuccess) err = upload(off.data(), n, &t->wsOff);
-  if (err == cudaSuccess) err = upload(flagOff.data(), n, &t->flagOff);
-  if (err == cudaSuccess) err = upload(multi.data(), multi.size(), &t->multi);
-  if (err == cudaSuccess && !multi.empty()) err = upload(pre.data(), pre.size(), &t->multiPrefix);
-  if (err == cudaSuccess) err = upload(t->denseHost.data(), t->denseHost.size(), &t->dense);
+  cudaError_t err = upload(mats, n, &t->mats, t->stream);
+  if (err == cudaSuccess) err = upload(off.data(), n, &t->wsOff, t->stream);
+  if (err == cudaSuccess) err = upload(flagOff.data(), n, &t->flagOff, t->stream);
+  if (err == cudaSuccess) err = upload(multi.data(), multi.size(), &t->multi, t->stream);
+  if (err == cudaSuccess && !multi.empty()) err = upload(pre.data(), pre.size(), &t->multiPrefix, t->stream);
+  if (err == cudaSuccess) err = upload(t->denseHost.data(), t->denseHost.size(), &t->dense, t->stream);
   if (err == cudaSuccess && ws &&
-      (err = cudaMalloc(reinterpret_cast<void**>(&t->ws), ws * sizeof(double))) != cudaSuccess)
+      (err = devAlloc(&t->ws, ws, t->stream)) != cudaSuccess)
     t->ws = nullptr;
   if (err == cudaSuccess && !t->denseHost.empty()) err = sizeSolverWork(t, api);
   if (err != cudaSuccess) {
@@ -275,27 +297,29 @@ cudaError_t createOrthoTable(const OrthoDesc* mats, size_t n, OrthoTable** out) 
 
 void destroy(OrthoTable* t) {
   if (!t) return;
-  cudaFree(t->mats);
-  cudaFree(t->wsOff);
-  cudaFree(t->flagOff);
-  cudaFree(t->multi);
-  cudaFree(t->multiPrefix);
-  cudaFree(t->dense);
-  cudaFree(t->solverWork);
-  cudaFree(t->solverInfo);
+  devFree(t->mats, t->stream);
+  devFree(t->wsOff, t->stream);
+  devFree(t->flagOff, t->stream);
+  devFree(t->multi, t->stream);
+  devFree(t->multiPrefix, t->stream);
+  devFree(t->dense, t->stream);
+  devFree(t->solverWork, t->stream);
+  devFree(t->solverInfo, t->stream);
   if (t->solver) denseQrApi()->destroy(t->solver);
-  cudaFree(t->ws);
+  devFree(t->ws, t->stream);
   delete t;
 }
 
 cudaError_t createScatterTable(const BlockDesc* blocks, const uint64_t* dstOffset,
-                               const uint64_t* dstLd, size_t n, ScatterTable** out) {
+                               const uint64_t* dstLd, size_t n, ScatterTable** out,
+                               cudaStream_t stream) {
   if (!out || (n && (!blocks || !dstOffset || !dstLd)) || n >= UINT32_MAX)
     return cudaErrorInvalidValue;
   *out = nullptr;
   auto* t = new (std::nothrow) ScatterTable;
   if (!t) return cudaErrorMemoryAllocation;
   t->n = uint32_t(n);
+  t->stream = stream;
   std::vector<ScatterTable::Dev> dev(n);
   std::vector<uint64_t> pre(n + 1, 0);
   for (size_t i = 0; i < n; ++i) {
@@ -310,8 +334,8 @@ cudaError_t createScatterTable(const BlockDesc* blocks, const uint64_t* dstOffse
     delete t;
     return cudaErrorInvalidValue;
   }
-  cudaError_t err = upload(dev.data(), n, &t->blocks);
-  if (err == cudaSuccess) err = upload(pre.data(), pre.size(), &t->prefix);
+  cudaError_t err = upload(dev.data(), n, &t->blocks, t->stream);
+  if (err == cudaSuccess) err = upload(pre.data(), pre.size(), &t->prefix, t->stream);
   if (err != cudaSuccess) {
     destroy(t);
     return err;
@@ -322,8 +346,8 @@ cudaError_t createScatterTable(const BlockDesc* blocks, const uint64_t* dstOffse
 
 void destroy(ScatterTable* t) {
   if (!t) return;
-  cudaFree(t->blocks);
-  cudaFree(t->prefix);
+  devFree(t->blocks, t->stream);
+  devFree(t->prefix, t->stream);
   delete t;
 }
 

@@ -113,6 +113,7 @@ enum Prefix { kTiles1, kReduce1, kTiles2, kReduce2, kTiles3, kPrefixes };
 }  // namespace detail
 
 struct BlockTable {
+  cudaStream_t stream = nullptr;  // allocated on (null: synchronously)
   uint32_t n = 0;
   uint32_t kmax = 0;
   int bucket = 1;             // kBucket(kmax)
@@ -125,6 +126,7 @@ struct BlockTable {
 };
 
 struct ExactTable {
+  cudaStream_t stream = nullptr;  // allocated on (null: synchronously)
   uint32_t n = 0;
   uint64_t tiles = 0;
   ExactDesc* runs = nullptr;   // device, n
@@ -132,6 +134,7 @@ struct ExactTable {
 };
 
 struct OrthoTable {
+  cudaStream_t stream = nullptr;  // allocated on (null: synchronously)
   uint32_t n = 0;
   OrthoDesc* mats = nullptr;  // device, n
   uint64_t* wsOff = nullptr;  // device, n: each matrix's float64 workspace, 2 n k + k doubles
@@ -156,6 +159,7 @@ struct OrthoTable {
 };
 
 struct ScatterTable {
+  cudaStream_t stream = nullptr;  // allocated on (null: synchronously)
   struct Dev {
     BlockDesc d;
     uint64_t dstOffset = 0, dstLd = 0;

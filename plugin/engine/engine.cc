@@ -59,6 +59,8 @@ Engine::~Engine() {
 }
 
 Status Engine::close(std::unique_ptr<Engine> engine) {
+  // A failed communicator was aborted when it failed (markFailed): its NCCL comm, if lowrank's, is
+  // gone, and nothing waits for work that will never end.
   void* owned = engine->ownsNccl_ && !engine->aborted_ ? engine->ncclComm_ : nullptr;
   const Status aborted = engine->ncclAbort_;
   engine.reset();  // buffer states, backends and transport: all of them use the NCCL comm
@@ -77,7 +79,10 @@ void Engine::abort() {
   transport_->abort();
   std::lock_guard<std::mutex> lock(abortMu_);
   if (device_) device_->abort();
-  if (ownsNccl_ && ncclComm_) ncclAbort_ = releaseNccl(ncclComm_, /*abort=*/true);
+  if (ownsNccl_ && ncclComm_ && !ncclAborted_) {  // once: a failure, then lowrankCommAbort
+    ncclAborted_ = true;
+    ncclAbort_ = releaseNccl(ncclComm_, /*abort=*/true);
+  }
 }
 
 // Device buffers: the CUDA backend, made at the first device buffer of the communicator.
@@ -147,9 +152,16 @@ Status Engine::allReduce(const void* send, void* recv, size_t count, lowrankData
 }
 
 void Engine::markFailed(const std::string& why) {
-  std::lock_guard<std::mutex> lock(failureMu_);
-  if (failure_.empty()) failure_ = why;
-  failed_ = true;
+  {
+    std::lock_guard<std::mutex> lock(failureMu_);
+    if (failure_.empty()) failure_ = why;
+    failed_ = true;
+  }
+  // Over NCCL a failed communicator is aborted at once (issue 39): lowrank's own NCCL comm gets
+  // ncclCommAbort, which ends its kernels, so the caller's stream, joined behind them, moves on
+  // and its next host synchronization returns; never ncclCommDestroy with work pending. Device
+  // waits end and never touch NCCL again. (The host path over UCX is left as it was.)
+  if (ncclComm_) abort();
 }
 
 void Engine::setLayout(const void* buf, Layout layout) {

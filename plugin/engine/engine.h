@@ -75,8 +75,8 @@ class Engine {
   // NCCL communicator (lowrankCommInitFromNccl) is not aborted: the released waits suffice.
   void abort();
   // Frees the engine's state; then, when it owns its NCCL communicator, releases that one
-  // (ncclCommDestroy; after abort(), which aborted it already, nothing). Errors: abort's
-  // ncclCommAbort or that ncclCommDestroy.
+  // (ncclCommDestroy; after abort() or a failure, which aborted it already, nothing). Errors:
+  // abort's ncclCommAbort or that ncclCommDestroy.
   static Status close(std::unique_ptr<Engine> engine);
 
  private:
@@ -105,12 +105,15 @@ class Engine {
   static bool breaks(const Status& s) {
     return !s.ok() && s.code != lowrankInvalidArgument && s.code != lowrankInvalidUsage;
   }
+  // Records the first failure; over NCCL also abort()s (issue 39: a failed communicator always
+  // aborts what it owns, and its device waits end).
   void markFailed(const std::string& why);
   Status saveStateOf(const void* buf, void* out, size_t* size);  // saveState, before markFailed
 
   std::atomic<bool> failed_{false}, aborted_{false};
   std::mutex abortMu_;  // abort() against the device backend's creation
   Status ncclAbort_;    // abort()'s ncclCommAbort (under abortMu_)
+  bool ncclAborted_ = false;  // that ncclCommAbort was made (under abortMu_)
   mutable std::mutex failureMu_;
   std::string failure_;  // why it failed (the first failure)
 };

@@ -8,7 +8,9 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <future>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -130,6 +132,42 @@ TEST(DeviceWaits, AbortEndsACallBlockedOnTheDeviceApplicationsNccl) {
   // Not lowrank's to abort: the application's NCCL comm is still there, its collective pending
   // (now that the stall is lifted, it runs).
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+}
+
+// Abort with many buffers stuck on an application's NCCL communicator (issue 39, item 2): one
+// deadline for the whole teardown, not a second of grace per buffer (32 buffers took 33 s).
+// With memory pools the buffers' frees are stream-ordered and wait for nothing; without them
+// (LOWRANK_EMU_NO_MEMORY_POOLS=1 when the comm is made) each buffer's teardown waits, all under
+// the one deadline.
+void abortWithStuckBuffers(bool memoryPools) {
+  LeftAllocated deliberately;
+  if (!memoryPools) setenv("LOWRANK_EMU_NO_MEMORY_POOLS", "1", 1);
+  OneRankNccl one(configWithTimeout(120));
+  constexpr int kBuffers = 32;
+  std::vector<std::unique_ptr<Gradient>> grads;
+  for (int i = 0; i < kBuffers; ++i) {
+    grads.push_back(std::make_unique<Gradient>());
+    // (The first device call makes the backend's comm, which asks the device about pools.)
+    ASSERT_EQ(grads.back()->allReduce(one.comm), lowrankSuccess) << lowrankGetLastError(one.comm);
+    unsetenv("LOWRANK_EMU_NO_MEMORY_POOLS");
+  }
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  {
+    DeadPeer dead;
+    for (auto& g : grads)  // planned: queued, each behind a collective that never ends
+      ASSERT_EQ(g->allReduce(one.comm), lowrankSuccess) << lowrankGetLastError(one.comm);
+    const auto t0 = Clock::now();
+    EXPECT_EQ(lowrankCommAbort(one.comm), lowrankSuccess) << lowrankGetLastError(nullptr);
+    one.comm = nullptr;  // aborted: freed
+    EXPECT_LT(since(t0), 5.0) << "lowrankCommAbort with " << kBuffers << " stuck buffers";
+  }
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // the stall lifted: the collectives ran
+}
+
+TEST(DeviceWaits, AbortWith32StuckBuffersTakesOneDeadline) { abortWithStuckBuffers(true); }
+
+TEST(DeviceWaits, AbortWith32StuckBuffersTakesOneDeadlineWithoutMemoryPools) {
+  abortWithStuckBuffers(false);
 }
 
 // A checkpoint save waits for the state's last call, whose collectives never end: the save fails

@@ -10,11 +10,15 @@
 //     (lowrankBufferSetTensors) at a new address every call, regrouped, and restored from a
 //     format-2 checkpoint into another bucketing go on bit for bit; exits non-zero on any
 //     failure.
-//   two_rank_worker deadpeer RANK NRANKS IDFILE TIMEOUT_SEC
+//   two_rank_worker deadpeer RANK NRANKS IDFILE TIMEOUT_SEC [owned]
 //     compressed calls queued back to back with no host synchronization until one fails; prints
 //     "ready" after 5 calls (dead_peer_check.py then kills one rank), then the failure and the
-//     seconds it took to surface since the last call that succeeded, and exits 3 once lowrank and
-//     NCCL are torn down (4: no call failed within 10 timeouts).
+//     seconds it took to surface since the last call that succeeded, then the host
+//     synchronization of the calls' stream and the teardown, each with its seconds, and exits 3
+//     once lowrank and NCCL are torn down (4: no call failed within 10 timeouts). owned: over
+//     lowrank's own NCCL communicator (lowrankCommInitNcclRank), which lowrank aborts when the
+//     call fails, so the stream synchronizes before any teardown; else the application's, which
+//     the application aborts (after lowrankCommDestroy, which must not wait for it).
 //   two_rank_worker memory RANK NRANKS IDFILE
 //     memory pressure (a GPU only; exit 77 where the device cannot say its free memory): with all
 //     but 16 MiB of the device taken, a compressible call whose state does not fit is allreduced
@@ -588,18 +592,29 @@ int bench(int rank, int nranks, const std::string& idFile, size_t elems, int k) 
 
 // A peer killed mid-call (issue 26, item 2): every survivor's call fails within the timeout
 // (plus the script's 5 s), and teardown does not hang on the collective that never ends.
-int deadPeer(int rank, int nranks, const std::string& idFile, double timeoutSec) {
-  ncclComm_t nccl = joinNccl(rank, nranks, idFile);
+int deadPeer(int rank, int nranks, const std::string& idFile, double timeoutSec, bool owned) {
   lowrankConfig_t cfg = config(4);
   cfg.timeoutSec = timeoutSec;
   cfg.startIter = 0;
+  ncclComm_t nccl = nullptr;
   lowrankComm_t comm = nullptr;
-  if (lowrankCommInitFromNcclConfig(&comm, nccl, &cfg) != lowrankSuccess) return 2;
+  if (owned) {
+    const ncclUniqueId id = shareId<ncclUniqueId>(rank, idFile, [](ncclUniqueId* i) {
+      lowrankNcclGetUniqueId(i);
+    });
+    if (lowrankCommInitNcclRank(&comm, nranks, id, rank, &cfg) != lowrankSuccess) return 2;
+  } else {
+    nccl = joinNccl(rank, nranks, idFile);
+    if (lowrankCommInitFromNcclConfig(&comm, nccl, &cfg) != lowrankSuccess) return 2;
+  }
   cudaStream_t s;
   cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
   const size_t n = 96, m = 128;
   void* g = toDevice(decayingInput(n, m, rank), lowrankFloat32);
   using Clock = std::chrono::steady_clock;
+  auto secondsSince = [](Clock::time_point t) {
+    return std::chrono::duration<double>(Clock::now() - t).count();
+  };
   auto last = Clock::now();
   const auto start = last;
   for (int call = 0;; ++call) {
@@ -621,9 +636,24 @@ int deadPeer(int rank, int nranks, const std::string& idFile, double timeoutSec)
       return 4;
     }
   }
-  lowrankCommDestroy(comm);  // bounded: a communicator that failed waits no more
-  ncclCommAbort(nccl);
-  printf("rank %d: torn down\n", rank);
+  auto synchronize = [&] {  // the caller's next host synchronization (PyTorch's .item())
+    const auto t = Clock::now();
+    const cudaError_t e = cudaStreamSynchronize(s);
+    printf("rank %d: stream synchronized (%s) %.2f s after the failure was seen\n", rank,
+           cudaGetErrorName(e), secondsSince(t));
+    fflush(stdout);
+  };
+  auto t = Clock::now();
+  if (owned) {  // lowrank aborted its NCCL comm when the call failed: nothing is left spinning
+    synchronize();
+    t = Clock::now();
+    lowrankCommDestroy(comm);
+  } else {  // bounded: a communicator that failed waits no more; then the application's abort
+    lowrankCommDestroy(comm);
+    ncclCommAbort(nccl);
+    synchronize();
+  }
+  printf("rank %d: torn down (lowrankCommDestroy took %.2f s)\n", rank, secondsSince(t));
   fflush(stdout);
   _exit(3);  // the emulated device's queues may still hold the never-ending collective
 }
@@ -693,7 +723,8 @@ int main(int argc, char** argv) {
   }
   if (mode == "check" && argc == 6) return check(rank, nranks, argv[4], argv[5]);
   if (mode == "memory" && argc == 5) return memoryPressure(rank, nranks, argv[4]);
-  if (mode == "deadpeer" && argc == 6) return deadPeer(rank, nranks, argv[4], atof(argv[5]));
+  if (mode == "deadpeer" && (argc == 6 || (argc == 7 && std::string(argv[6]) == "owned")))
+    return deadPeer(rank, nranks, argv[4], atof(argv[5]), argc == 7);
   if (mode == "bench" && argc == 7) return bench(rank, nranks, argv[4], strtoull(argv[5], nullptr, 10), atoi(argv[6]));
   fprintf(stderr, "bad arguments\n");
   return 2;

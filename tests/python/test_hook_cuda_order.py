@@ -2,18 +2,23 @@
 communicator replaced by recording stand-ins, so that what the hook does with them shows. A CUDA
 bucket is reduced inline, on the thread that called the hook (DDP's autograd thread), in the
 order of the calls, on a side stream of the bucket's that first waits for the current stream; a
-failure completes the future instead of raising. tests/python/test_cuda.py runs the real thing
-where a device is present."""
+failure completes the future instead of raising; and through powerSGD_hook itself, as DDP calls it,
+with a real PowerSGDState (issue 39): a CUDA bucket goes inline, a CPU bucket to its worker.
+tests/python/test_cuda.py runs the real thing where a device is present."""
 import contextlib
 import functools
 import threading
 import types
+import typing
 
 import pytest
 import torch
 
 from lowrank import LowrankError
 from lowrank.torch import hook
+
+_REAL_FUTURE = torch.futures.Future  # before any test replaces it
+_T = typing.TypeVar("_T")
 
 
 class _Stream:
@@ -110,3 +115,105 @@ def test_a_failed_restore_staging_is_the_error_after_the_allreduce(fake_cuda):
                             _Buffer("b0"))
     assert fut.error is staged
     assert [e[0] for e in log].count("allreduce") == 1, "the allreduce ran: every rank runs it"
+
+
+class _OnCuda(torch.Tensor):
+    """A CPU tensor that reports a CUDA device: torch's CUDA tensors cannot exist without a GPU,
+    and the hook's dispatch reads only the device (lowrank's C call is the stand-in's)."""
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @property
+    def device(self):
+        return torch.device("cuda", 0)
+
+    def record_stream(self, stream):
+        self.recorded.append(stream.name)
+
+
+def _on_cuda(t):
+    out = t.as_subclass(_OnCuda)
+    out.recorded, out.tag = [], "cuda bucket"  # as _Buffer's, for _Comm's log
+    return out
+
+
+class _GradBucket:
+    """DDP's GradBucket as the hook reads it: index(), buffer(), gradients() (views of the
+    buffer), parameters(), is_last()."""
+
+    def __init__(self, index, params, last, cuda):
+        self._index, self._params, self._last = index, params, last
+        flat = torch.cat([torch.randn(p.numel()) for p in params])
+        self._buf, offset, self._grads = flat, 0, []
+        for p in params:
+            self._grads.append(flat[offset:offset + p.numel()].view(p.shape))
+            offset += p.numel()
+        if cuda:
+            self._buf = _on_cuda(flat)
+            self._grads = [_on_cuda(g) for g in self._grads]
+
+    def index(self):
+        return self._index
+
+    def buffer(self):
+        return self._buf
+
+    def gradients(self):
+        return self._grads
+
+    def parameters(self):
+        return self._params
+
+    def is_last(self):
+        return self._last
+
+
+@pytest.fixture
+def hook_state(fake_cuda, monkeypatch):
+    """A real PowerSGDState over a one-rank gloo group (its host communicator real); its CUDA
+    communicator the recording stand-in; torch's Future real, its devices recorded."""
+    import torch.distributed as dist
+    from lowrank.torch import PowerSGDState
+    _, log = fake_cuda
+    made = []
+
+    class Future(_REAL_FUTURE[_T]):  # generic: torch's Future.then() subscripts Future
+        def __init__(self, devices=None):
+            made.append(devices)
+            super().__init__()
+
+    monkeypatch.setattr(torch.futures, "Future", Future)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    state = PowerSGDState(None, matrix_approximation_rank=1, start_powerSGD_iter=1, device="cpu")
+    state._comms["cuda"] = _Comm(log)
+    try:
+        yield state, log, made
+    finally:
+        del state._comms["cuda"]  # the stand-in has no worker to close
+        state.close()
+        dist.destroy_process_group()
+
+
+def test_the_hook_reduces_a_cuda_bucket_inline_and_a_cpu_bucket_on_its_worker(hook_state):
+    """Through powerSGD_hook, as DDP calls it (issue 39, item 4): a bucket on a CUDA device is
+    declared and reduced inline, on the calling thread, on its side stream after the current
+    stream, and the hook's future (CUDA devices) gives back the buffer; a CPU bucket of the same
+    step goes to the host communicator's worker thread (real: a one-rank allreduce)."""
+    from lowrank.torch import powerSGD_hook
+    state, log, made = hook_state
+    model = torch.nn.Sequential(torch.nn.Linear(8, 6), torch.nn.Linear(6, 4))
+    params = list(model.parameters())
+    cuda_bucket = _GradBucket(0, params[2:], last=False, cuda=True)
+    cpu_bucket = _GradBucket(1, params[:2], last=True, cuda=False)
+    fut = powerSGD_hook(state, cuda_bucket)
+    calls = [e for e in log if e[0] == "allreduce"]
+    assert len(calls) == 1, f"the CUDA bucket was reduced while the hook ran (inline): {log}"
+    assert calls[0][2] == "side0" and calls[0][3] == threading.get_ident()
+    i = log.index(calls[0])
+    assert log[i - 2] == ("wait", "side0", "current"), "its side stream waited for the current one"
+    assert made[0] == [torch.device("cuda", 0)], "the future carries the CUDA device"
+    assert fut.wait() is cuda_bucket.buffer()
+    assert cuda_bucket.buffer().recorded == ["side0"]
+    before = cpu_bucket.buffer().clone()
+    out = powerSGD_hook(state, cpu_bucket).wait()
+    assert [e for e in log if e[0] == "allreduce"] == calls, "the CPU bucket did not go inline"
+    assert out is cpu_bucket.buffer() and torch.equal(out, before), "a one-rank mean is the input"

@@ -11,6 +11,7 @@
 #include "abi/cuda_backend.h"
 #include "abi/plugin_log.h"
 #include "abi/services.h"
+#include "engine/cuda/capture_mode.h"
 #include "engine/cuda/cuda_status.h"
 #include "engine/cuda/device_schedule.h"
 #include "engine/cuda/device_state.h"
@@ -36,6 +37,7 @@ namespace {
 
 int commCreate(const lowrankRealNccl_t* nccl, void* ncclComm, int nranks, double timeoutSec,
                lowrankCudaComm_t** out, int* device, lowrankCudaError_t* error) {
+  const RelaxedCaptureMode relaxed;  // never breaks another thread's capture (capture_mode.h)
   if (!lowrankGetServices(LOWRANK_SERVICES_VERSION))
     return Err::Fail(lowrankSystemError,
                      "the CUDA backend needs liblowrank's services table version %d, which the "
@@ -51,6 +53,14 @@ int commCreate(const lowrankRealNccl_t* nccl, void* ncclComm, int nranks, double
   dc.timeoutSec = timeoutSec;
   const Err s = [&]() -> Err {
     LR_CUDA(cudaGetDevice(&dc.device));
+    int pools = 0;  // cudaMallocAsync's memory pools (not on every GPU, driver or MIG set-up)
+    dc.asyncAlloc = cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, dc.device) ==
+                        cudaSuccess && pools;
+    (void)cudaGetLastError();
+    if (!dc.asyncAlloc)
+      LR_WARN("CUDA backend: device %d has no memory pools (cudaMallocAsync): buffers planned or "
+              "released during training allocate and free synchronously, which waits for the "
+              "device", dc.device);
     LR_CUDA(cudaStreamCreateWithFlags(&dc.stream, cudaStreamNonBlocking));
     LR_CUDA(cudaMalloc(reinterpret_cast<void**>(&dc.planCheck),
                        LOWRANK_PLAN_CHECK_WORDS * sizeof(uint64_t)));
@@ -72,18 +82,26 @@ int commCreate(const lowrankRealNccl_t* nccl, void* ncclComm, int nranks, double
   return lowrankSuccess;
 }
 
+// The communicator's teardown (lowrankCommDestroy: the point where the rest of its memory goes
+// back to CUDA, synchronously). Its buffers are gone: their frees are queued behind the
+// communication stream, and their pinned blocks back in the pool once the device got there.
+// Whatever a collective that never ends may still touch stays allocated.
 void commDestroy(lowrankCudaComm_t* c) {
+  const RelaxedCaptureMode relaxed;  // never breaks another thread's capture (capture_mode.h)
   if (!c) return;
   DeviceComm& dc = c->dc;
-  if (dc.stream && !settleDevice(dc, nullptr, dc.stream)) {
-    // A collective that never ends may still use the stream and the plan check's words.
-    LR_WARN("CUDA backend: the communication stream did not finish; it is left as it is");
+  const bool settled = (!dc.stream || settleDevice(dc, nullptr, dc.stream)) &&
+                       settleDevice(dc, [&] { return dc.pinned.settled(); });
+  if (!settled) {
+    LR_WARN("CUDA backend: the communication stream or a buffer's last call did not finish; "
+            "their memory is left as it is");
     delete c;
     return;
   }
   if (dc.stream) cudaStreamDestroy(dc.stream);
   if (dc.planCheck) cudaFree(dc.planCheck);
   if (dc.hostPlanCheck) cudaFreeHost(dc.hostPlanCheck);
+  dc.pinned.freeAll();
   delete c;
 }
 
@@ -95,6 +113,7 @@ void commAbort(lowrankCudaComm_t* c) {
 }
 
 int planCheck(lowrankCudaComm_t* c, uint64_t* words, lowrankCudaError_t* error) {
+  const RelaxedCaptureMode relaxed;  // never breaks another thread's capture (capture_mode.h)
   constexpr size_t kBytes = LOWRANK_PLAN_CHECK_WORDS * sizeof(uint64_t);
   const DeviceComm& dc = c->dc;
   const Err s = [&]() -> Err {
@@ -108,7 +127,11 @@ int planCheck(lowrankCudaComm_t* c, uint64_t* words, lowrankCudaError_t* error) 
                                lowrankMax, dc.comm, dc.stream);
     }));
     LR_CUDA(cudaMemcpyAsync(dc.hostPlanCheck, dc.planCheck, kBytes, cudaMemcpyDeviceToHost, dc.stream));
-    LR_TRY(waitDevice(dc, nullptr, dc.stream, "the plan check"));
+    Err waited = waitDevice(dc, nullptr, dc.stream, "the plan check");
+    if (waited.code == lowrankTimeout)  // the one wait where a caller's open group shows
+      waited.msg += "; a first call inside the caller's ncclGroupStart/ncclGroupEnd waits for a "
+                    "collective NCCL holds until ncclGroupEnd: not allowed (lowrank_nccl.h)";
+    LR_TRY(waited);
     std::memcpy(words, dc.hostPlanCheck, kBytes);
     return Err::Ok();
   }();
@@ -126,6 +149,7 @@ int exactAllReduce(lowrankCudaComm_t* c, const void* send, void* recv, size_t co
 
 int stateCreate(lowrankCudaComm_t* c, const lowrankCudaPlan_t* plan, lowrankCudaState_t** out,
                 uint64_t* bytes, lowrankCudaError_t* error) {
+  const RelaxedCaptureMode relaxed;  // never breaks another thread's capture (capture_mode.h)
   auto* st = new (std::nothrow) lowrankCudaState();
   if (!st) return Err::Fail(lowrankSystemError, "out of host memory").report(error);
   const Err s = st->b.allocate(*plan, c->dc);  // frees what it allocated on failure
@@ -139,6 +163,7 @@ int stateCreate(lowrankCudaComm_t* c, const lowrankCudaPlan_t* plan, lowrankCuda
 }
 
 void stateDestroy(lowrankCudaState_t* st) {
+  const RelaxedCaptureMode relaxed;  // never breaks another thread's capture (capture_mode.h)
   if (!st) return;
   st->b.release();
   delete st;
@@ -146,6 +171,7 @@ void stateDestroy(lowrankCudaState_t* st) {
 
 int runCompressed(lowrankCudaComm_t* c, lowrankCudaState_t* st, const void* send, void* recv,
                   int op, const float* freshQ, void* stream, lowrankCudaError_t* error) {
+  const RelaxedCaptureMode relaxed;  // never breaks another thread's capture (capture_mode.h)
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   DeviceBuffer& b = st->b;
   const Err r = [&]() -> Err {
@@ -172,6 +198,7 @@ int runCompressed(lowrankCudaComm_t* c, lowrankCudaState_t* st, const void* send
 // into host memory freed after a timeout; then the copies, ordered on the state's stream, and
 // their own bounded wait.
 int stateSave(lowrankCudaState_t* st, float* residual, float* qt, lowrankCudaError_t* error) {
+  const RelaxedCaptureMode relaxed;  // never breaks another thread's capture (capture_mode.h)
   const DeviceBuffer& b = st->b;
   const Err s = [&]() -> Err {
     (void)cudaGetLastError();
@@ -190,6 +217,7 @@ int stateSave(lowrankCudaState_t* st, float* residual, float* qt, lowrankCudaErr
 
 int stateLoad(lowrankCudaState_t* st, const float* residual, const float* qt,
               lowrankCudaError_t* error) {
+  const RelaxedCaptureMode relaxed;  // never breaks another thread's capture (capture_mode.h)
   DeviceBuffer& b = st->b;
   const Err s = [&]() -> Err {
     (void)cudaGetLastError();
@@ -208,6 +236,7 @@ int stateLoad(lowrankCudaState_t* st, const float* residual, const float* qt,
 
 int collectChecks(lowrankCudaState_t* st, int wait, uint32_t* rejected, uint32_t* opMismatches,
                   lowrankCudaError_t* error) {
+  const RelaxedCaptureMode relaxed;  // never breaks another thread's capture (capture_mode.h)
   DeviceBuffer& b = st->b;
   const size_t n = wait == lowrankCudaCollectAll ? SIZE_MAX
                    : wait == lowrankCudaCollectForRoom && b.checksPending == DeviceBuffer::kCheckSlots

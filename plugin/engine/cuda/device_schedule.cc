@@ -19,7 +19,8 @@ Err reduceOn(const DeviceComm& dc, float* x, size_t count, cudaEvent_t ready, cu
 }
 
 // Q for this call: a fresh draw (liblowrank's, the same numbers as the host
-// engine, orthonormalized on the host; staged in pinned memory, then copied) or the last call's
+// engine, orthonormalized on the host; staged in a pinned block of the communicator's pool, then
+// copied; the block goes back to the pool, reusable once the copy has run) or the last call's
 // Qbar orthonormalized on the device (warm start).
 Err prepareQ(DeviceBuffer& b, const DeviceComm& dc, const float* freshQ, cudaStream_t s) {
   const DevicePlan& pl = b.plan;
@@ -27,10 +28,13 @@ Err prepareQ(DeviceBuffer& b, const DeviceComm& dc, const float* freshQ, cudaStr
     LR_CUDA(orthonormalize(b.orthoQ, b.qt, pl.orthoEpsilon, s));
     return Err::Ok();
   }
-  LR_TRY(waitDevice(dc, b.qCopied, nullptr, "the copy of the last fresh Q"));  // hostQ is free
-  std::memcpy(b.hostQ, freshQ, pl.qElems * sizeof(float));
-  LR_CUDA(cudaMemcpyAsync(b.qt, b.hostQ, pl.qElems * sizeof(float), cudaMemcpyHostToDevice, s));
-  LR_CUDA(cudaEventRecord(b.qCopied, s));
+  const size_t bytes = pl.qElems * sizeof(float);
+  void* staged = nullptr;
+  LR_TRY(dc.pinned.take(bytes, &staged));
+  std::memcpy(staged, freshQ, bytes);
+  const cudaError_t e = cudaMemcpyAsync(b.qt, staged, bytes, cudaMemcpyHostToDevice, s);
+  dc.pinned.give(staged, e == cudaSuccess ? s : nullptr);
+  LR_CUDA(e);
   return Err::Ok();
 }
 

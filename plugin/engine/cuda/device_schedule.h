@@ -13,6 +13,7 @@
 #include "abi/nccl_settle.h"
 #include "abi/real_nccl.h"
 #include "engine/cuda/device_state.h"
+#include "engine/cuda/pinned_pool.h"
 
 namespace lowrank::cuda {
 
@@ -25,9 +26,18 @@ struct DeviceComm {
   int device = 0;
   uint64_t* planCheck = nullptr;   // device: the plan agreement's three words
   uint64_t* hostPlanCheck = nullptr;  // pinned: their staging
+  // Stream-ordered allocation (cudaMallocAsync, cudaFreeAsync on a buffer's stream) where the
+  // device has memory pools; else synchronous, with the waits that needs (issue 39).
+  bool asyncAlloc = false;
+  // Pinned blocks of the buffers (check slots, a fresh Q's staging): carved from slabs, reused,
+  // given back to CUDA at commDestroy only (pinned_pool.h).
+  mutable PinnedPool pinned;
   // The bound of every host wait on the device (device_wait.h) and of waiting out ncclInProgress.
   double timeoutSec = 300;
   std::atomic<bool> aborted{false};       // commAbort: waits end, NCCL is not touched again
+  // After an abort, the one deadline of every teardown wait (steady clock, ns; 0: not yet set),
+  // whatever the number of buffers (device_wait.h, settleDevice).
+  mutable std::atomic<int64_t> abortDeadlineNs{0};
   mutable std::atomic<bool> stuck{false}; // a wait timed out: teardown does not wait again
   mutable std::mutex ncclMu;              // a poll of NCCL against commAbort (the comm may go)
 };

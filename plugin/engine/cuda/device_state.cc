@@ -10,10 +10,14 @@
 namespace lowrank::cuda {
 namespace {
 
+// Stream-ordered on `stream` where the device has memory pools, else synchronous.
 template <typename T>
-Err deviceAlloc(T** p, size_t count, size_t* bytes) {
+Err deviceAlloc(T** p, size_t count, size_t* bytes, cudaStream_t stream) {
   if (count == 0) return Err::Ok();
-  LR_CUDA(cudaMalloc(reinterpret_cast<void**>(p), count * sizeof(T)));
+  if (stream)
+    LR_CUDA(cudaMallocAsync(reinterpret_cast<void**>(p), count * sizeof(T), stream));
+  else
+    LR_CUDA(cudaMalloc(reinterpret_cast<void**>(p), count * sizeof(T)));
   *bytes += count * sizeof(T);
   return Err::Ok();
 }
@@ -73,14 +77,17 @@ Err DeviceBuffer::allocate(const lowrankCudaPlan_t& pl, const DeviceComm& dc) {
   plan.pChunks.assign(pl.pChunks, pl.pChunks + pl.nPChunks);
   plan.qChunks.assign(pl.qChunks, pl.qChunks + pl.nQChunks);
   Err s = [&]() -> Err {
-    if (pl.errorFeedback) LR_TRY(deviceAlloc(&e, pl.count, &bytes));
-    LR_TRY(deviceAlloc(&payload, plan.payloadElems(), &bytes));
-    LR_TRY(deviceAlloc(&qt, pl.qElems, &bytes));
-    LR_TRY(deviceAlloc(&wire, pl.qElems, &bytes));
-    LR_CUDA(cudaMallocHost(reinterpret_cast<void**>(&hostQ), std::max<size_t>(pl.qElems, 1) * sizeof(float)));
-    LR_CUDA(cudaMallocHost(reinterpret_cast<void**>(&hostChecks), kCheckSlots * 2 * sizeof(float)));
+    // The stream first: the memory and the tables are allocated and uploaded in its order.
     LR_CUDA(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking));
-    for (cudaEvent_t* ev : {&exactReduced, &qCopied, &done, &forked}) LR_TRY(event(ev));
+    cudaStream_t on = dc.asyncAlloc ? compute : nullptr;  // null: synchronously
+    if (pl.errorFeedback) LR_TRY(deviceAlloc(&e, pl.count, &bytes, on));
+    LR_TRY(deviceAlloc(&payload, plan.payloadElems(), &bytes, on));
+    LR_TRY(deviceAlloc(&qt, pl.qElems, &bytes, on));
+    LR_TRY(deviceAlloc(&wire, pl.qElems, &bytes, on));
+    void* checks = nullptr;
+    LR_TRY(dc.pinned.take(kCheckSlots * 2 * sizeof(float), &checks));
+    hostChecks = static_cast<float*>(checks);
+    for (cudaEvent_t* ev : {&exactReduced, &done, &forked}) LR_TRY(event(ev));
     for (cudaEvent_t& ev : checksCopied) LR_TRY(event(&ev));
 
     std::vector<ExactDesc> exacts;
@@ -90,9 +97,9 @@ Err DeviceBuffer::allocate(const lowrankCudaPlan_t& pl, const DeviceComm& dc) {
       if (!t.compressed) exacts.push_back({t.offset, t.numel, t.exactOffset});
       else qOrtho.push_back({t.qOffset, t.cols, uint32_t(t.k), 1, t.cols});
     }
-    LR_CUDA(createExactTable(exacts.data(), exacts.size(), &exact));
+    LR_CUDA(createExactTable(exacts.data(), exacts.size(), &exact, on));
     reportDenseQr(pl);
-    LR_CUDA(createOrthoTable(qOrtho.data(), qOrtho.size(), &orthoQ));
+    LR_CUDA(createOrthoTable(qOrtho.data(), qOrtho.size(), &orthoQ, on));
 
     pChunks.resize(pl.nPChunks);
     for (size_t c = 0; c < pl.nPChunks; ++c) {
@@ -101,7 +108,7 @@ Err DeviceBuffer::allocate(const lowrankCudaPlan_t& pl, const DeviceComm& dc) {
         const lowrankCudaBlock_t& rb = pl.rowBlocks[b];
         blocks.push_back(blockDesc(rb, pl.tensors[rb.tensor].limit));
       }
-      LR_CUDA(createBlockTable(blocks.data(), blocks.size(), &pChunks[c].blocks));
+      LR_CUDA(createBlockTable(blocks.data(), blocks.size(), &pChunks[c].blocks, on));
       LR_TRY(event(&pChunks[c].computed));
       LR_TRY(event(&pChunks[c].reduced));
     }
@@ -128,17 +135,20 @@ Err DeviceBuffer::allocate(const lowrankCudaPlan_t& pl, const DeviceComm& dc) {
           q.waitPChunk = q.waitPChunk == SIZE_MAX ? t.lastPChunk : std::max<size_t>(q.waitPChunk, t.lastPChunk);
         }
       }
-      LR_CUDA(createBlockTable(blocks.data(), blocks.size(), &q.blocks));
-      if (!first.empty()) LR_CUDA(createOrthoTable(first.data(), first.size(), &q.ortho));
+      LR_CUDA(createBlockTable(blocks.data(), blocks.size(), &q.blocks, on));
+      if (!first.empty()) LR_CUDA(createOrthoTable(first.data(), first.size(), &q.ortho, on));
       LR_TRY(event(&q.computed));
       LR_TRY(event(&q.reduced));
     }
-    LR_CUDA(createScatterTable(all.data(), dstOffset.data(), dstLd.data(), all.size(), &scatter));
-    // The tables went up by synchronous copies from pageable memory, on the legacy default stream,
-    // which a non-blocking stream is not ordered with, and such a copy may return before its data
-    // lands: the compute stream waits for that stream's work so far (no host synchronization).
-    LR_CUDA(cudaEventRecord(forked, nullptr));
-    LR_CUDA(cudaStreamWaitEvent(compute, forked, 0));
+    LR_CUDA(createScatterTable(all.data(), dstOffset.data(), dstLd.data(), all.size(), &scatter, on));
+    // Without memory pools the tables went up by synchronous copies from pageable memory, on the
+    // legacy default stream, which a non-blocking stream is not ordered with, and such a copy may
+    // return before its data lands: the compute stream waits for that stream's work so far (no
+    // host synchronization). With them, they went up on the compute stream itself.
+    if (!on) {
+      LR_CUDA(cudaEventRecord(forked, nullptr));
+      LR_CUDA(cudaStreamWaitEvent(compute, forked, 0));
+    }
     // The factor buffers start at zero, as on the host (padding of P is never written by pass 1).
     LR_CUDA(cudaMemsetAsync(payload, 0, plan.payloadElems() * sizeof(float), compute));
     if (e) LR_CUDA(cudaMemsetAsync(e, 0, pl.count * sizeof(float), compute));
@@ -150,18 +160,25 @@ Err DeviceBuffer::allocate(const lowrankCudaPlan_t& pl, const DeviceComm& dc) {
 }
 
 void DeviceBuffer::release() {
-  if (done && comm && !settleDevice(*comm, done, nullptr)) {
+  const bool async = comm && comm->asyncAlloc && compute;
+  if (!async && done && comm && !settleDevice(*comm, done, nullptr)) {
     LR_WARN("CUDA backend: a buffer's last call did not finish (a dead peer, an NCCL failure or an "
             "abort); its %zu bytes of device memory are left allocated", bytes);
     *this = DeviceBuffer();
     return;
   }
+  // Stream-ordered: after this buffer's last call and after the communication stream's work so
+  // far (a failed call may have left a collective of its factors queued there, unwaited).
+  cudaStream_t on = async ? compute : nullptr;
+  if (async && comm->stream && forked && cudaEventRecord(forked, comm->stream) == cudaSuccess)
+    (void)cudaStreamWaitEvent(compute, forked, 0);
   for (void* p : {static_cast<void*>(e), static_cast<void*>(payload), static_cast<void*>(qt),
                   static_cast<void*>(wire)})
-    if (p) cudaFree(p);
-  if (hostQ) cudaFreeHost(hostQ);
-  if (hostChecks) cudaFreeHost(hostChecks);
-  if (exact) destroy(exact);
+    if (p) {
+      if (on) cudaFreeAsync(p, on);
+      else cudaFree(p);
+    }
+  if (exact) destroy(exact);  // on the stream each table was made on
   if (orthoQ) destroy(orthoQ);
   if (scatter) destroy(scatter);
   for (PChunkState& c : pChunks) {
@@ -173,8 +190,9 @@ void DeviceBuffer::release() {
     if (c.ortho) destroy(c.ortho);
     for (cudaEvent_t ev : {c.computed, c.reduced}) if (ev) cudaEventDestroy(ev);
   }
-  for (cudaEvent_t ev : {exactReduced, qCopied, done, forked}) if (ev) cudaEventDestroy(ev);
-  if (compute) cudaStreamDestroy(compute);
+  if (hostChecks) comm->pinned.give(hostChecks, on);  // reusable once the stream got here
+  for (cudaEvent_t ev : {exactReduced, done, forked}) if (ev) cudaEventDestroy(ev);
+  if (compute) cudaStreamDestroy(compute);  // returns at once; its queued work still runs
   for (cudaEvent_t ev : checksCopied) if (ev) cudaEventDestroy(ev);
   *this = DeviceBuffer();  // checks still pending are dropped (the engine collects them first)
 }

@@ -57,14 +57,13 @@ struct DeviceBuffer {
   float* payload = nullptr;  // exact part | P | non-finite count | op
   float* qt = nullptr;       // Qt of every compressed tensor (whole-tensor layout)
   float* wire = nullptr;     // Qt by column blocks, as the Q chunks travel
-  float* hostQ = nullptr;    // pinned: a fresh initial Q, staged for its copy to the device
 
   ExactTable* exact = nullptr;
   OrthoTable* orthoQ = nullptr;   // every compressed tensor's Qt (warm start)
   ScatterTable* scatter = nullptr;
   std::vector<PChunkState> pChunks;
   std::vector<QChunkState> qChunks;
-  cudaEvent_t exactReduced = nullptr, qCopied = nullptr, done = nullptr, forked = nullptr;
+  cudaEvent_t exactReduced = nullptr, done = nullptr, forked = nullptr;
 
   // The reduced [non-finite count, op] of each compressed call, copied to the host for the
   // engine to count rejected calls. The host queues calls faster than their checks arrive, so
@@ -72,17 +71,23 @@ struct DeviceBuffer {
   // overwrite a rejection before it was counted): a ring, collected oldest first. A call that
   // finds every slot pending waits for the oldest (the host is then kCheckSlots calls ahead).
   static constexpr size_t kCheckSlots = 4;
-  float* hostChecks = nullptr;                  // pinned: kCheckSlots x [non-finite count, op]
+  float* hostChecks = nullptr;  // pinned (the comm's pool): kCheckSlots x [non-finite count, op]
   cudaEvent_t checksCopied[kCheckSlots] = {};   // slot i holds its call's checks once completed
   float expectedOp[kCheckSlots] = {};           // what slot i's op word must be for its call
   size_t checksFirst = 0, checksPending = 0;    // the oldest pending slot; how many are pending
   size_t bytes = 0;                             // device memory held
 
-  // Allocates everything for `plan` on comm and zeroes the residual and factors. On failure frees
-  // what was allocated and returns the error.
+  // Allocates everything for `plan` on comm and zeroes the residual and factors, all ordered on
+  // the buffer's new stream (cudaMallocAsync, copies queued there; pinned blocks from the comm's
+  // pool): no synchronizing call where the device has memory pools (DeviceComm::asyncAlloc). On
+  // failure frees what was allocated and returns the error.
   Err allocate(const lowrankCudaPlan_t& plan, const DeviceComm& comm);
-  // Frees everything once the buffer's last call has finished (settleDevice); memory a call that
-  // never finishes may still use is left allocated, with a WARN. Checks still pending are dropped.
+  // Frees everything, never waiting on the host where comm.asyncAlloc: the device memory by
+  // cudaFreeAsync on the buffer's stream after its last call and after the communication stream's
+  // work so far, the pinned blocks back to the pool once that has run, the stream destroyed (its
+  // work still runs). Memory a call that never finishes uses is never freed, as it must not be.
+  // Without memory pools: once the last call has finished (settleDevice), else left allocated
+  // with a WARN. Checks still pending are dropped.
   void release();
   // Counts the rejected calls among the checks that have arrived, oldest first, into *rejected;
   // waits for the oldest `wait` of them (0: never blocks; SIZE_MAX: all). *opMismatches: those

@@ -89,23 +89,40 @@ Err ncclIssue(const DeviceComm& dc, const char* what, const std::function<int()>
   return fromNccl(settled, what);
 }
 
-bool settleDevice(const DeviceComm& dc, cudaEvent_t ev, cudaStream_t stream) {
-  const double limit = dc.aborted ? kAbortedGraceSec : dc.stuck ? 0.0 : dc.timeoutSec;
-  const auto deadline = Clock::now() + std::chrono::duration<double>(limit);
+// Once aborted: the one deadline of every teardown wait, set by the first of them.
+Clock::time_point abortDeadline(const DeviceComm& dc) {
+  const int64_t mine = std::chrono::duration_cast<std::chrono::nanoseconds>(
+      (Clock::now() + std::chrono::duration<double>(kAbortedGraceSec)).time_since_epoch()).count();
+  int64_t set = 0;
+  dc.abortDeadlineNs.compare_exchange_strong(set, mine);  // set: the earlier one, if any
+  return Clock::time_point(std::chrono::nanoseconds(set ? set : mine));
+}
+
+bool settleDevice(const DeviceComm& dc, const std::function<bool()>& done) {
+  // Once aborted, one deadline for all teardown waits (issue 39: a second per buffer made an
+  // abort with 30 stuck buffers take 30 s); once a wait timed out, none.
+  const auto deadline =
+      dc.aborted ? abortDeadline(dc)
+                 : Clock::now() + std::chrono::duration<double>(dc.stuck ? 0.0 : dc.timeoutSec);
   for (;;) {
-    // Once a wait failed, the communication stream too: cudaFree waits for the whole device, and
-    // would hang behind a collective that never ends.
-    const bool failed = dc.stuck || dc.aborted;
-    const cudaError_t q = query(ev, stream);
-    const cudaError_t c = failed && ev && dc.stream ? cudaStreamQuery(dc.stream) : cudaSuccess;
-    if (q != cudaErrorNotReady && c != cudaErrorNotReady) return true;  // done, or the device
-                                                                         // failed (nothing runs)
+    if (done()) return true;
     if (Clock::now() > deadline) {
       dc.stuck = true;
       return false;
     }
     nap();
   }
+}
+
+bool settleDevice(const DeviceComm& dc, cudaEvent_t ev, cudaStream_t stream) {
+  return settleDevice(dc, [&] {
+    // Once a wait failed, the communication stream too: cudaFree waits for the whole device, and
+    // would hang behind a collective that never ends.
+    const bool failed = dc.stuck || dc.aborted;
+    const cudaError_t q = query(ev, stream);
+    const cudaError_t c = failed && ev && dc.stream ? cudaStreamQuery(dc.stream) : cudaSuccess;
+    return q != cudaErrorNotReady && c != cudaErrorNotReady;  // done, or the device failed
+  });
 }
 
 }  // namespace lowrank::cuda

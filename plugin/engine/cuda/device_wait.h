@@ -5,6 +5,9 @@
 #pragma once
 #include <cuda_runtime_api.h>
 
+#include <cstdint>
+#include <functional>
+
 #include "engine/cuda/cuda_status.h"
 #include "engine/cuda/device_schedule.h"
 
@@ -16,9 +19,14 @@ namespace lowrank::cuda {
 // once the comm was aborted, a CUDA error of the query.
 Err waitDevice(const DeviceComm& dc, cudaEvent_t ev, cudaStream_t stream, const char* phase);
 
-// Teardown's wait before freeing (and, once a wait failed, for the communication stream too): true once done; false when it did not finish within the
-// timeout (none once a wait timed out; a second once aborted: NCCL's abort ends its kernels, an
-// application's own NCCL comm may still hold them). The caller then leaves the memory allocated.
+// Teardown's wait before freeing (and, once a wait failed, for the communication stream too): true
+// once done; false when it did not finish within the timeout (none once a wait timed out; once
+// aborted, until the abort's one deadline, a second after the first teardown wait, however many
+// buffers wait:
+// NCCL's abort ends its kernels, an application's own NCCL comm may still hold them). The caller
+// then leaves the memory allocated.
 bool settleDevice(const DeviceComm& dc, cudaEvent_t ev, cudaStream_t stream);
+// The same bound for any teardown condition: polls done() until true (true) or the bound (false).
+bool settleDevice(const DeviceComm& dc, const std::function<bool()>& done);
 
 }  // namespace lowrank::cuda

@@ -2,6 +2,8 @@
 // order (kernels, copies, memsets, host work such as NCCL's collectives) and replayed by
 // cudaGraphLaunch. Event records and waits inside a capture (fork/join of several streams) are not
 // emulated: they invalidate the capture, so a test that needs them fails instead of passing.
+#include <utility>
+
 #include "runtime.h"
 
 struct CUgraph_st {
@@ -23,13 +25,26 @@ cudaError_t captureAppend(CUstream_st* s, std::string what, std::function<void()
   return cudaSuccess;
 }
 
+namespace {
+thread_local cudaStreamCaptureMode threadMode = cudaStreamCaptureModeGlobal;
+}  // namespace
+
 cudaError_t checkUnsafeDuringCapture(bool legacyStreamWork) {
   std::lock_guard<std::recursive_mutex> lock(deviceMutex());
   cudaError_t e = cudaSuccess;
+  const std::thread::id me = std::this_thread::get_id();
   for (CUstream_st* s : streams()) {
     if (s->capture != cudaStreamCaptureStatusActive || s->captureMode == cudaStreamCaptureModeRelaxed)
       continue;
-    if (legacyStreamWork && !s->blocking) continue;  // not ordered with the legacy stream
+    if (legacyStreamWork) {
+      if (!s->blocking) continue;  // not ordered with the legacy stream
+    } else {
+      if (threadMode == cudaStreamCaptureModeRelaxed) continue;
+      const bool own = s->captureThread == me;
+      if (!own && !(threadMode == cudaStreamCaptureModeGlobal &&
+                    s->captureMode == cudaStreamCaptureModeGlobal))
+        continue;
+    }
     s->capture = cudaStreamCaptureStatusInvalidated;
     e = legacyStreamWork ? cudaErrorStreamCaptureImplicit : cudaErrorStreamCaptureUnsupported;
   }
@@ -48,7 +63,17 @@ cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode) {
   if (s->capture != cudaStreamCaptureStatusNone) return setError(cudaErrorIllegalState);
   s->capture = cudaStreamCaptureStatusActive;
   s->captureMode = mode;
+  s->captureThread = std::this_thread::get_id();
   s->captured.clear();
+  return cudaSuccess;
+}
+
+// The calling thread's mode for potentially unsafe calls (checkUnsafeDuringCapture): *mode is set,
+// the old one returned in it.
+cudaError_t cudaThreadExchangeStreamCaptureMode(cudaStreamCaptureMode* mode) {
+  if (!mode || *mode < cudaStreamCaptureModeGlobal || *mode > cudaStreamCaptureModeRelaxed)
+    return setError(cudaErrorInvalidValue);
+  std::swap(*mode, threadMode);
   return cudaSuccess;
 }
 

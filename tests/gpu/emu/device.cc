@@ -1,7 +1,9 @@
 // The emulated device itself: one device, 0, named "CPU emulation"; errors and their names.
+#include <cstdlib>
 #include <cstring>
 
 #include "runtime.h"
+#include "sync_calls.h"
 
 namespace emu {
 namespace {
@@ -11,6 +13,29 @@ thread_local cudaError_t lastError = cudaSuccess;
 cudaError_t setError(cudaError_t e) {
   if (e != cudaSuccess) lastError = e;
   return e;
+}
+
+namespace {
+std::mutex syncMu;
+SyncCalls& counts() {
+  static auto* c = new SyncCalls;  // never destroyed: counted until exit
+  return *c;
+}
+}  // namespace
+
+void syncCallsReset() {
+  std::lock_guard<std::mutex> lock(syncMu);
+  counts().clear();
+}
+
+SyncCalls syncCalls() {
+  std::lock_guard<std::mutex> lock(syncMu);
+  return counts();
+}
+
+void countSync(const char* kind) {
+  std::lock_guard<std::mutex> lock(syncMu);
+  ++counts()[{kind, std::this_thread::get_id()}];
 }
 
 }  // namespace emu
@@ -36,6 +61,17 @@ cudaError_t cudaGetDevice(int* d) {
 }
 
 cudaError_t cudaSetDevice(int d) { return d == 0 ? cudaSuccess : setError(cudaErrorInvalidDevice); }
+
+// Stream-ordered allocation is supported unless LOWRANK_EMU_NO_MEMORY_POOLS=1 (as on a GPU or
+// driver without memory pools: the CUDA backend then allocates synchronously).
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int d) {
+  if (!value) return setError(cudaErrorInvalidValue);
+  if (d != 0) return setError(cudaErrorInvalidDevice);
+  if (attr != cudaDevAttrMemoryPoolsSupported) return setError(cudaErrorInvalidValue);
+  const char* off = std::getenv("LOWRANK_EMU_NO_MEMORY_POOLS");
+  *value = off && std::strcmp(off, "1") == 0 ? 0 : 1;
+  return cudaSuccess;
+}
 
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int d) {
   if (!p) return setError(cudaErrorInvalidValue);

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "runtime.h"
+#include "sync_calls.h"
 
 namespace emu {
 namespace {
@@ -97,10 +98,54 @@ __attribute__((visibility("default"))) int cuPointerGetAttribute(void* data, int
   return 0;
 }
 
-cudaError_t cudaMalloc(void** p, size_t bytes) { return allocate(p, bytes, Kind::kDevice); }
-cudaError_t cudaFree(void* p) { return release(p, Kind::kDevice); }
-cudaError_t cudaMallocHost(void** p, size_t bytes) { return allocate(p, bytes, Kind::kPinnedHost); }
-cudaError_t cudaFreeHost(void* p) { return release(p, Kind::kPinnedHost); }
+cudaError_t cudaMalloc(void** p, size_t bytes) {
+  countSync("cudaMalloc");
+  return allocate(p, bytes, Kind::kDevice);
+}
+cudaError_t cudaFree(void* p) {
+  countSync("cudaFree");
+  return release(p, Kind::kDevice);
+}
+cudaError_t cudaMallocHost(void** p, size_t bytes) {
+  countSync("cudaMallocHost");
+  return allocate(p, bytes, Kind::kPinnedHost);
+}
+cudaError_t cudaFreeHost(void* p) {
+  countSync("cudaFreeHost");
+  return release(p, Kind::kPinnedHost);
+}
+
+// Stream-ordered: the memory is there at once (its bytes NaN, as cudaMalloc's) and used in the
+// stream's order; the free is an operation of the stream, run when the stream gets to it (the
+// memory stays while work queued before it may use it). Neither synchronizes anything.
+cudaError_t cudaMallocAsync(void** p, size_t bytes, cudaStream_t s) {
+  if (stream(s)->capture != cudaStreamCaptureStatusNone)
+    return setError(cudaErrorStreamCaptureUnsupported);  // memory nodes are not emulated
+  if (!p) return setError(cudaErrorInvalidValue);
+  *p = std::malloc(bytes ? bytes : 1);
+  if (!*p) return setError(cudaErrorMemoryAllocation);
+  std::memset(*p, 0xff, bytes);
+  std::lock_guard<std::mutex> lock(allocMutex);
+  allocations()[reinterpret_cast<uintptr_t>(*p)] = Allocation{bytes ? bytes : 1, Kind::kDevice};
+  return cudaSuccess;
+}
+
+cudaError_t cudaFreeAsync(void* p, cudaStream_t s) {
+  if (!p) return cudaSuccess;
+  {
+    std::lock_guard<std::mutex> lock(allocMutex);
+    auto it = allocations().find(reinterpret_cast<uintptr_t>(p));
+    if (it == allocations().end() || it->second.kind != Kind::kDevice)
+      return setError(cudaErrorInvalidValue);
+  }
+  return setError(enqueue(s, "cudaFreeAsync", [p] {
+    {
+      std::lock_guard<std::mutex> lock(allocMutex);
+      allocations().erase(reinterpret_cast<uintptr_t>(p));
+    }
+    std::free(p);
+  }));
+}
 
 // Queued, and as CUDA's with pageable host memory ("API synchronization behavior"): from pageable
 // memory to the device the source is staged when the copy is issued (the host may reuse it at
@@ -141,6 +186,7 @@ cudaError_t cudaMemsetAsync(void* dst, int v, size_t n, cudaStream_t s) {
 // bytes); a copy between device buffers, and a memset of device memory, without waiting at all;
 // any other copy (to the host, or from pinned memory) once finished.
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind kind) {
+  countSync("cudaMemcpy");
   if (cudaError_t e = checkUnsafeDuringCapture(true)) return setError(e);
   if (n == 0) return cudaSuccess;
   if (!dst || !src || !rangesValid(dst, src, n, kind)) return setError(cudaErrorInvalidValue);
@@ -158,6 +204,7 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind kind
 }
 
 cudaError_t cudaMemset(void* dst, int v, size_t n) {
+  countSync("cudaMemset");
   if (cudaError_t e = checkUnsafeDuringCapture(true)) return setError(e);
   return cudaMemsetAsync(dst, v, n, nullptr);
 }

@@ -36,10 +36,51 @@ MUTANTS = {
         ""),
     "tables_not_ordered": (
         "device_state.cc",
-        "set-up racing the first call: the buffer's non-blocking stream does not wait for the "
-        "launch tables' synchronous copies from pageable memory (legacy default stream)",
+        "set-up racing the first call (without memory pools, the fallback): the buffer's "
+        "non-blocking stream does not wait for the launch tables' synchronous copies from pageable "
+        "memory (legacy default stream)",
         "    LR_CUDA(cudaStreamWaitEvent(compute, forked, 0));\n",
         ""),
+    # Issue 39: no synchronizing call on the training path, and one deadline for an abort.
+    "free_synchronous": (
+        "device_state.cc",
+        "a released buffer (a rebucketing) frees its device memory with cudaFree, which waits "
+        "for the whole device (behind NCCL's kernels) instead of cudaFreeAsync on its stream",
+        "      if (on) cudaFreeAsync(p, on);\n      else cudaFree(p);\n",
+        "      cudaFree(p);\n"),
+    "tables_synchronous": (
+        "device_state.cc",
+        "a buffer planned during training uploads its exact part's launch table by cudaMalloc and "
+        "a pageable cudaMemcpy (legacy default stream) instead of stream-ordered on its stream",
+        "createExactTable(exacts.data(), exacts.size(), &exact, on));",
+        "createExactTable(exacts.data(), exacts.size(), &exact, nullptr));"),
+    "pinned_per_buffer": (
+        "device_state.cc",
+        "a buffer planned during training allocates its pinned check slots with cudaMallocHost "
+        "(which synchronizes the device) instead of taking them from the communicator's pool",
+        "    LR_TRY(dc.pinned.take(kCheckSlots * 2 * sizeof(float), &checks));\n",
+        "    LR_CUDA(cudaMallocHost(&checks, kCheckSlots * 2 * sizeof(float)));\n"),
+    "plan_check_breaks_capture": (
+        "backend.cc",
+        "the plan check polls its collective (cudaStreamQuery) in the caller's capture mode: a "
+        "hook thread planning a buffer breaks another thread's CUDA graph capture (global mode)",
+        "int planCheck(lowrankCudaComm_t* c, uint64_t* words, lowrankCudaError_t* error) {\n"
+        "  const RelaxedCaptureMode relaxed;",
+        "int planCheck(lowrankCudaComm_t* c, uint64_t* words, lowrankCudaError_t* error) {\n"
+        "  "),
+    "setup_on_legacy_stream": (
+        "device_state.cc",
+        "a buffer's set-up records an event on the legacy default stream (as before issue 39), "
+        "which breaks another thread's capture of a blocking stream and synchronizes with "
+        "PyTorch's default stream",
+        "    if (!on) {\n",
+        "    if (true) {\n"),
+    "abort_grace_per_buffer": (
+        "device_wait.cc",
+        "after an abort each buffer's teardown wait gets a second of its own (issue 39: 32 stuck "
+        "buffers took 33 s) instead of one deadline for all",
+        "      dc.aborted ? abortDeadline(dc)\n",
+        "      dc.aborted ? Clock::now() + std::chrono::seconds(1)\n"),
     "fresh_q_dropped": (
         "device_schedule.cc",
         "the initial Q that liblowrank draws on the host never reaches the device: the first call "
@@ -104,11 +145,17 @@ FIRST = {
     "no_wait_for_q_allreduce": "two-rank",
     "allreduce_before_compute": "two-rank",
     "residual_never_written": "DeviceEngine.ExactOnRankKInput",
-    "tables_not_ordered": "DeviceStreams.*",
+    "tables_not_ordered": "DeviceStreams.TwoHundredCallsWithoutMemoryPools*",
+    "free_synchronous": "DeviceSyncCalls.NoneOnTheTrainingPathOfADdpShapedRun",
+    "tables_synchronous": "DeviceSyncCalls.NoneOnTheTrainingPathOfADdpShapedRun",
+    "pinned_per_buffer": "DeviceSyncCalls.NoneOnTheTrainingPathOfADdpShapedRun",
+    "plan_check_breaks_capture": "DeviceCapture.PlanningOnAnotherThreadLeavesAGlobalCaptureIntact",
+    "setup_on_legacy_stream": "DeviceCapture.PlanningOnAnotherThreadLeavesAGlobalCaptureIntact",
+    "abort_grace_per_buffer": "DeviceWaits.AbortWith32StuckBuffersTakesOneDeadlineWithoutMemoryPools",
     "fresh_q_dropped": "DeviceEngine.ExactOnRankKInput",
     "decompress_on_comm_stream": "DeviceCheckpoint.ResumeIsBitIdenticalOnEveryRank",
     "schedule_on_callers_stream": "DeviceEngine.ExactOnRankKInput",
-    "no_fork": "Gpu/DeviceTensorIds.*",
+    "no_fork": "DeviceStreams.TwoHundred*",  # in the default order (issue 39)
     "no_join": "DeviceCheckpoint.ResumeIsBitIdenticalOnEveryRank",
     "save_unbounded": "DeviceWaits.SaveThatNeverEnds*",
     "restore_off_stream": "DeviceStreams.*",

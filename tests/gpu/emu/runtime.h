@@ -19,6 +19,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cuda_runtime_api.h"
@@ -57,10 +58,12 @@ cudaError_t setError(cudaError_t e);
 struct CUstream_st {
   bool blocking = true;  // ordered with the legacy default stream (not cudaStreamNonBlocking)
   bool legacy = false;
+  bool destroyed = false;        // cudaStreamDestroy'd with work queued: runs it, takes no more
   std::deque<emu::OpPtr> queue;  // queued, not yet run, in issue order
   emu::OpPtr tail;               // the last operation queued (run or not)
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   cudaStreamCaptureMode captureMode = cudaStreamCaptureModeGlobal;
+  std::thread::id captureThread;  // the thread that began the capture
   std::vector<emu::Node> captured;
 };
 
@@ -93,9 +96,15 @@ void syncDevice();
 // Capture (capture.cc): adds an operation to s's graph instead of its queue; for markers (event
 // records and waits) in a capture, which the emulation does not model, the capture is invalidated.
 cudaError_t captureAppend(CUstream_st* s, std::string what, std::function<void()> run);
-// A call that CUDA forbids while a stream is captured in global or thread-local mode (it would
-// synchronize the device, or order the legacy stream with a blocking stream under capture):
-// invalidates those captures and returns the error CUDA returns, else cudaSuccess.
+// A call that CUDA forbids during a capture ("potentially unsafe": it may synchronize, such as an
+// allocation, a free, a synchronous copy, a synchronize or a query), or work on the legacy stream
+// (legacyStreamWork: it would order the legacy stream after a capturing blocking stream).
+// An unsafe call made by a thread in relaxed mode (cudaThreadExchangeStreamCaptureMode) breaks no
+// capture; else it breaks the calling thread's own captures that are not relaxed, and, when the
+// thread is in global mode, other threads' captures in global mode (CUDA's rule for
+// cudaStreamCaptureModeGlobal, ThreadLocal and Relaxed). Legacy-stream work breaks every capture
+// of a blocking stream that is not relaxed. Invalidates those captures and returns the error CUDA
+// returns, else cudaSuccess.
 cudaError_t checkUnsafeDuringCapture(bool legacyStreamWork);
 
 }  // namespace emu

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "runtime.h"
+#include "sync_calls.h"
 #include "trace.h"
 
 namespace emu {
@@ -126,8 +127,10 @@ cudaError_t enqueue(cudaStream_t handle, std::string what, std::function<void()>
   if (out) out->reset();
   CUstream_st* s = stream(handle);
   if (s->capture != cudaStreamCaptureStatusNone) return captureAppend(s, std::move(what), std::move(run));
-  if (s->legacy)
+  if (s->legacy) {
+    countSync("legacy stream");
     if (cudaError_t e = checkUnsafeDuringCapture(true)) return e;
+  }
   auto op = std::make_shared<Op>();
   op->seq = nextSeq++;
   if (tracing) {

@@ -3,12 +3,13 @@
 
 #include "host_work.h"
 #include "runtime.h"
+#include "sync_calls.h"
 
 namespace emu {
 namespace {
 
 bool live(CUstream_st* s) {
-  return std::find(streams().begin(), streams().end(), s) != streams().end();
+  return !s->destroyed && std::find(streams().begin(), streams().end(), s) != streams().end();
 }
 
 // Synchronizing a stream that is being captured is an error that ends the capture.
@@ -51,20 +52,25 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned flags) {
 
 cudaError_t cudaStreamCreate(cudaStream_t* s) { return cudaStreamCreateWithFlags(s, cudaStreamDefault); }
 
-// CUDA lets queued work finish after the destroy; here it runs first, since the stream's queue
-// goes with it.
+// As CUDA's, returns at once: work still queued runs later, when something needs it (the stream
+// stays in the scheduler's set, its handle no longer usable); an empty stream goes now.
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
   std::lock_guard<std::recursive_mutex> lock(deviceMutex());
   if (!s || !live(s)) return setError(cudaErrorInvalidResourceHandle);
-  complete(s->tail);
+  if (!s->queue.empty()) {
+    s->destroyed = true;
+    return cudaSuccess;
+  }
   streams().erase(std::find(streams().begin(), streams().end(), s));
   delete s;
   return cudaSuccess;
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+  countSync("cudaStreamSynchronize");
   std::lock_guard<std::recursive_mutex> lock(deviceMutex());
   if (cudaError_t e = refuseIfCapturing(stream(s))) return e;
+  if (cudaError_t e = checkUnsafeDuringCapture(false)) return setError(e);
   if (!s) return setError(syncLegacy());
   complete(s->tail);
   return cudaSuccess;
@@ -73,10 +79,12 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s) {
 cudaError_t cudaStreamQuery(cudaStream_t s) {
   std::lock_guard<std::recursive_mutex> lock(deviceMutex());
   if (cudaError_t e = refuseIfCapturing(stream(s))) return e;
+  if (cudaError_t e = checkUnsafeDuringCapture(false)) return setError(e);
   return poll(stream(s)->tail) ? cudaSuccess : cudaErrorNotReady;
 }
 
 cudaError_t cudaDeviceSynchronize() {
+  countSync("cudaDeviceSynchronize");
   if (cudaError_t e = checkUnsafeDuringCapture(false)) return setError(e);
   syncDevice();
   return cudaSuccess;
@@ -120,13 +128,18 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags) {
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+  countSync("cudaEventSynchronize");
   if (!e) return setError(cudaErrorInvalidResourceHandle);
+  if (cudaError_t err = checkUnsafeDuringCapture(false)) return setError(err);
   complete(e->marker);
   return cudaSuccess;
 }
 
+// A query is a potentially unsafe call during a capture (PyTorch's NCCL watchdog, polling its
+// events, broke other threads' captures in global mode until it polled in relaxed mode).
 cudaError_t cudaEventQuery(cudaEvent_t e) {
   if (!e) return setError(cudaErrorInvalidResourceHandle);
+  if (cudaError_t err = checkUnsafeDuringCapture(false)) return setError(err);
   return poll(e->marker) ? cudaSuccess : cudaErrorNotReady;
 }
 

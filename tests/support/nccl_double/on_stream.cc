@@ -3,7 +3,12 @@
 // NCCL's kernels run on the GPU; it has not run when the call returns. An error it meets there
 // becomes the communicator's asynchronous error (ncclCommGetAsyncError), as in NCCL. After
 // ncclCommAbort a queued collective does nothing (the comm is kept for it); while stalled
-// (ncclDoubleStallCollectives) it waits behind a gate of the emulation.
+// (ncclDoubleStallCollectives) it waits behind a gate of the emulation. A dead peer as NCCL shows
+// it (issue 39): once a collective met a remote error (a peer gone: ncclRemoteError), the
+// comm's later collectives never end, as NCCL's kernels spin, until ncclCommAbort; so a stream
+// joined behind them synchronizes only once the comm is aborted.
+#include <cuda_runtime_api.h>
+
 #include <cstdio>
 
 #include "double.h"
@@ -25,9 +30,15 @@ ncclResult_t onStream(cudaStream_t stream, ncclComm_t comm, const char* what,
     comm->asyncError.compare_exchange_strong(none, r);
     std::fprintf(stderr, "NCCL test double: %s failed on its stream: %s\n", what, getLastError(comm));
   };
-  auto ended = [comm] { return !stalled() || comm->aborted.load(); };  // a dead peer's collective
-  const int e = stalled() ? emu::enqueueGatedHostWork(stream, what, ended, work)
-                          : emu::enqueueHostWork(stream, what, work);
+  auto ended = [comm, stall = stalled()] {  // a dead peer's collective, or one after it
+    return comm->aborted.load() ||
+           ((!stall || !stalled()) && comm->asyncError.load() != ncclRemoteError);
+  };
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  cudaStreamIsCapturing(stream, &capturing);
+  const int e = capturing == cudaStreamCaptureStatusNone
+                    ? emu::enqueueGatedHostWork(stream, what, ended, work)
+                    : emu::enqueueHostWork(stream, what, work);
   if (e) return fail(ncclUnhandledCudaError, "%s: the CUDA emulation did not queue it (CUDA error %d)", what, e);
   return ncclSuccess;
 }
