@@ -8,9 +8,12 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <future>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -47,6 +50,35 @@ using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
+
+// Ends the test binary when `seconds` pass before it is destroyed: a call that should return within
+// a deadline but hangs (or takes a second per buffer) fails at the deadline, not when it returns.
+class Watchdog {
+ public:
+  Watchdog(double seconds, const char* what)
+      : thread_([this, seconds, what] {
+          std::unique_lock<std::mutex> lock(mutex_);
+          if (!cv_.wait_for(lock, std::chrono::duration<double>(seconds), [this] { return done_; })) {
+            std::fprintf(stderr, "[  FAILED  ] %s: still running after %.1f s\n", what, seconds);
+            std::fflush(stderr);
+            std::_Exit(1);
+          }
+        }) {}
+  ~Watchdog() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      done_ = true;
+    }
+    cv_.notify_one();
+    thread_.join();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread thread_;
+};
 
 lowrankConfig_t configWithTimeout(double sec) {
   lowrankConfig_t c = config(4);
@@ -157,7 +189,10 @@ void abortWithStuckBuffers(bool memoryPools) {
     for (auto& g : grads)  // planned: queued, each behind a collective that never ends
       ASSERT_EQ(g->allReduce(one.comm), lowrankSuccess) << lowrankGetLastError(one.comm);
     const auto t0 = Clock::now();
-    EXPECT_EQ(lowrankCommAbort(one.comm), lowrankSuccess) << lowrankGetLastError(nullptr);
+    {
+      Watchdog deadline(6.0, "lowrankCommAbort with 32 stuck buffers");
+      EXPECT_EQ(lowrankCommAbort(one.comm), lowrankSuccess) << lowrankGetLastError(nullptr);
+    }
     one.comm = nullptr;  // aborted: freed
     EXPECT_LT(since(t0), 5.0) << "lowrankCommAbort with " << kBuffers << " stuck buffers";
   }

@@ -84,7 +84,8 @@ cudaError_t enqueue(cudaStream_t s, std::string what, std::function<void()> run,
                     const OpPtr& waitFor = nullptr, OpPtr* out = nullptr);
 // Runs what `target` needs, then target. Never returns with target pending: work held by a closed
 // gate (enqueueGatedHostWork) is waited for, as CUDA's synchronous calls wait for a kernel that
-// never ends, but not past 30 s: then the emulation aborts naming the unbounded wait.
+// never ends, but not past 30 s (LOWRANK_EMU_UNBOUNDED_WAIT_S): then the emulation aborts naming
+// the unbounded wait.
 void complete(const OpPtr& target);
 // One step towards target (a poll): true once target has run.
 bool poll(const OpPtr& target);

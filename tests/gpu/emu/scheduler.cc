@@ -32,6 +32,20 @@ uint64_t seed() {
   return value;
 }
 
+// LOWRANK_EMU_UNBOUNDED_WAIT_S: how long a synchronous call may wait on a gate before the emulation
+// names the unbounded wait (default 30 s; run_mutants.sh sets less, where only the failure counts).
+int unboundedWaitSec() {
+  static const int value = [] {
+    const char* env = std::getenv("LOWRANK_EMU_UNBOUNDED_WAIT_S");
+    if (!env || !*env) return 30;
+    char* end = nullptr;
+    const long v = std::strtol(env, &end, 10);
+    if (*end || v < 1 || v > 3600) fail("LOWRANK_EMU_UNBOUNDED_WAIT_S=%s: not seconds in [1, 3600]", env);
+    return int(v);
+  }();
+  return value;
+}
+
 std::mt19937_64& rng() {
   static std::mt19937_64 r(seed());
   return r;
@@ -168,9 +182,9 @@ void complete(const OpPtr& target) {
   const auto start = std::chrono::steady_clock::now();
   while (!target->done)
     if (!runOne(target)) {  // a gate holds it: wait, as CUDA would, for whoever opens it
-      if (std::chrono::steady_clock::now() - start > std::chrono::seconds(30))
-        fail("'%s' waited 30 s for work held by a gate (an unbounded host wait on a stalled "
-             "stream)", target->what.c_str());
+      if (std::chrono::steady_clock::now() - start > std::chrono::seconds(unboundedWaitSec()))
+        fail("'%s' waited %d s for work held by a gate (an unbounded host wait on a stalled "
+             "stream)", target->what.c_str(), unboundedWaitSec());
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
 }
