@@ -8,6 +8,8 @@
 #include <chrono>
 #include <cstring>
 #include <random>
+#include <string>
+#include <utility>
 
 #include "tests/transport/support.h"
 #include "util/dtype.h"
@@ -22,7 +24,7 @@ const Algorithm kAlgorithms[] = {Algorithm::Ring, Algorithm::HalvingDoubling,
 UcxTransportOptions forced(Algorithm a) {
   UcxTransportOptions o;
   o.algorithm = a;
-  o.chunkBytes = 4096;  // the ring: several chunks at the larger counts
+  o.chunkBytes = 4096;  // the ring, halving + doubling: several chunks at the larger counts
   return o;
 }
 
@@ -106,6 +108,50 @@ INSTANTIATE_TEST_SUITE_P(Algorithms, EveryAlgorithm, ::testing::ValuesIn(kAlgori
                            s.erase(std::remove(s.begin(), s.end(), '_'), s.end());
                            return s;
                          });
+
+// Halving + doubling in chunks (tiny ones, 1..4 in flight) against itself unchunked (one message
+// per step, the algorithm before chunking): the same bits on every rank, also for inexact float
+// sums, at worlds 2..8 (non-powers of two fold) and counts that leave chunks and blocks uneven.
+TEST(HalvingDoublingChunks, SameBitsAsUnchunked) {
+  const size_t counts[] = {1, 7, 1001, 4099};
+  for (int n = 2; n <= 8; ++n) {
+    UcxTransportOptions whole = forced(Algorithm::HalvingDoubling);
+    whole.chunkBytes = size_t(1) << 30;  // every step's half is one message
+    auto ref = makeGroup(n, 60, whole);
+    ASSERT_EQ(ref.size(), size_t(n));
+    for (auto [chunkBytes, inflight] : {std::pair<size_t, int>{4, 1}, {12, 2}, {100, 4}}) {
+      UcxTransportOptions o = forced(Algorithm::HalvingDoubling);
+      o.chunkBytes = chunkBytes;  // 1, 3, 25 floats a chunk
+      o.inflight = inflight;
+      auto g = makeGroup(n, 60, o);
+      ASSERT_EQ(g.size(), size_t(n));
+      for (size_t count : counts) {
+        for (lowrankRedOp_t op : {lowrankSum, lowrankAvg}) {
+          std::mt19937 rng(uint32_t(count * 131 + size_t(n) * 7 + chunkBytes));
+          std::normal_distribution<float> nd(0, 100);
+          std::vector<std::vector<uint8_t>> in(size_t(n), std::vector<uint8_t>(count * 4));
+          for (auto& b : in)
+            for (size_t i = 0; i < count; ++i) {
+              const float f = nd(rng);
+              std::memcpy(&b[4 * i], &f, 4);
+            }
+          auto want = in, got = in;
+          const auto refSts = allreduceAll(ref, want, count, lowrankFloat32, op);
+          const auto sts = allreduceAll(g, got, count, lowrankFloat32, op);
+          for (int r = 0; r < n; ++r) {
+            const std::string what = "n " + std::to_string(n) + " count " + std::to_string(count) +
+                                     " chunk " + std::to_string(chunkBytes) + " B, inflight " +
+                                     std::to_string(inflight) + " " + opName(op) + ", comm rank " +
+                                     std::to_string(r);
+            ASSERT_TRUE(refSts[size_t(r)].ok() && sts[size_t(r)].ok()) << what << ": " << sts[size_t(r)].msg;
+            ASSERT_EQ(firstDiff(got[size_t(r)], want[size_t(r)], 4), -1) << what;
+            ASSERT_EQ(firstDiff(got[size_t(r)], got[0], 4), -1) << what;
+          }
+        }
+      }
+    }
+  }
+}
 
 // A comm rank that leaves (here an extra rank of the fold, then a core rank) while the others
 // allreduce: every survivor returns an error within the timeout, none hangs.

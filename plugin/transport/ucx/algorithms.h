@@ -39,7 +39,10 @@ Status recursiveDoublingAllreduce(Exchange& ex, const AllreduceArgs& a, std::vec
 
 // Rabenseifner's halving + doubling (medium buffers): a reduce-scatter by recursive halving over p
 // balanced blocks, then an allgather by recursive doubling; 2 log2(p) steps, about 2 (p-1)/p of the
-// buffer sent per rank; the same fold. scratch grows to count * elemSize bytes.
-Status halvingDoublingAllreduce(Exchange& ex, const AllreduceArgs& a, std::vector<std::byte>* scratch);
+// buffer sent per rank; the same fold. Each step's exchange moves in chunks of <= chunkBytes, up to
+// `inflight` at once both ways, and a received chunk is reduced while the next ones travel (as the
+// ring's do); the chunking changes no result bit. scratch grows to count * elemSize bytes.
+Status halvingDoublingAllreduce(Exchange& ex, const AllreduceArgs& a, size_t chunkBytes, int inflight,
+                                std::vector<std::byte>* scratch);
 
 }  // namespace lowrank::ucx

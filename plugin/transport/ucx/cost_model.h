@@ -15,8 +15,9 @@
 
 namespace lowrank::ucx {
 
-// In the order of preference among equally cheap algorithms (the ring first: it is chunked and
-// pipelined, which the model does not credit).
+// In the order of preference among equally cheap algorithms (the ring first: its chunks pipeline
+// through all its steps, while halving + doubling's chunks pipeline within a step and drain at its
+// end; the model credits neither).
 enum class Algorithm { Ring, HalvingDoubling, RecursiveDoubling, Direct };
 inline constexpr int kNumAlgorithms = 4;
 

@@ -45,7 +45,9 @@ class UcxTransport final : public Transport {
     switch (algo) {
       case ucx::Algorithm::Direct: st = ucx::directAllreduce(ex, a, &scratch_); break;
       case ucx::Algorithm::RecursiveDoubling: st = ucx::recursiveDoublingAllreduce(ex, a, &scratch_); break;
-      case ucx::Algorithm::HalvingDoubling: st = ucx::halvingDoublingAllreduce(ex, a, &scratch_); break;
+      case ucx::Algorithm::HalvingDoubling:
+        st = ucx::halvingDoublingAllreduce(ex, a, opt_.chunkBytes, opt_.inflight, &scratch_);
+        break;
       case ucx::Algorithm::Ring:
         st = ucx::ringAllreduce(ex, a, opt_.chunkBytes, opt_.inflight, &scratch_);
         break;

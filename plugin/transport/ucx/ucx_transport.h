@@ -24,8 +24,9 @@ struct UcxTransportOptions {
   ucx::CostParams cost;                      // alpha, beta of the choice
   std::optional<ucx::Algorithm> algorithm;  // set: every call runs it (LOWRANK_UCX_ALGO)
   int directMaxRanks = 64;  // the model may choose direct only up to here (its scratch is N buffers)
-  size_t chunkBytes = 1 << 20;  // ring: largest message
-  int inflight = 4;             // ring: chunks moving at once (scratch = inflight * chunkBytes)
+  size_t chunkBytes = 1 << 20;  // ring, halving + doubling: largest message
+  int inflight = 4;             // ring, halving + doubling: chunks moving at once (ring's scratch =
+                                // inflight * chunkBytes)
   std::string tls;              // if not empty, UCX_TLS for this comm rank's context
 };
 
