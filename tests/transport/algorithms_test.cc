@@ -126,6 +126,7 @@ TEST(HalvingDoublingChunks, SameBitsAsUnchunked) {
       auto g = makeGroup(n, 60, o);
       ASSERT_EQ(g.size(), size_t(n));
       for (size_t count : counts) {
+        if (chunkBytes == 4 && count > 1001) continue;  // one float a message: thousands, no new case
         for (lowrankRedOp_t op : {lowrankSum, lowrankAvg}) {
           std::mt19937 rng(uint32_t(count * 131 + size_t(n) * 7 + chunkBytes));
           std::normal_distribution<float> nd(0, 100);
