@@ -71,7 +71,7 @@ struct Results {
 // One allreduce of exact float data on the group, checked on every rank against the reference.
 void checkCall(std::vector<std::unique_ptr<Transport>>& g, size_t count, uint32_t seed) {
   const int n = int(g.size());
-  std::vector<std::vector<uint8_t>> in(size_t(n)), bufs;
+  std::vector<std::vector<uint8_t>> in(static_cast<size_t>(n)), bufs;
   for (int r = 0; r < n; ++r) in[size_t(r)] = exactData(lowrankFloat32, lowrankSum, r, count, seed);
   const auto ref = referenceReduce(in, count, lowrankFloat32, lowrankSum);
   bufs = in;
