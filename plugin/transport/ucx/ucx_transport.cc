@@ -95,7 +95,7 @@ class UcxTransport final : public Transport {
       line += buf;
     }
     LR_INFO("ucx: comm rank %d/%d: tuned allreduces of [2^%d, 2^%d) bytes: %s, after %d trials; "
-            "median seconds per candidate, max over comm ranks: %s",
+            "median time per candidate, max over comm ranks: %s",
             comm_->rank(), comm_->size(), r.sizeClass, r.sizeClass + 1, ucx::algorithmName(r.choice),
             tuner_->trialsPerClass(), line.c_str());
     if (opt_.onTuned) opt_.onTuned(r);
