@@ -97,11 +97,16 @@ TEST(TunedTransport, RanksFedDifferentTimingsChooseTheSame) {
     const auto expected = Algorithm(std::min_element(maxOverRanks.begin(), maxOverRanks.end()) -
                                     maxOverRanks.begin());
     Results res(n);
+    std::vector<std::vector<Algorithm>> tried(static_cast<size_t>(n));  // each rank's trials, in order
     auto g = makeGroup(n, 5, [&](int r) {
       UcxTransportOptions o;
       o.tune = true;
       o.tuneRepeats = 2;
-      o.tuneTimer = [r, &fed](Algorithm a, double) { return fed(r, int(a)); };
+      o.tuneTimer = [r, &fed, &tried](Algorithm a, double measured) {
+        EXPECT_GT(measured, 0);
+        tried[size_t(r)].push_back(a);
+        return fed(r, int(a));
+      };
       o.onTuned = res.sink(r);
       return o;
     });
@@ -111,7 +116,10 @@ TEST(TunedTransport, RanksFedDifferentTimingsChooseTheSame) {
       checkCall(g, 1001, uint32_t(call));
       if (HasFatalFailure()) return;
     }
+    std::vector<Algorithm> roundRobin;  // every candidate twice, in enum order
+    for (int i = 0; i < trials; ++i) roundRobin.push_back(Algorithm(i % kCandidates));
     for (int r = 0; r < n; ++r) {
+      EXPECT_EQ(tried[size_t(r)], roundRobin) << "comm rank " << r;
       ASSERT_EQ(res.byRank[size_t(r)].size(), 1u) << "comm rank " << r;
       const TuneResult& x = res.byRank[size_t(r)][0];
       EXPECT_EQ(x.sizeClass, 11);  // 4004 bytes
