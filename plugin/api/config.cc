@@ -43,11 +43,15 @@ Status resolveConfig(const lowrankConfig_t* user, EngineConfig* out) {
   LR_RETURN_IF_ERROR(env::number("LOWRANK_UCX_ALPHA_US", 0, true, &alphaUs));
   LR_RETURN_IF_ERROR(env::number("LOWRANK_UCX_BETA_NS", 0, true, &betaNs));
   c.ucxCost = {alphaUs * 1e-6, betaNs * 1e-9};
-  const char* algos[1 + ucx::kNumAlgorithms] = {"auto"};
+  // auto (the cost model), each algorithm by name, or tune (timed on the first calls, agreed by
+  // every comm rank: transport/ucx/tuner.h).
+  const char* algos[2 + ucx::kNumAlgorithms] = {"auto"};
   for (int i = 0; i < ucx::kNumAlgorithms; ++i) algos[1 + i] = ucx::kAlgorithmNames[i];
+  algos[1 + ucx::kNumAlgorithms] = "tune";
   int algo = 0;
-  LR_RETURN_IF_ERROR(env::choice("LOWRANK_UCX_ALGO", algos, 1 + ucx::kNumAlgorithms, &algo));
-  if (algo > 0) c.ucxAlgorithm = ucx::Algorithm(algo - 1);
+  LR_RETURN_IF_ERROR(env::choice("LOWRANK_UCX_ALGO", algos, 2 + ucx::kNumAlgorithms, &algo));
+  if (algo > 0 && algo <= ucx::kNumAlgorithms) c.ucxAlgorithm = ucx::Algorithm(algo - 1);
+  c.ucxTune = algo == 1 + ucx::kNumAlgorithms;
   LR_RETURN_IF_ERROR(env::integer("LOWRANK_TEST_FAIL_ALLOC", -1, 1 << 30, &c.testFailAllocRank));
   if (user) {
     if (user->size != sizeof(lowrankConfig_t) || user->magic != LOWRANK_CONFIG_MAGIC)
@@ -107,7 +111,7 @@ void logConfig(const EngineConfig& c, int rank, int nranks) {
           rank, nranks, c.approxRank, c.minCompressionRate, c.startIter, int(c.errorFeedback),
           int(c.warmStart), c.orthoEpsilon, (unsigned long long)c.seed, c.timeoutSec,
           int(c.pipeline), (unsigned long long)c.pipelineChunk,
-          c.ucxAlgorithm ? ucx::algorithmName(*c.ucxAlgorithm) : "by cost", c.ucxCost.alphaSec * 1e6,
+          c.ucxAlgorithm ? ucx::algorithmName(*c.ucxAlgorithm) : c.ucxTune ? "tuned" : "by cost", c.ucxCost.alphaSec * 1e6,
           c.ucxCost.betaSecPerByte * 1e9);
 }
 

@@ -29,6 +29,7 @@ Status Engine::overUcx(const EngineConfig& cfg, const lowrankUniqueId& id, int r
   UcxTransportOptions opt;
   opt.cost = cfg.ucxCost;
   opt.algorithm = cfg.ucxAlgorithm;
+  opt.tune = cfg.ucxTune;
   LR_RETURN_IF_ERROR(createUcxTransport(id, rank, nranks, cfg.timeoutSec, opt, &ucx));
   out->reset(new Engine(cfg, std::make_unique<AsyncTransport>(std::move(ucx)), rank, nranks));
   return Status::Ok();

@@ -22,6 +22,7 @@ struct EngineConfig {
   ucx::CostParams ucxCost;          // the host transport's alpha and beta (LOWRANK_UCX_ALPHA_US,
                                    // LOWRANK_UCX_BETA_NS)
   std::optional<ucx::Algorithm> ucxAlgorithm;  // set: the host transport always runs it (LOWRANK_UCX_ALGO)
+  bool ucxTune = false;            // LOWRANK_UCX_ALGO=tune: timed on the first calls, agreed by all ranks
   int testFailAllocRank = -1;      // test only: this comm rank fails its plan allocations
                                    // (LOWRANK_TEST_FAIL_ALLOC), to test the collective fallback
 };

@@ -34,9 +34,23 @@ TEST(HostAlgorithm, CostAndAlgorithmFromEnvironment) {
     ASSERT_TRUE(c.ucxAlgorithm.has_value());
     EXPECT_EQ(*c.ucxAlgorithm, ucx::Algorithm::RecursiveDoubling);
   }
+  EXPECT_FALSE(c.ucxTune);  // the default: the cost model, nothing measured
+  {
+    EnvGuard g("LOWRANK_UCX_ALGO", "Tune");
+    ASSERT_TRUE(api::resolveConfig(nullptr, &c).ok());
+    EXPECT_TRUE(c.ucxTune);
+    EXPECT_FALSE(c.ucxAlgorithm.has_value());
+  }
+  {
+    EnvGuard g("LOWRANK_UCX_ALGO", "tuned");
+    const Status st = api::resolveConfig(nullptr, &c);
+    EXPECT_EQ(st.code, lowrankInvalidUsage);
+    EXPECT_NE(st.msg.find("tune"), std::string::npos) << st.msg;  // the accepted values are named
+  }
   EnvGuard g("LOWRANK_UCX_ALGO", "auto");
   ASSERT_TRUE(api::resolveConfig(nullptr, &c).ok());
   EXPECT_FALSE(c.ucxAlgorithm.has_value());
+  EXPECT_FALSE(c.ucxTune);
 }
 
 // Exact allreduces (k = 0) of 1001 floats over 5 comm ranks, each algorithm forced: the stats
@@ -63,3 +77,22 @@ TEST(HostAlgorithm, StatsBytesSentIsTheModelOfTheAlgorithmRun) {
 }
 
 }  // namespace
+
+// LOWRANK_UCX_ALGO=tune through the API: exact allreduces (k = 0) over 3 comm ranks stay correct
+// through the trials (4 candidates x 3 repeats), the agreement and after the freeze.
+TEST(HostAlgorithm, TunedCommsGiveCorrectSums) {
+  constexpr int kRanks = 3;
+  constexpr size_t kCount = 1001;
+  lowrankConfig_t cfg = lowrank::testing::config();
+  cfg.approxRank = 0;
+  EnvGuard g("LOWRANK_UCX_ALGO", "tune");
+  lowrank::testing::withComms(kRanks, [&](int r, lowrankComm_t comm) {
+    for (int call = 0; call < 16; ++call) {
+      std::vector<float> x(kCount, float(r + call));
+      ASSERT_EQ(lowrankAllReduce(x.data(), x.data(), kCount, lowrankFloat32, lowrankSum, comm, nullptr),
+                lowrankSuccess) << lowrankGetLastError(comm);
+      EXPECT_EQ(x[0], float(3 + 3 * call)) << "call " << call;
+      EXPECT_EQ(x[kCount - 1], float(3 + 3 * call)) << "call " << call;
+    }
+  }, cfg);
+}

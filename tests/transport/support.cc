@@ -23,13 +23,19 @@ void runRanks(int n, const std::function<void(int)>& fn) {
 
 std::vector<std::unique_ptr<Transport>> makeGroup(int n, double timeoutSec,
                                                   const UcxTransportOptions& opt) {
+  return makeGroup(n, timeoutSec, [&](int) { return opt; });
+}
+
+std::vector<std::unique_ptr<Transport>> makeGroup(
+    int n, double timeoutSec, const std::function<UcxTransportOptions(int rank)>& optionsOf) {
   lowrankUniqueId id;
   Status st = bootstrap::makeUniqueId(&id, timeoutSec);
   EXPECT_TRUE(st.ok()) << st.msg;
   if (!st.ok()) return {};
   std::vector<std::unique_ptr<Transport>> group(static_cast<size_t>(n));
   std::vector<Status> sts(static_cast<size_t>(n));
-  runRanks(n, [&](int r) { sts[size_t(r)] = createUcxTransport(id, r, n, timeoutSec, opt, &group[size_t(r)]); });
+  runRanks(n, [&](int r) { sts[size_t(r)] = createUcxTransport(id, r, n, timeoutSec, optionsOf(r), &group[size_t(r)]);
+  });
   for (int r = 0; r < n; ++r) {
     EXPECT_TRUE(sts[size_t(r)].ok()) << "comm rank " << r << ": " << sts[size_t(r)].msg;
     if (!sts[size_t(r)].ok()) return {};

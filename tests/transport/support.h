@@ -19,6 +19,9 @@ void runRanks(int n, const std::function<void(int)>& fn);
 // returns an empty vector) if any creation fails.
 std::vector<std::unique_ptr<Transport>> makeGroup(int n, double timeoutSec,
                                                   const UcxTransportOptions& opt = {});
+// The same with each comm rank's own options (e.g. its own tuning timer).
+std::vector<std::unique_ptr<Transport>> makeGroup(
+    int n, double timeoutSec, const std::function<UcxTransportOptions(int rank)>& optionsOf);
 
 // Allreduce on every transport of the group at once (one thread each); returns each rank's status.
 std::vector<Status> allreduceAll(std::vector<std::unique_ptr<Transport>>& group,

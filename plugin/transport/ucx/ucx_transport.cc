@@ -1,12 +1,17 @@
 // UcxTransport: the sequence number and the choice of algorithm (argument checks and the failure
-// record are Transport's); the messages are in ucx_comm.cc, the algorithms in direct.cc, ring.cc,
+// record are Transport's) and, with LOWRANK_UCX_ALGO=tune, the online tuning (tuner.h); the messages are in ucx_comm.cc, the algorithms in direct.cc, ring.cc,
 // recursive_doubling.cc and halving_doubling.cc, their costs in cost_model.cc.
 #include "transport/ucx/ucx_transport.h"
 
+#include <chrono>
 #include <cstdint>
+#include <cstdio>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "transport/ucx/algorithms.h"
+#include "transport/ucx/tuner.h"
 #include "transport/ucx/ucx_comm.h"
 #include "util/dtype.h"
 #include "util/log.h"
@@ -17,7 +22,10 @@ namespace {
 class UcxTransport final : public Transport {
  public:
   UcxTransport(std::unique_ptr<ucx::UcxComm> comm, const UcxTransportOptions& opt)
-      : comm_(std::move(comm)), opt_(opt) {}
+      : comm_(std::move(comm)), opt_(opt) {
+    if (opt_.tune && !opt_.algorithm)
+      tuner_.emplace(comm_->size(), opt_.directMaxRanks, opt_.tuneRepeats);
+  }
 
   int rank() const override { return comm_->rank(); }
   int size() const override { return comm_->size(); }
@@ -32,34 +40,74 @@ class UcxTransport final : public Transport {
     if (count == 0 || n == 1) return Status::Ok();  // avg over one rank is the identity
     const size_t es = dtypeSize(dtype);
     const ucx::AllreduceArgs a{buf, count, dtype, op, es};
-    // Every comm rank computes the same choice from the same arguments and options.
+    // Every comm rank computes the same choice from the same arguments, options and call sequence
+    // (the tuner's trials follow the calls; its choice, timings agreed by all ranks: tuner.h).
     const double bytes = double(count * es);
-    const ucx::Algorithm algo =
-        opt_.algorithm ? *opt_.algorithm : ucx::choose(n, bytes, opt_.cost, opt_.directMaxRanks);
+    ucx::Algorithm algo;
+    bool trial = false;
+    if (opt_.algorithm) {
+      algo = *opt_.algorithm;
+    } else if (tuner_) {
+      const ucx::Tuner::Plan p = tuner_->plan(bytes);
+      algo = p.algo, trial = p.trial;
+    } else {
+      algo = ucx::choose(n, bytes, opt_.cost, opt_.directMaxRanks);
+    }
     LR_TRACE("ucx: comm rank %d: allreduce #%u of %zu %s (%s), %s%s, modelled %.1f us", comm_->rank(),
              seq, count, dtypeName(dtype), opName(op), ucx::algorithmName(algo),
-             opt_.algorithm ? " (LOWRANK_UCX_ALGO)" : "",
+             opt_.algorithm ? " (LOWRANK_UCX_ALGO)" : trial ? " (tuning trial)" : "",
              1e6 * ucx::modelledSeconds(algo, n, bytes, opt_.cost));
-    ucx::Exchange ex(*comm_, seq, &counters_);
-    Status st;
-    switch (algo) {
-      case ucx::Algorithm::Direct: st = ucx::directAllreduce(ex, a, &scratch_); break;
-      case ucx::Algorithm::RecursiveDoubling: st = ucx::recursiveDoublingAllreduce(ex, a, &scratch_); break;
-      case ucx::Algorithm::HalvingDoubling:
-        st = ucx::halvingDoublingAllreduce(ex, a, opt_.chunkBytes, opt_.inflight, &scratch_);
-        break;
-      case ucx::Algorithm::Ring:
-        st = ucx::ringAllreduce(ex, a, opt_.chunkBytes, opt_.inflight, &scratch_);
-        break;
+    const auto t0 = std::chrono::steady_clock::now();
+    Status st = runAlgorithm(algo, seq, a);
+    if (st.ok() && trial) {
+      double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (opt_.tuneTimer) sec = opt_.tuneTimer(algo, sec);
+      if (tuner_->record(bytes, sec)) st = agree(bytes);
     }
     if (!st.ok()) comm_->markFailed();  // teardown then skips the flush (ucx_comm.h)
     return st;
+  }
+
+  Status runAlgorithm(ucx::Algorithm algo, uint32_t seq, const ucx::AllreduceArgs& a) {
+    ucx::Exchange ex(*comm_, seq, &counters_);
+    switch (algo) {
+      case ucx::Algorithm::Direct: return ucx::directAllreduce(ex, a, &scratch_);
+      case ucx::Algorithm::RecursiveDoubling: return ucx::recursiveDoublingAllreduce(ex, a, &scratch_);
+      case ucx::Algorithm::HalvingDoubling:
+        return ucx::halvingDoublingAllreduce(ex, a, opt_.chunkBytes, opt_.inflight, &scratch_);
+      case ucx::Algorithm::Ring: return ucx::ringAllreduce(ex, a, opt_.chunkBytes, opt_.inflight, &scratch_);
+    }
+    return Status::Error(lowrankInternalError, "ucx: unknown algorithm %d", int(algo));
+  }
+
+  // The tuning's agreement, after a size class's last trial (the same call on every comm rank):
+  // the max over comm ranks of each candidate's median seconds, by one fixed algorithm, then the
+  // argmin of those, frozen. Its messages are a collective of their own (a sequence number).
+  Status agree(double bytes) {
+    std::vector<double> t = tuner_->localTimings(bytes);
+    const ucx::AllreduceArgs a{t.data(), t.size(), lowrankFloat64, lowrankMax, sizeof(double)};
+    LR_RETURN_IF_ERROR(runAlgorithm(ucx::kAgreementAlgorithm, ++seq_, a));
+    const ucx::TuneResult& r = tuner_->freeze(bytes, t);
+    std::string line;
+    char buf[96];
+    for (size_t j = 0; j < r.candidates.size(); ++j) {
+      snprintf(buf, sizeof buf, "%s%s %.1f us (here %.1f)", j ? ", " : "",
+               ucx::algorithmName(r.candidates[j]), 1e6 * r.agreedSec[j], 1e6 * r.localSec[j]);
+      line += buf;
+    }
+    LR_INFO("ucx: comm rank %d/%d: tuned allreduces of [2^%d, 2^%d) bytes: %s, after %d trials; "
+            "median time per candidate, max over comm ranks: %s",
+            comm_->rank(), comm_->size(), r.sizeClass, r.sizeClass + 1, ucx::algorithmName(r.choice),
+            tuner_->trialsPerClass(), line.c_str());
+    if (opt_.onTuned) opt_.onTuned(r);
+    return Status::Ok();
   }
 
   std::unique_ptr<ucx::UcxComm> comm_;
   UcxTransportOptions opt_;
   uint32_t seq_ = 0;
   std::vector<std::byte> scratch_;
+  std::optional<ucx::Tuner> tuner_;  // LOWRANK_UCX_ALGO=tune
 };
 
 }  // namespace
@@ -71,6 +119,8 @@ Status createUcxTransport(const lowrankUniqueId& id, int rank, int nranks, doubl
     return Status::Error(lowrankInvalidArgument, "createUcxTransport: chunkBytes and inflight must be > 0");
   if (!(options.cost.alphaSec > 0) || !(options.cost.betaSecPerByte > 0))
     return Status::Error(lowrankInvalidArgument, "createUcxTransport: alpha and beta must be > 0");
+  if (options.tuneRepeats < 1)
+    return Status::Error(lowrankInvalidArgument, "createUcxTransport: tuneRepeats must be >= 1");
   std::unique_ptr<ucx::UcxComm> comm;
   LR_RETURN_IF_ERROR(ucx::UcxComm::create(id, rank, nranks, timeoutSec, options.tls, &comm));
   *out = std::make_unique<UcxTransport>(std::move(comm), options);

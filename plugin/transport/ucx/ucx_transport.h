@@ -1,16 +1,19 @@
 // The host transport over UCX (ucp tag API): one UCX context and worker per comm rank, endpoints
 // to every peer (exchanged through the bootstrap), error handling mode PEER so that a dead peer is
 // reported rather than waited for. Each call runs the algorithm the cost model (cost_model.h) finds
-// cheapest for its size and world: a chunked ring, Rabenseifner's halving + doubling, recursive
+// cheapest for its size and world (or, with tune, the one its size class's first calls measured
+// fastest, agreed by every rank: tuner.h): a chunked ring, Rabenseifner's halving + doubling, recursive
 // doubling or a one-step direct exchange. All give the same bits on every rank.
 #pragma once
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 
 #include "transport/transport.h"
 #include "transport/ucx/cost_model.h"
+#include "transport/ucx/tuner.h"
 
 namespace lowrank {
 
@@ -22,7 +25,16 @@ Status createUcxTransport(const lowrankUniqueId& id, int rank, int nranks, doubl
 // must use the same values (they choose the algorithm and the message layout).
 struct UcxTransportOptions {
   ucx::CostParams cost;                      // alpha, beta of the choice
-  std::optional<ucx::Algorithm> algorithm;  // set: every call runs it (LOWRANK_UCX_ALGO)
+  std::optional<ucx::Algorithm> algorithm;  // set: every call runs it (LOWRANK_UCX_ALGO); wins over tune
+  // LOWRANK_UCX_ALGO=tune: the first calls of each size class time the candidates, the comm ranks
+  // agree on the timings and freeze the fastest (tuner.h). Off: the cost model chooses.
+  bool tune = false;
+  int tuneRepeats = 3;  // trials per candidate and size class (>= 1)
+  // The seconds recorded for a trial of `algo` that took measuredSec (default: measuredSec). A
+  // test feeds each rank its own timings through it.
+  std::function<double(ucx::Algorithm algo, double measuredSec)> tuneTimer;
+  // Called on the calling thread at each size class's freeze (tests; studies that store the choice).
+  std::function<void(const ucx::TuneResult&)> onTuned;
   int directMaxRanks = 64;  // the model may choose direct only up to here (its scratch is N buffers)
   size_t chunkBytes = 1 << 20;  // ring, halving + doubling: largest message
   int inflight = 4;             // ring, halving + doubling: chunks moving at once (ring's scratch =
