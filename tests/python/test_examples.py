@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+import lowrank
+
 from conftest import ROOT
 from test_fsdp import needs_fsdp2
 
@@ -17,6 +19,9 @@ LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK
 def test_without_a_launcher_says_how_to_start(script):
     env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}
     env["MASTER_PORT"] = "29500"  # one set, three not: the message names those missing
+    # the lowrank these tests import (in-tree: python/, which the tests put on sys.path themselves)
+    pkg = os.path.dirname(os.path.dirname(os.path.abspath(lowrank.__file__)))
+    env["PYTHONPATH"] = os.pathsep.join([pkg] + [p for p in [env.get("PYTHONPATH")] if p])
     r = subprocess.run([sys.executable, os.path.join(ROOT, "examples", script), "--epochs", "1"],
                        env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode != 0, r.stdout + r.stderr
