@@ -36,11 +36,18 @@ Personal. Sci. 8:355-362. Each function is checked against a published worked ex
 tests/studies/test_stats.py. Thread safety: pure functions, no shared state.
 """
 import math
+import numbers
 import statistics
+import sys
 from dataclasses import dataclass
 from typing import Optional, Sequence, Tuple
 
-from scipy.stats import t as _student_t
+try:
+    from scipy.stats import t as _student_t
+except ImportError as _e:
+    raise ImportError(
+        "studies/lib/stats.py needs scipy: apt-get install python3-scipy (scripts/setup.sh --test) "
+        f"or pip install scipy in this Python ({sys.executable})") from _e
 
 
 # ---- results --------------------------------------------------------------------------------------
@@ -146,9 +153,14 @@ def _df(df):
 
 def _sample(xs, name="sample", least=2):
     try:
-        out = [float(x) for x in xs]
-    except (TypeError, ValueError) as e:
+        xs = list(xs)
+    except TypeError as e:
         raise ValueError(f"{name}: not a sequence of numbers ({e})") from None
+    # numbers.Real, not float(): float('1') would take a string read from a file as a number.
+    wrong = [x for x in xs if isinstance(x, bool) or not isinstance(x, numbers.Real)]
+    if wrong:
+        raise ValueError(f"{name}: not a sequence of numbers, got {wrong[:3]!r}")
+    out = [float(x) for x in xs]
     if len(out) < least:
         raise ValueError(f"{name}: {len(out)} value(s), at least {least} needed")
     bad = [x for x in out if not math.isfinite(x)]
@@ -158,10 +170,17 @@ def _sample(xs, name="sample", least=2):
 
 
 def _pair(a, b):
-    a, b = _sample(a, "a"), _sample(b, "b")
+    a, b = _sample(a, "a", least=0), _sample(b, "b", least=0)
     if len(a) != len(b):
         raise ValueError(f"paired samples differ in length: {len(a)} and {len(b)}")
-    return a, b
+    return _sample(a, "a"), _sample(b, "b")
+
+
+def _finite(value, name):
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value}")
+    return value
 
 
 def _se(se):
@@ -184,7 +203,8 @@ def t_quantile(q: float, df: float) -> float:
 def t_interval(estimate: float, se: float, df: float, confidence: float = 0.95) -> Tuple[float, float]:
     """(low, high) = estimate -+ t_quantile((1 + confidence) / 2, df) * se: the two-sided
     interval at central coverage `confidence` from an estimate, its standard error (>= 0, same
-    unit) and degrees of freedom. ValueError for se < 0, df <= 0 or confidence outside (0, 1)."""
+    unit) and degrees of freedom. ValueError for a non-finite estimate, se < 0, df <= 0 or confidence outside (0, 1)."""
+    estimate = _finite(estimate, "estimate")
     half = t_quantile(0.5 + _level(confidence, "confidence") / 2, df) * _se(se)
     return estimate - half, estimate + half
 
@@ -193,7 +213,7 @@ def t_upper_bound(estimate: float, se: float, df: float, confidence: float = 0.9
     """estimate + t_quantile(confidence, df) * se: the one-sided upper bound with one-sided
     coverage `confidence` (0.95 -> the 0.95 quantile, the upper end of the two-sided 90%
     interval). ValueError as t_interval."""
-    return estimate + t_quantile(_level(confidence, "confidence"), df) * _se(se)
+    return _finite(estimate, "estimate") + t_quantile(_level(confidence, "confidence"), df) * _se(se)
 
 
 # ---- one sample ---------------------------------------------------------------------------------------

@@ -339,3 +339,35 @@ def test_tost_without_variance():
 def test_bad_input_raises_value_error(call):
     with pytest.raises(ValueError):
         call()
+
+
+@pytest.mark.parametrize("call, says", [
+    (lambda: stats.paired_difference([1, 2], [1]), "differ in length"),
+    (lambda: stats.paired_ratio_upper_bound([1, 2], [1]), "differ in length"),
+    (lambda: stats.t_interval(math.nan, 1, 5), "finite"),
+    (lambda: stats.t_upper_bound(math.inf, 1, 5), "finite"),
+    (lambda: stats.mean_se(["1", "2"]), "not a sequence of numbers"),
+    (lambda: stats.mean_se([True, False]), "not a sequence of numbers"),
+])
+def test_bad_input_names_the_fault(call, says):
+    with pytest.raises(ValueError, match=says):
+        call()
+
+
+def test_missing_scipy_says_how_to_install(monkeypatch):
+    import builtins
+    import importlib
+    import sys
+    real_import = builtins.__import__
+
+    def no_scipy(name, *args, **kwargs):
+        if name == "scipy" or name.startswith("scipy."):
+            raise ImportError(f"No module named {name!r}")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_scipy)
+    monkeypatch.delitem(sys.modules, "studies.lib.stats")
+    with pytest.raises(ImportError, match=r"needs scipy: apt-get install python3-scipy.*" + sys.executable.replace(".", r"\.")):
+        importlib.import_module("studies.lib.stats")
+    monkeypatch.setattr(builtins, "__import__", real_import)
+    monkeypatch.setitem(sys.modules, "studies.lib.stats", stats)
