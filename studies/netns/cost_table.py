@@ -5,7 +5,7 @@ call against one exact allreduce, at 64 .. 4096 comm ranks.
 
 The formula is the transport's own (plugin/transport/ucx/cost_model.cc), run through the
 lowrank_cost_model binary; this script only supplies the payloads and prints the table:
-  /usr/bin/python3 studies/netns/cost_table.py [--binary build-host/perf/lowrank_cost_model] [--alpha-us A] [--beta-ns B]
+  PYTHONPATH=.:python /usr/bin/python3 -m studies.netns.cost_table [--binary build-host/perf/lowrank_cost_model] [--alpha-us A] [--beta-ns B]
 
 One compressed call of a whole model as one buffer, not pipelined (LOWRANK_PIPELINE=0): two
 allreduces one after the other, [exact part | P | 2 check elements] and then Q, all float32. Per
