@@ -13,6 +13,7 @@ import glob
 import json
 import os
 import statistics
+import sys
 
 from studies.lib import plan as planfile
 from studies.lib import provenance, runlabel
@@ -295,6 +296,11 @@ def main():
     ap.add_argument("--img", default=IMG, help="folder of the figures")
     ap.add_argument("--ranks", nargs="+", type=int, default=PLAN["ranks"])
     args = ap.parse_args()
+    runs = os.path.join(args.results, "runs")
+    if not os.path.isdir(args.results):  # never create a results folder or write an empty summary
+        sys.exit(f"studies.accuracy.report: no folder {args.results}")
+    if not glob.glob(os.path.join(runs, "*.json")):
+        sys.exit(f"studies.accuracy.report: no runs ({runs}/*.json) in {args.results}")
     report(args.results, args.img, args.ranks)
 
 

@@ -11,6 +11,7 @@ import glob
 import json
 import os
 import statistics
+import sys
 
 from studies.lib import plan as planfile
 from studies.lib import provenance
@@ -20,10 +21,16 @@ PLAN = planfile.load(__file__)
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 
+def run_files(folder):
+    """The run files in `folder` (each run's JSON; summary.json, the report's own, is no run)."""
+    return [p for p in sorted(glob.glob(os.path.join(folder, "*.json")))
+            if os.path.basename(p) != "summary.json"]
+
+
 def summary(folder):
     """The table's lines, for the plan's models and reducers that have runs in `folder`."""
     runs = {}
-    for path in sorted(glob.glob(os.path.join(folder, "*.json"))):
+    for path in run_files(folder):
         with open(path) as f:
             d = json.load(f)
         provenance.check_run(d, PLAN, path)
@@ -46,6 +53,10 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("folder", nargs="?", default=RESULTS)
     args = ap.parse_args()
+    if not os.path.isdir(args.folder):
+        sys.exit(f"studies.hsdp.report: no folder {args.folder}")
+    if not run_files(args.folder):
+        sys.exit(f"studies.hsdp.report: no runs (*.json) in {args.folder}")
     print("\n".join(summary(args.folder)))
 
 

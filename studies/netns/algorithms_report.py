@@ -15,11 +15,11 @@ Flags: "cpu" where the CPU floor of the algorithm (same world, no qdisc) is > 20
 (the network did not dominate); ">10%" where auto / best > 1.10; "bytes" where auto sends > 1.1x
 the ring's bytes while being slower than the ring.
 """
+import argparse
 import glob
 import json
 import statistics
 import subprocess
-import sys
 
 from studies.lib import provenance
 
@@ -199,13 +199,31 @@ def figure(points, out):
     return out + ".png"
 
 
+def parse_args(argv=None):
+    """The positional arguments algorithms.sh passes; argparse's usage and exit 2 otherwise."""
+    ap = argparse.ArgumentParser(prog="python -m studies.netns.algorithms_report",
+                                 description="The report of studies/netns/algorithms.sh (run by it).")
+    ap.add_argument("runs", metavar="RUNS", help="the runs' list (one line a run, see the module's doc)")
+    ap.add_argument("out", metavar="OUT", help="writes OUT.json, OUT.md (and OUT.png with matplotlib)")
+    ap.add_argument("model", metavar="MODEL", help="the lowrank_cost_model binary")
+    ap.add_argument("cores", metavar="CORES", type=int, help="the machine's CPU cores")
+    ap.add_argument("git", metavar="GIT", help="the commit the runs used")
+    ap.add_argument("cmdline", metavar="CMDLINE", help="algorithms.sh's command line")
+    ap.add_argument("date", metavar="DATE", help="the runs' date")
+    ap.add_argument("provenance", metavar="PROVENANCE", nargs="?",
+                    help="the runs' start record (python -m studies.lib.provenance start)")
+    return ap.parse_args(argv)
+
+
 def main():
-    runs, out, model, cores, git, cmdline, date = sys.argv[1:8]
+    args = parse_args()
+    runs, out, model = args.runs, args.out, args.model
     samples, meta, walls = load(runs)
     points = analyse(samples, meta, model)
-    head = dict(date=date, git=git, cmdline=cmdline, cores=int(cores), targets=targets(points))
-    if len(sys.argv) > 8:  # the runs' start record (python -m studies.lib.provenance start)
-        head["provenance"] = provenance.finish(json.load(open(sys.argv[8])))
+    head = dict(date=args.date, git=args.git, cmdline=args.cmdline, cores=args.cores,
+                targets=targets(points))
+    if args.provenance:
+        head["provenance"] = provenance.finish(json.load(open(args.provenance)))
     fig = figure(points, out)
     json.dump(dict(head, figure=fig, points=points, runs=walls), open(out + ".json", "w"), indent=1)
     md = markdown(points, walls, head)

@@ -11,7 +11,13 @@ import argparse
 import csv
 import os
 
-import matplotlib
+import sys
+
+try:
+    import matplotlib
+except ImportError:  # a plot script has nothing to do without it: say so, not a traceback
+    sys.exit(f"studies/soak/plot.py needs matplotlib: apt-get install python3-matplotlib, or pip install matplotlib "
+             f"in this Python ({sys.executable})")
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402

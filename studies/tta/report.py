@@ -197,9 +197,13 @@ def report(folder, allow_dirty=False):
 
 
 def figure(folder, path, allow_dirty=False):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    """Writes the figure to `path`; False (nothing written) when matplotlib is not importable."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
     runs, _ = load(folder, allow_dirty)
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for key in sorted(runs):
@@ -217,6 +221,7 @@ def figure(folder, path, allow_dirty=False):
     fig.text(0.01, 0.01, f"studies/tta/report.py at {revision()}", fontsize=6, alpha=0.6)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+    return True
 
 
 def main():
@@ -244,8 +249,8 @@ def main():
         open(args.md, "w").write(text)
     if args.json:
         json.dump(summary, open(args.json, "w"), indent=1, default=dataclasses.asdict)
-    if args.figure:
-        figure(args.folder, args.figure, args.allow_dirty)
+    if args.figure and not figure(args.folder, args.figure, args.allow_dirty):
+        sys.stderr.write("no matplotlib: figures skipped\n")  # as the accuracy and rank reports
     return 0
 
 

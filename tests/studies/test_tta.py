@@ -136,3 +136,21 @@ def test_study_refuses_bad_arguments(argv, monkeypatch):
     with pytest.raises(SystemExit) as e:
         tta_study.main()
     assert isinstance(e.value.code, str) and e.value.code.startswith(tta_study.NAME)
+
+
+def test_figure_skipped_without_matplotlib(tmp_path, monkeypatch, capsys):
+    import builtins
+    real_import = builtins.__import__
+
+    def no_matplotlib(name, *args, **kwargs):
+        if name.split(".")[0] == "matplotlib":
+            raise ImportError(f"No module named {name!r}")
+        return real_import(name, *args, **kwargs)
+
+    make(str(tmp_path), lowrank_s=15.0, lowrank_acc_drop=0.002)
+    fig = tmp_path / "img" / "tta.png"
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    monkeypatch.setattr(sys, "argv", ["studies.tta.report", str(tmp_path), "--figure", str(fig)])
+    assert tta_report.main() == 0
+    assert "no matplotlib: figures skipped" in capsys.readouterr().err
+    assert not fig.exists()
