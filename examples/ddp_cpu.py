@@ -67,6 +67,8 @@ def main():
     ap.add_argument("--batch", type=int, default=32, help="images per worker per step")
     ap.add_argument("--lr", type=float, default=0.05)
     args = ap.parse_args()
+    if args.spawn is not None and args.spawn < 1:
+        ap.error(f"--spawn N: N >= 1, got {args.spawn}")
     if args.spawn:
         argv = sys.argv[1:]
         i = next(i for i, a in enumerate(argv) if a.startswith("--spawn"))

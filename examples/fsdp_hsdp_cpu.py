@@ -74,6 +74,8 @@ def main():
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--timeout", type=float, default=60, help="seconds a wait for a peer may last")
     args = ap.parse_args()
+    if args.spawn is not None and args.spawn < 1:
+        ap.error(f"--spawn N: N >= 1, got {args.spawn}")
     if args.spawn:
         argv = sys.argv[1:]
         i = next(i for i, a in enumerate(argv) if a.startswith("--spawn"))
