@@ -50,6 +50,27 @@ def checkout_builds(relative):
     return sorted(set(found), key=_mtime, reverse=True)
 
 
+def configured_not_built(relative, folders=None):
+    """The build folders (`folders`, else the checkout's build* and build*/*) whose build.ninja has
+    the target `relative` while the file is not there: configured, not built yet (scripts/demo.sh
+    builds the library and the perf binary only)."""
+    if folders is None:
+        if _CHECKOUT is None:
+            return []
+        folders = [os.path.dirname(p) for pattern in ("build*", os.path.join("build*", "*"))
+                   for p in glob.glob(os.path.join(_CHECKOUT, pattern, "build.ninja"))]
+    out = []
+    for folder in folders:
+        try:
+            with open(os.path.join(folder, "build.ninja"), errors="replace") as f:
+                configured = f"\nbuild {relative}:" in f.read()
+        except OSError:
+            continue
+        if configured and not os.path.exists(os.path.join(folder, relative)):
+            out.append(folder)
+    return out
+
+
 def library_candidates():
     """The liblowrank paths to try, in order (the last ones are names for the dynamic loader)."""
     paths = []

@@ -66,10 +66,25 @@ def _ucx(out):
                f" (UCX_TLS={os.environ.get('UCX_TLS', 'unset')})")
 
 
+def _not_built_yet(relative, folders=None):
+    """"not built yet ..." where a build folder is configured with the target `relative` but has not
+    built it (the CUDA backend and the shim after scripts/demo.sh), else None."""
+    from . import _paths
+    unbuilt = _paths.configured_not_built(relative, folders)
+    if not unbuilt:
+        return None
+    return (f"not built yet (scripts/demo.sh builds the library and the perf binary only; "
+            f"ninja -C {unbuilt[0]} {relative} builds it)")
+
+
 def _cuda(out, lib):
     from . import _paths
     path = _paths.cuda_backend_for(lib.lowrank_path)
-    if not path or not os.path.exists(path):
+    folder = [os.path.dirname(os.path.realpath(lib.lowrank_path))] if os.sep in lib.lowrank_path else []
+    unbuilt = _not_built_yet(os.path.join("plugin", "engine", "cuda", "liblowrank_cuda.so"), folder)
+    if (not path or not os.path.exists(path)) and unbuilt:
+        out.append(f"CUDA backend: {unbuilt}; device buffers are refused")
+    elif not path or not os.path.exists(path):
         out.append(f"CUDA backend: absent (none beside {lib.lowrank_path}, nor in its build folder: "
                    "built where nvcc was not found or with -Dcuda=disabled, not built yet (scripts/"
                    "demo.sh builds the perf binary only), or a library copied alone; "
@@ -131,14 +146,22 @@ def _nccl(out, lib):
     out.append(f"NCCL {ver}: {path.value.decode()} (found: {source.value.decode()})")
 
 
+SHIM_TARGET = os.path.join("plugin", "nccl_shim", "liblowrank_nccl.so")
+
+
 def _shim(out):
     from . import _paths
     shim = _paths.shim_path()
     dropin = _paths.package_file("lib", "nccl", "libnccl.so.2")
     # without a build at all, the shim's absence is not the build options' doing
-    why = "none built: see \"lowrank: failed\" above" if _paths.unbuilt_source_copy() else \
-        "built where nccl.h was not found, or with -Dnccl_shim=disabled"
-    out.append(f"NCCL shim (LD_PRELOAD): {shim or f'absent ({why})'}")
+    if shim:
+        out.append(f"NCCL shim (LD_PRELOAD): {shim}")
+    elif _not_built_yet(SHIM_TARGET):
+        out.append(f"NCCL shim (LD_PRELOAD): {_not_built_yet(SHIM_TARGET)}")
+    else:
+        why = "none built: see \"lowrank: failed\" above" if _paths.unbuilt_source_copy() else \
+            "built where nccl.h was not found, or with -Dnccl_shim=disabled"
+        out.append(f"NCCL shim (LD_PRELOAD): absent ({why})")
     if dropin:
         out.append(f"  drop-in libnccl.so.2: {dropin}")
 

@@ -36,7 +36,7 @@ def test_report_names_the_library_and_the_backend_that_goes_with_it():
         assert backend and backend.group(1) == built, r.stdout
         assert "(LOWRANK_CUDA_BACKEND: set by the package to its build's backend)" in r.stdout
     else:
-        assert re.search(r"^CUDA backend: absent", r.stdout, re.M), r.stdout
+        assert re.search(r"^CUDA backend: (absent|not built yet)", r.stdout, re.M), r.stdout
     assert re.search(r"^NCCL shim \(LD_PRELOAD\): ", r.stdout, re.M), r.stdout
     assert "(LOWRANK_NCCL_WHEEL_PATH: set by the package to sys.path)" in r.stdout
 
@@ -118,3 +118,30 @@ def test_a_built_checkout_is_not_called_a_source_copy(tmp_path):
                        timeout=120, cwd=checkout / "python")
     assert r.returncode == 1, r.stdout + r.stderr
     assert "source copy" not in r.stdout and str(checkout / "build" / "liblowrank.so") in r.stdout
+
+
+def test_a_configured_but_unbuilt_shim_is_not_called_absent(tmp_path, monkeypatch):
+    """After scripts/demo.sh (the library and the perf binary built, the shim configured only), the
+    shim's line says it is not built yet and how to build it, not that the build left it out; with
+    the shim built, its path."""
+    from lowrank import _paths, _report as report
+    build = tmp_path / "build"
+    build.mkdir()
+    (build / "build.ninja").write_text(f"rule x\nbuild {report.SHIM_TARGET}: cpp_LINKER a.o\n")
+    monkeypatch.setattr(_paths, "_CHECKOUT", str(tmp_path))
+    monkeypatch.setattr(_paths, "package_file", lambda *parts: None)
+    out = []
+    report._shim(out)
+    assert out[0].startswith("NCCL shim (LD_PRELOAD): not built yet"), out
+    assert f"ninja -C {build} {report.SHIM_TARGET}" in out[0] and "nccl.h" not in out[0], out
+    shim = build / report.SHIM_TARGET
+    shim.parent.mkdir(parents=True)
+    shim.write_text("")
+    out = []
+    report._shim(out)
+    assert out == [f"NCCL shim (LD_PRELOAD): {shim}"], out
+    (build / "build.ninja").write_text("rule x\n")  # not configured: absent, as before
+    shim.unlink()
+    out = []
+    report._shim(out)
+    assert out[0].startswith("NCCL shim (LD_PRELOAD): absent (") and "not built yet" not in out[0], out
