@@ -9,7 +9,7 @@ class Section(dict):
     section ("studies/tta/plan.toml: [rules] has no key 'se_multiple'"), so a typo is found at once.
     .get, `in` and iteration are a dict's."""
 
-    def __init__(self, data, path, name):
+    def __init__(self, data=(), path="plan.toml", name=""):
         super().__init__(data)
         self.path, self.name = path, name
 
