@@ -10,16 +10,9 @@ import argparse
 import json
 import os
 
-import sys
+from studies.lib.figures import pyplot
 
-try:
-    import matplotlib
-except ImportError:  # a plot script has nothing to do without it: say so, not a traceback
-    sys.exit(f"studies/benchmarks/plot.py needs matplotlib: apt-get install python3-matplotlib, or pip install matplotlib "
-             f"in this Python ({sys.executable})")
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+plt = pyplot("studies/benchmarks/plot.py")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))

@@ -120,6 +120,18 @@ class Servers:
             rcs.append(json.loads(line)["rc"])
         return rcs
 
+    def train(self, setting, argv, out, port):
+        """One training run on the hosts (argv: the driver's, writing the JSON `out`, its log beside
+        it): (the run's JSON, "") when every worker exited 0 and `out` exists, else (None, a note
+        naming the exit statuses and the log), with any partial `out` removed so a resume redoes it."""
+        rcs = self.run(setting, argv, out[:-5] + ".log", port)
+        if all(rc == 0 for rc in rcs) and os.path.exists(out):
+            with open(out) as f:
+                return json.load(f), ""
+        if os.path.exists(out):
+            os.remove(out)
+        return None, f"FAILED (exit statuses {rcs}; see {out[:-5]}.log)"
+
     def close(self):
         for procs in self.sets.values():
             for p in procs:

@@ -11,16 +11,9 @@ import argparse
 import csv
 import os
 
-import sys
+from studies.lib.figures import pyplot
 
-try:
-    import matplotlib
-except ImportError:  # a plot script has nothing to do without it: say so, not a traceback
-    sys.exit(f"studies/soak/plot.py needs matplotlib: apt-get install python3-matplotlib, or pip install matplotlib "
-             f"in this Python ({sys.executable})")
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+plt = pyplot("studies/soak/plot.py")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))

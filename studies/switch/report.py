@@ -17,6 +17,7 @@ import sys
 
 from studies.lib import plan as planfile
 from studies.lib import provenance
+from studies.lib.runs import read_json
 from studies.lib.provenance import revision
 from studies.switch import analysis as sa
 
@@ -50,11 +51,9 @@ def report(files, allow_dirty=False):
     lines = [f"Report at revision {revision()}; {len(files)} input files:"]
     groups, left_out, revs = {}, [], set()
     for f in files:
-        try:
-            with open(f) as fh:
-                d = json.load(fh)
-        except (OSError, ValueError) as e:
-            left_out.append((f, f"unreadable ({e})"))
+        d, why = read_json(f)
+        if why:
+            left_out.append((f, why))
             continue
         if not isinstance(d, dict) or d.get("kind") != "switch":
             left_out.append((f, "not a switching run"))

@@ -30,7 +30,6 @@ Writes studies/time/results/<setting>/<model>_<reducer>[_r<k>]_rep<i>.json (and 
 output). Needs root (namespaces, tc, nice -20) unless the only setting is loopback.
 """
 import argparse
-import json
 import os
 import sys
 import time
@@ -115,17 +114,12 @@ def main():
                     "--out", out]
             t0 = time.monotonic()
             port = 20000 + (os.getpid() % 600) * 20 + todo.index((rep, setting, reducer, k)) % 20
-            rcs = servers.run(setting, argv, out[:-5] + ".log", port)
-            ok = all(rc == 0 for rc in rcs) and os.path.exists(out)
-            if ok:
-                d = json.load(open(out))
+            d, note = servers.train(setting, argv, out, port)
+            if d:
                 ms = [e["batch_ms_mean"] for e in d["epochs"][1:]]
                 note = f"{sum(ms) / max(1, len(ms)):.1f} ms/batch after epoch 1"
             else:
                 failed += 1
-                note = f"FAILED (exit statuses {rcs}; see {out[:-5]}.log)"
-                if os.path.exists(out):
-                    os.remove(out)
             print(f"{time.strftime('%H:%M:%S')} rep {rep} {setting} {reducer}"
                   + (f" k={k}" if k else "") + f": {time.monotonic() - t0:.0f} s, {note}", flush=True)
     finally:

@@ -36,6 +36,7 @@ import sys
 
 from studies.lib import plan as planfile
 from studies.lib import provenance, runlabel
+from studies.lib.runs import read_json
 from studies.lib import stats
 from studies.lib.provenance import revision
 
@@ -59,11 +60,9 @@ def load(folder, allow_dirty=False):
     runs, left = {}, []
     for path in sorted(glob.glob(os.path.join(folder, "*.json"))):
         name = os.path.basename(path)
-        try:
-            with open(path) as f:
-                d = json.load(f)
-        except (OSError, ValueError) as e:
-            left.append((name, f"unreadable ({e})"))
+        d, why = read_json(path)
+        if why:
+            left.append((name, why))
             continue
         if not isinstance(d, dict) or ("epochs" not in d and "config" not in d):
             continue  # the summary, not a run

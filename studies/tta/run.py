@@ -21,7 +21,6 @@ Writes studies/tta/results/<rate>/cnn_<reducer>[_r<k>]_s<seed>.json (and .log, r
 output). Needs root (namespaces, tc, nice -20). The plan: plan.toml beside this file.
 """
 import argparse
-import json
 import os
 import re
 import sys
@@ -111,16 +110,11 @@ def main():
                     str(seed), "--timeout", str(args.timeout), "--out", out]
             ts = time.monotonic()
             port = 23000 + (os.getpid() % 200) * 40 + n % 40
-            rcs = servers.run(args.rate, argv, out[:-5] + ".log", port)
-            ok = all(rc == 0 for rc in rcs) and os.path.exists(out)
-            if ok:
-                e = json.load(open(out))["epochs"][-1]
-                note = f"test accuracy {e['test_accuracy']:.4f}"
+            d, note = servers.train(args.rate, argv, out, port)
+            if d:
+                note = f"test accuracy {d['epochs'][-1]['test_accuracy']:.4f}"
             else:
                 failed += 1
-                note = f"FAILED (exit statuses {rcs}; see {out[:-5]}.log)"
-                if os.path.exists(out):
-                    os.remove(out)
             print(f"{time.strftime('%H:%M:%S')} seed {seed} {reducer}" + (f" k={k}" if k else "")
                   + f": {time.monotonic() - ts:.0f} s, {note}", flush=True)
     finally:
