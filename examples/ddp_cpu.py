@@ -10,10 +10,7 @@ Prints per epoch the training loss, the test accuracy and lowrank's counters.
 """
 import argparse
 import datetime
-import importlib.util
 import os
-import subprocess
-import sys
 import time
 
 import torch
@@ -21,60 +18,23 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-try:
-    import lowrank
-except ImportError as e:
-    raise SystemExit(f"{e}: install it (pip install .), or run in the checkout with PYTHONPATH=python "
-                     "after scripts/build.sh")
+import launch  # beside this script: lowrank's import, the digits data, --spawn
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-# The digits data and CNN: the checkout's studies/train/digits.py, loaded from its file (a copy of
-# this script elsewhere: set DIGITS_PY to that file).
-_spec = importlib.util.spec_from_file_location(
-    "digits", os.environ.get("DIGITS_PY", os.path.join(HERE, "..", "studies", "train", "digits.py")))
-digits = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(digits)
+digits = launch.digits()
+import lowrank  # noqa: E402
 from lowrank.torch import PowerSGDState, powerSGD_hook  # noqa: E402
-
-
-def spawn(n, argv):
-    """Starts n copies of this script with torchrun's variables; returns the worst exit code."""
-    port = os.environ.get("MASTER_PORT", "29500")  # torchrun's default; lowrank's root takes port + 1
-    procs = [subprocess.Popen([sys.executable, __file__] + argv,
-                              env=dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(n),
-                                       MASTER_ADDR="127.0.0.1", MASTER_PORT=port))
-             for r in range(n)]
-    return max(abs(p.wait()) for p in procs)
-
-
-def check_launched(ap):
-    """Exits with a hint where no launcher set torch.distributed's env:// variables (torch's own
-    error would be a bare "environment variable RANK expected")."""
-    missing = [v for v in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if v not in os.environ]
-    if missing:
-        ap.error(f"{', '.join(missing)} not set: no launcher started this process. Run it with "
-                 f"--spawn N (N processes on this host), under torchrun (torchrun --nproc_per_node "
-                 f"N {sys.argv[0]}), or with RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set in "
-                 "each process")
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--spawn", type=int, metavar="N", help="start N worker processes on this host")
+    launch.add_spawn_arg(ap)
     ap.add_argument("--epochs", type=int, default=8)
     ap.add_argument("--rank", type=int, default=4, help="approximation rank k (0: no compression)")
     ap.add_argument("--start-iter", type=int, default=10, help="exact steps before compression")
     ap.add_argument("--batch", type=int, default=32, help="images per worker per step")
     ap.add_argument("--lr", type=float, default=0.05)
     args = ap.parse_args()
-    if args.spawn is not None and args.spawn < 1:
-        ap.error(f"--spawn N: N >= 1, got {args.spawn}")
-    if args.spawn:
-        argv = sys.argv[1:]
-        i = next(i for i, a in enumerate(argv) if a.startswith("--spawn"))
-        del argv[i:i + (1 if "=" in argv[i] else 2)]
-        sys.exit(spawn(args.spawn, argv))
-    check_launched(ap)
+    launch.spawn_or_check(ap, args, __file__)
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
