@@ -80,11 +80,13 @@ def _not_built_yet(relative, folders=None):
 def _cuda(out, lib):
     from . import _paths
     path = _paths.cuda_backend_for(lib.lowrank_path)
+    missing = not path or not os.path.exists(path)
+    # only where it is missing: why (a build folder's build.ninja is read)
     folder = [os.path.dirname(os.path.realpath(lib.lowrank_path))] if os.sep in lib.lowrank_path else []
-    unbuilt = _not_built_yet(os.path.join("plugin", "engine", "cuda", "liblowrank_cuda.so"), folder)
-    if (not path or not os.path.exists(path)) and unbuilt:
+    unbuilt = missing and _not_built_yet(os.path.join("plugin", "engine", "cuda", "liblowrank_cuda.so"), folder)
+    if unbuilt:
         out.append(f"CUDA backend: {unbuilt}; device buffers are refused")
-    elif not path or not os.path.exists(path):
+    elif missing:
         out.append(f"CUDA backend: absent (none beside {lib.lowrank_path}, nor in its build folder: "
                    "built where nvcc was not found or with -Dcuda=disabled, not built yet (scripts/"
                    "demo.sh builds the perf binary only), or a library copied alone; "
@@ -154,10 +156,11 @@ def _shim(out):
     shim = _paths.shim_path()
     dropin = _paths.package_file("lib", "nccl", "libnccl.so.2")
     # without a build at all, the shim's absence is not the build options' doing
+    unbuilt = not shim and _not_built_yet(SHIM_TARGET)
     if shim:
         out.append(f"NCCL shim (LD_PRELOAD): {shim}")
-    elif _not_built_yet(SHIM_TARGET):
-        out.append(f"NCCL shim (LD_PRELOAD): {_not_built_yet(SHIM_TARGET)}")
+    elif unbuilt:
+        out.append(f"NCCL shim (LD_PRELOAD): {unbuilt}")
     else:
         why = "none built: see \"lowrank: failed\" above" if _paths.unbuilt_source_copy() else \
             "built where nccl.h was not found, or with -Dnccl_shim=disabled"
