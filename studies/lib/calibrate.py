@@ -10,6 +10,10 @@ header, IP and TCP headers included, as studies/lib/wire/wire.cc counts them):
   message    a 252 KB TCP message (host 0 to 1, on a connection warmed by 2 messages, each measured
              one after 40 ms idle; the median of 3), from the sender's first byte to the receiver's
              last, within 5% of wire bytes / rate + delay;
+  (both stamped by the kernel, as ping(8) stamps a reply: the first byte when its segment reaches
+  the sending host's device, SO_TIMESTAMPING, the last when the receiving host's stack takes it
+  in, SO_TIMESTAMPNS; the programs' own wake-ups, 20-60 us each on these VMs, and the sender's
+  copying of the message are the hosts', not the link's. Program times where a kernel gives none.)
   fan_out    host 0 sending 252 KB to each of hosts 1-3 at once after 40 ms idle: the last byte no
              earlier than 3 x wire bytes / rate + delay in each of 3 rounds (a sender that bursts
              would beat it; needs 4 hosts);
@@ -117,12 +121,13 @@ def _send_rounds(peers, to, nbytes, rounds):
     for i in to:
         peers.server(i, "tcp-sink", port)
     r = peers.client(0, "tcp-send", port, nbytes, 2, rounds, IDLE_S, *map(addr, to))
-    return r["mss"], [max(x["t_last"]) - x["t0"] for x in r["rounds"]]
+    # from the sender's first byte: the first of its threads to start sending
+    return r["mss"], [max(x["t_last"]) - min(x["t_start"]) for x in r["rounds"]]
 
 
 def message(peers, rate, delay_s, nbytes=MESSAGE_BYTES, rounds=3):
     mss, times = _send_rounds(peers, [1], nbytes, rounds)
-    wb = wire_bytes(nbytes + 8, mss)  # + the 8-byte length calib_peer sends first
+    wb = wire_bytes(nbytes, mss) + wire_bytes(8, mss)  # + the 8-byte length, its own segment
     want = wb * 8 / rate + delay_s
     med = statistics.median(times)
     return _check(abs(med - want) <= 0.05 * want, median_s=med, want_s=want, tolerance_s=0.05 * want,
@@ -131,7 +136,7 @@ def message(peers, rate, delay_s, nbytes=MESSAGE_BYTES, rounds=3):
 
 def fan_out(peers, rate, delay_s, nbytes=MESSAGE_BYTES, rounds=3):
     mss, times = _send_rounds(peers, [1, 2, 3], nbytes, rounds)
-    wb = wire_bytes(nbytes + 8, mss)
+    wb = wire_bytes(nbytes, mss) + wire_bytes(8, mss)  # + the 8-byte length, its own segment
     bound = 3 * wb * 8 / rate + delay_s
     return _check(min(times) >= bound, min_s=min(times), at_least_s=bound,
                   ratio=min(times) / bound, times_s=times, wire_bytes_each=wb, idle_s=IDLE_S)

@@ -104,6 +104,7 @@ hosts_up() {
     ip -n ${HOSTS_TAG}h$i addr add 10.77.0.$((i + 1))/24 dev eth0 || return 1
     ip -n ${HOSTS_TAG}h$i link set eth0 up || return 1
   done
+  [ $kind = wire ] && { _hosts_wire_napi || return 1; }
   _hosts_apply
 }
 
@@ -205,6 +206,26 @@ _hosts_wire_start() {
   done
   echo "netns_hosts: the wire did not start: $(cat "$HOSTS_STATE/wire.log")" >&2
   return 1
+}
+
+# The wire's TAPs take frames in through NAPI (wire.cc: IFF_NAPI); each host's poll runs in a
+# thread of its own (threaded NAPI), at real-time priority ${HOSTS_NAPI_RT:-30} (below the wire's
+# 50, above calibrate.py's programs): a NIC's receive work runs beside the programs on the host
+# and before them, as softirq does. Without it the wire's one thread ran every receiving host's
+# TCP/IP stack and released late at 1 Gbit/s (issue 40).
+_hosts_wire_napi() {
+  local i pid before after
+  before=$(pgrep -d' ' '^napi/' 2>/dev/null)
+  for i in $(seq 0 $((HOSTS_N - 1))); do
+    ip netns exec ${HOSTS_TAG}h$i sh -c 'echo 1 >/sys/class/net/eth0/threaded' 2>/dev/null ||
+      { echo "netns_hosts: this kernel has no threaded NAPI (/sys/class/net/eth0/threaded)" >&2; return 1; }
+  done
+  [ "${HOSTS_NAPI_RT:-30}" -gt 0 ] || return 0
+  after=$(pgrep '^napi/eth0' 2>/dev/null)
+  for pid in $after; do
+    case " $before " in *" $pid "*) continue ;; esac
+    chrt -f -p ${HOSTS_NAPI_RT:-30} $pid >/dev/null 2>&1 || true  # unprivileged: timing suffers only
+  done
 }
 
 # _hosts_wire_ctl WORDS: one control line to the wire ("gen G WORDS"), waits until it is taken

@@ -29,12 +29,15 @@
 //
 // usage:
 //   wire --netns PATH [--netns PATH ...] --status FILE [--ctl FIFO] [--rate BPS] [--delay-ns NS]
-//        [--rt-priority P] [--txqueuelen N]
+//        [--rt-priority P] [--txqueuelen N] [--no-napi] [--trace FILE]
 //     makes eth0 (TAP) in each namespace (port i = i-th --netns), writes FILE ("gen 0 ...") when
 //     ready, then switches until SIGTERM/SIGINT (the TAPs go with the process). A line
 //     "gen G [rate BPS] [delay_ns NS]" written to FIFO sets the link and rewrites FILE with
 //     "gen G rate .. delay_ns .. fifo .. frames .. late_p50_ns .. late_p99_ns .. late_max_ns ..
 //     lead_ns .. dropped ..": the counters since the previous line (how late releases were).
+//     The TAPs are made with IFF_NAPI unless --no-napi (see open_tap_in). --trace FILE writes
+//     "A port arrival_ns sent_ns bytes" per frame taken in and "R port due_ns released_ns bytes"
+//     per frame released (CLOCK_MONOTONIC, as time.monotonic()): where a message's time went.
 //   wire --schedule --ports N [--rate BPS] [--delay-ns NS]
 //     the model alone, for tests: stdin lines "arrival_ns in_port out_port bytes" (out_port -1:
 //     every other port), one stdout line "out_port sent_ns released_ns" per copy.
@@ -179,6 +182,10 @@ class Switch {
   std::array<int64_t, 64> wakes_{};  // the last wake-ups' lateness, for lead
   size_t nwakes_ = 0;
   bool armed_lead_ = true;
+
+ public:
+  FILE* trace_ = nullptr;  // --trace: one line per frame taken in and per frame released
+ private:
   static constexpr size_t kCapBytes = size_t(256) << 20;  // a safety net, not a buffer model
 };
 
@@ -227,6 +234,9 @@ void Switch::on_tap(int p) {
     }
     if (to == p) continue;
     int64_t s = model_.sent(p, t, len);
+    if (trace_)
+      std::fprintf(trace_, "A %d %lld %lld %zu\n", p, static_cast<long long>(t),
+                   static_cast<long long>(s), len);
     for (int q = 0; q < static_cast<int>(taps_.size()); ++q) {
       if (q == p || (to != -1 && q != to)) continue;
       if (queued_bytes_ + len > kCapBytes) {
@@ -267,6 +277,9 @@ void Switch::release_due(int64_t now) {
     while (!dq.empty() && dq.front().due <= now) {
       Frame& f = dq.front();
       late_.add(now_ns() - f.due);  // before the write: the host receives the frame inside it
+      if (trace_)
+        std::fprintf(trace_, "R %zu %lld %lld %zu\n", q, static_cast<long long>(f.due),
+                     static_cast<long long>(now_ns()), f.bytes.size());
       ssize_t w = write(taps_[q], f.bytes.data(), f.bytes.size());
       (void)w;  // a TAP takes every frame (its host's stack may still drop one: not ours to see)
       ++frames_;
@@ -354,6 +367,7 @@ int Switch::run() {
           armed = kNever;
         }
       } else if (id == static_cast<uint32_t>(n + 1)) {
+        if (trace_) std::fflush(trace_);
         write_status();
         return 0;
       } else {
@@ -367,7 +381,7 @@ int Switch::run() {
   }
 }
 
-int open_tap_in(const std::string& netns, int txqueuelen) {
+int open_tap_in(const std::string& netns, int txqueuelen, bool napi) {
   int self = open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC);
   int ns = open(netns.c_str(), O_RDONLY | O_CLOEXEC);
   if (self < 0 || ns < 0) die("cannot open namespace " + netns);
@@ -375,7 +389,11 @@ int open_tap_in(const std::string& netns, int txqueuelen) {
   int fd = open("/dev/net/tun", O_RDWR | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) die("/dev/net/tun");
   ifreq ifr{};
-  ifr.ifr_flags = IFF_TAP | IFF_NO_PI;
+  // IFF_NAPI: a frame written to the TAP is taken in by the device's NAPI poll, which
+  // netns_hosts.sh runs in a thread of its own (threaded NAPI), as a NIC's interrupt work runs
+  // beside the program that fed it; without it this thread would run the receiving host's
+  // TCP/IP stack inside each write and release late at 1 Gbit/s (issue 40)
+  ifr.ifr_flags = static_cast<short>(IFF_TAP | IFF_NO_PI | (napi ? IFF_NAPI : 0));
   std::strncpy(ifr.ifr_name, "eth0", IFNAMSIZ - 1);
   if (ioctl(fd, TUNSETIFF, &ifr) != 0) die("TUNSETIFF eth0 in " + netns);
   // the TAP's queue toward us: a host's whole window may arrive at once (a TAP never pushes back)
@@ -397,7 +415,8 @@ int main(int argc, char** argv) {
   double rate = 0;
   long long delay = 0;
   int ports = 0, prio = 50, txq = 20000;
-  bool schedule = false;
+  bool schedule = false, napi = true;
+  std::string trace;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto val = [&]() -> std::string {
@@ -416,6 +435,8 @@ int main(int argc, char** argv) {
     else if (a == "--txqueuelen") txq = std::atoi(val().c_str());
     else if (a == "--ports") ports = std::atoi(val().c_str());
     else if (a == "--schedule") schedule = true;
+    else if (a == "--no-napi") napi = false;
+    else if (a == "--trace") trace = val();
     else {
       std::fprintf(stderr, "wire: unknown argument %s (see the comment atop wire.cc)\n", a.c_str());
       return 2;
@@ -437,7 +458,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   std::vector<int> taps;
-  for (auto& ns : netns) taps.push_back(open_tap_in(ns, txq));
+  for (auto& ns : netns) taps.push_back(open_tap_in(ns, txq, napi));
   int ctl = -1;
   if (!ctl_path.empty() && (ctl = open(ctl_path.c_str(), O_RDWR | O_NONBLOCK | O_CLOEXEC)) < 0)
     die("cannot open " + ctl_path);
@@ -450,5 +471,7 @@ int main(int argc, char** argv) {
     mlockall(MCL_CURRENT | MCL_FUTURE);
   }
   errno = 0;
-  return Switch(std::move(taps), rate, delay, status, ctl, fifo).run();
+  Switch sw(std::move(taps), rate, delay, status, ctl, fifo);
+  if (!trace.empty() && !(sw.trace_ = std::fopen(trace.c_str(), "w"))) die("cannot write " + trace);
+  return sw.run();
 }
