@@ -518,6 +518,26 @@ typedef struct {
 /* Fills *stats. Errors: lowrankInvalidArgument (null). */
 lowrankResult_t lowrankGetStats(lowrankComm_t comm, lowrankStats_t* stats);
 
+/* What the communicator's transport measured and chose, as one JSON object in UTF-8 (for logs and
+ * results' records; its keys may grow, none is removed). The host transport (UCX) gives
+ *   {"transport": "ucx", "choice": "measured" | "given" | "forced" | "tuned",
+ *    "alpha_us": A, "overhead_us": O, "beta_ns_per_byte": B,   the cost model's constants in use
+ *    "probe": {"partner", "small_rtt_us", "burst_us", "large1_us", "large2_us", "seconds"},
+ *                                       this comm rank's link measurement, when one was made
+ *    "algorithms": {"<c>": "ring" | "halving_doubling" | "recursive_doubling" | "direct", ...}}
+ *                                       per size class c = floor(log2(bytes)) of the allreduces
+ *                                       run so far, the last algorithm used (tuning trials aside)
+ * ("measured": the links were measured when the communicator was made, docs/environment.md's
+ * LOWRANK_UCX_PROBE; "given": constants from the environment or the defaults). Over NCCL:
+ * {"transport": "nccl"}.
+ * Writes at most `size` bytes into `json`, NUL included (snprintf's rule: truncated, still
+ * terminated, when size is too small); *needed (if not NULL) = the bytes the whole object needs,
+ * NUL included. json may be NULL when size is 0 (to ask for the size).
+ * Errors: lowrankInvalidArgument (comm NULL, or json NULL with size > 0).
+ * Thread safety: any thread, beside calls on the same communicator. */
+lowrankResult_t lowrankCommGetTransportInfo(lowrankComm_t comm, char* json, size_t size,
+                                            size_t* needed);
+
 #ifdef __cplusplus
 }
 #endif

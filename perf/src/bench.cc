@@ -270,6 +270,21 @@ int Bench::run() {
     }
   }
 
+  if (root) {  // what the transport measured and chose (lowrankCommGetTransportInfo), per comm
+    for (auto [name, comm] : {std::pair<const char*, lowrankComm_t>{"exact", commExact_},
+                              {"powersgd", commK_}}) {
+      if (!comm) continue;
+      size_t needed = 0;
+      h_.check(lowrankCommGetTransportInfo(comm, nullptr, 0, &needed), comm,
+               "lowrankCommGetTransportInfo");
+      std::string info(needed, '\0');
+      h_.check(lowrankCommGetTransportInfo(comm, info.data(), info.size(), nullptr), comm,
+               "lowrankCommGetTransportInfo");
+      info.pop_back();
+      report_->note(std::string("transport (") + name + " comm, comm rank 0): " + info);
+    }
+  }
+
   int status = 0;
   if (root) {
     const uint64_t oob = report_->footer();
@@ -284,6 +299,9 @@ int Bench::run() {
 }
 
 void Bench::makeComms() {
+  // Comm ranks as threads of one process share its links: nothing to measure, and their results
+  // must not depend on timing (issue 40). The user's own setting wins.
+  if (std::string(h_.kind()) == "threads") setenv("LOWRANK_UCX_PROBE", "0", 0);
   lowrankConfig_t cfg = LOWRANK_CONFIG_INITIALIZER;
   cfg.approxRank = 0;  // every call exact: the reference (Float64), modes exact and fp16
   h_.check(h_.commInit(&cfg, &commExact_), nullptr, "lowrankCommInitRankConfig (exact)");

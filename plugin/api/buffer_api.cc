@@ -169,6 +169,19 @@ LOWRANK_API lowrankResult_t lowrankBufferRestoreState(lowrankComm_t comm, const 
   });
 }
 
+LOWRANK_API lowrankResult_t lowrankCommGetTransportInfo(lowrankComm_t comm, char* json, size_t size,
+                                                        size_t* needed) {
+  if (!comm || (!json && size > 0))
+    return fail(comm, lowrankInvalidArgument, "lowrankCommGetTransportInfo: %s is NULL",
+                comm ? "json" : "comm");
+  return lowrank::api::guarded(comm, [&]() -> lowrankResult_t {
+    const std::string s = comm->engine->transportInfo();  // no call lock: the transport locks
+    if (needed) *needed = s.size() + 1;
+    if (size > 0) snprintf(json, size, "%s", s.c_str());
+    return lowrankSuccess;
+  });
+}
+
 LOWRANK_API lowrankResult_t lowrankGetStats(lowrankComm_t comm, lowrankStats_t* stats) {
   if (!comm || !stats)
     return fail(comm, lowrankInvalidArgument, "lowrankGetStats: %s is NULL", comm ? "stats" : "comm");

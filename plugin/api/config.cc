@@ -39,10 +39,16 @@ Status resolveConfig(const lowrankConfig_t* user, EngineConfig* out) {
   c.pipelineChunk = uint64_t(chunk);
   // The host transport's cost model (microseconds per step, nanoseconds per byte) and a forced
   // algorithm: the choice must be the same on every comm rank, so must these.
-  double alphaUs = c.ucxCost.alphaSec * 1e6, betaNs = c.ucxCost.betaSecPerByte * 1e9;
+  // Each one set pins it; the others are measured when the communicator is made
+  // (LOWRANK_UCX_PROBE, on by default: transport/ucx/link_probe.h).
+  double alphaUs = -1, betaNs = -1, overheadUs = -1;
   LR_RETURN_IF_ERROR(env::number("LOWRANK_UCX_ALPHA_US", 0, true, &alphaUs));
   LR_RETURN_IF_ERROR(env::number("LOWRANK_UCX_BETA_NS", 0, true, &betaNs));
-  c.ucxCost = {alphaUs * 1e-6, betaNs * 1e-9};
+  LR_RETURN_IF_ERROR(env::number("LOWRANK_UCX_OVERHEAD_US", 0, false, &overheadUs));
+  if ((c.ucxAlphaPinned = alphaUs >= 0)) c.ucxCost.alphaSec = alphaUs * 1e-6;
+  if ((c.ucxBetaPinned = betaNs >= 0)) c.ucxCost.betaSecPerByte = betaNs * 1e-9;
+  if ((c.ucxOverheadPinned = overheadUs >= 0)) c.ucxCost.overheadSec = overheadUs * 1e-6;
+  LR_RETURN_IF_ERROR(env::boolean("LOWRANK_UCX_PROBE", &c.ucxProbe));
   // auto (the cost model), each algorithm by name, or tune (timed on the first calls, agreed by
   // every comm rank: transport/ucx/tuner.h).
   const char* algos[2 + ucx::kNumAlgorithms] = {"auto"};

@@ -30,6 +30,10 @@ Status Engine::overUcx(const EngineConfig& cfg, const lowrankUniqueId& id, int r
   opt.cost = cfg.ucxCost;
   opt.algorithm = cfg.ucxAlgorithm;
   opt.tune = cfg.ucxTune;
+  opt.probe = cfg.ucxProbe;
+  opt.alphaPinned = cfg.ucxAlphaPinned;
+  opt.betaPinned = cfg.ucxBetaPinned;
+  opt.overheadPinned = cfg.ucxOverheadPinned;
   LR_RETURN_IF_ERROR(createUcxTransport(id, rank, nranks, cfg.timeoutSec, opt, &ucx));
   out->reset(new Engine(cfg, std::make_unique<AsyncTransport>(std::move(ucx)), rank, nranks));
   return Status::Ok();

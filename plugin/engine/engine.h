@@ -66,6 +66,8 @@ class Engine {
   Status saveState(const void* buf, void* out, size_t* size);
   Status restoreState(const void* buf, const void* bytes, size_t size);
   void stats(lowrankStats_t* stats);
+  // lowrankCommGetTransportInfo's JSON object (Transport::info). Any thread.
+  std::string transportInfo() const { return transport_->info(); }
   // The buffer's record, for tests (null: none).
   const Buffer* find(const void* buf) const { return buffers_.find(buf); }
 

@@ -19,8 +19,10 @@ struct EngineConfig {
   double timeoutSec = 300;         // bound on every wait for a peer
   bool pipeline = true;            // overlap factor allreduces with compute, chunk by chunk
   uint64_t pipelineChunk = 1u << 23;  // elements of M per chunk (LOWRANK_PIPELINE_CHUNK)
-  ucx::CostParams ucxCost;          // the host transport's alpha and beta (LOWRANK_UCX_ALPHA_US,
-                                   // LOWRANK_UCX_BETA_NS)
+  ucx::CostParams ucxCost;          // the host transport's alpha, beta and o (LOWRANK_UCX_ALPHA_US,
+                                   // LOWRANK_UCX_BETA_NS, LOWRANK_UCX_OVERHEAD_US)
+  bool ucxAlphaPinned = false, ucxBetaPinned = false, ucxOverheadPinned = false;  // set there
+  bool ucxProbe = true;            // LOWRANK_UCX_PROBE: measure the links when the comm is made
   std::optional<ucx::Algorithm> ucxAlgorithm;  // set: the host transport always runs it (LOWRANK_UCX_ALGO)
   bool ucxTune = false;            // LOWRANK_UCX_ALGO=tune: timed on the first calls, agreed by all ranks
   int testFailAllocRank = -1;      // test only: this comm rank fails its plan allocations

@@ -29,6 +29,7 @@ class AsyncTransport final : public Transport {
   int size() const override { return inner_->size(); }
   const char* name() const override { return inner_->name(); }
   const TransportCounters& counters() const override { return inner_->counters(); }
+  std::string info() const override { return inner_->info(); }
 
   // allreduce() (Transport's entry) is inline: it waits until no posted job is pending, then runs
   // on the caller's thread. After a posted job failed, every later call fails: the transport is

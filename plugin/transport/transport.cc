@@ -15,6 +15,8 @@ Transport::Transport() : record_(std::make_shared<Record>()) {}
 Transport::Transport(Transport& inner) : record_(inner.record_) {}
 Transport::~Transport() = default;
 
+std::string Transport::info() const { return std::string("{\"transport\": \"") + name() + "\"}"; }
+
 std::string Transport::failure() const {
   return broken() ? record_->why : std::string();
 }

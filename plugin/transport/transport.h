@@ -67,6 +67,10 @@ class Transport {
 
   virtual const TransportCounters& counters() const { return counters_; }
 
+  // What this transport chose and measured, as one JSON object (lowrankCommGetTransportInfo):
+  // at least {"transport": name()}. Any thread.
+  virtual std::string info() const;
+
  protected:
   Transport();
   // For a transport in front of `inner` (AsyncTransport): both share inner's failure record, so

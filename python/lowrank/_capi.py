@@ -129,8 +129,11 @@ _PROTOTYPES = {
 # Present only where the library was built with NCCL's header (lowrank_nccl.h), or only in newer
 # libraries (lowrankGetNcclLibrary: 0.1.0 from this package's release on; lowrankBufferSetTensors:
 # tensor ids, after 0.1.0; lowrankBufferGetTensorRanks: per-tensor ranks, after that;
-# lowrankGetBuildInfo: the revision built from, after that).
+# lowrankGetBuildInfo: the revision built from, after that; lowrankCommGetTransportInfo: the
+# links measured, after that).
 _OPTIONAL = {
+    "lowrankCommGetTransportInfo": (_R, [_P, ctypes.c_char_p, ctypes.c_size_t,
+                                         ctypes.POINTER(ctypes.c_size_t)]),
     "lowrankGetBuildInfo": (_R, [ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(_I),
                                  ctypes.POINTER(ctypes.c_char_p)]),
     "lowrankBufferSetTensors": (_R, [_P, _P, _I, ctypes.POINTER(Tensor)]),

@@ -5,6 +5,7 @@ threads; abort() may be called from any thread while a call runs and makes that 
 Every C call runs with the GIL released (ctypes), so other Python threads go on meanwhile.
 """
 import ctypes
+import json
 import numbers
 import threading
 
@@ -330,6 +331,27 @@ class Communicator:
         st = _capi.Stats()
         self._call("lowrankGetStats", ctypes.byref(st))
         return _capi.struct_to_dict(st)
+
+    def transport_info(self):
+        """lowrankCommGetTransportInfo as a dict: what the transport measured and chose. For the
+        host transport: transport "ucx", choice ("measured": links measured when the comm was
+        made; "given", "forced", "tuned"), alpha_us, overhead_us, beta_ns_per_byte (the cost
+        model's constants in use), probe (this comm rank's link timings, when measured) and
+        algorithms ({size class floor(log2(bytes)) as a string: algorithm last used}). Over NCCL:
+        {"transport": "nccl"}. Raises LowrankError lowrankInvalidUsage for a library older than
+        this function. Thread safety: any thread."""
+        fn = "lowrankCommGetTransportInfo"
+        if not hasattr(self._lib, fn):
+            raise LowrankError(5, f"{self._lib.lowrank_path} is older than this package: no {fn}",
+                               fn)
+        for _ in range(3):  # a call between the two may add a size class
+            needed = ctypes.c_size_t(0)
+            self._call(fn, None, 0, ctypes.byref(needed))
+            buf = ctypes.create_string_buffer(needed.value + 64)
+            self._call(fn, buf, len(buf), ctypes.byref(needed))
+            if needed.value <= len(buf):
+                return json.loads(buf.value.decode())
+        raise LowrankError(5, "the transport's record kept growing while it was read", fn)
 
     def config(self):
         """The configuration in force (every field resolved), as a dict of CONFIG_FIELDS keys."""

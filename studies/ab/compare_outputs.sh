@@ -40,6 +40,7 @@ done
 
 # LOWRANK_* left in the caller's shell would change what runs (as in scripts/test.sh).
 for v in $(env | grep -oE '^LOWRANK_[A-Z0-9_]+=' | tr -d =); do unset "$v"; done
+export LOWRANK_UCX_PROBE=0  # the host algorithm from the given constants, never from timing
 # Few calls per row: out-of-place and in-place loops (-w 1 -n 2), then 3 calls from a fresh state.
 common=(-k 4 -n 2 -w 1 --rounds 3 --phases 0 --triad-mib 0 --digest)
 grads=(--gradients "$root/perf/data/digits_cnn" --step step0040)  # real, per-tensor (18 tensors)

@@ -104,7 +104,7 @@ hosts_up() {
     ip -n ${HOSTS_TAG}h$i addr add 10.77.0.$((i + 1))/24 dev eth0 || return 1
     ip -n ${HOSTS_TAG}h$i link set eth0 up || return 1
   done
-  [ $kind = wire ] && { _hosts_wire_napi || return 1; }
+  if [ $kind = wire ] && [ "${HOSTS_WIRE_NAPI:-1}" != 0 ]; then _hosts_wire_napi || return 1; fi
   _hosts_apply
 }
 
@@ -195,6 +195,7 @@ _hosts_wire_start() {
   echo 0 >"$HOSTS_STATE/gen"
   # its own session: outlives the shell that started it (hosts.py calls each function in a new
   # one) and a Ctrl-C of the driver; hosts_down ends it
+  [ "${HOSTS_WIRE_NAPI:-1}" = 0 ] && args+=(--no-napi)
   setsid "$bin" "${args[@]}" --status "$HOSTS_STATE/status" --ctl "$HOSTS_STATE/ctl" \
     </dev/null >>"$HOSTS_STATE/wire.log" 2>&1 &
   pid=$!

@@ -61,6 +61,30 @@ def test_numpy_compressed_and_exact():
         assert st["compressedCalls"] == 1 and st["calls"] == 3
 
 
+@pytest.mark.parametrize("probe", ["1", "0"])
+def test_transport_info_names_what_was_measured(monkeypatch, probe):
+    """transport_info(): the links measured when the comm was made (LOWRANK_UCX_PROBE=1), the same
+    constants on every comm rank, and the algorithm of each size class used."""
+    monkeypatch.setenv("LOWRANK_UCX_PROBE", probe)
+
+    def body(c):
+        c.allreduce(np.ones(1000, np.float32), op="sum")
+        return c.transport_info()
+    infos = on_ranks(2, body)
+    for info in infos:
+        assert info["transport"] == "ucx"
+        assert info["choice"] == ("measured" if probe == "1" else "given")
+        assert ("probe" in info) == (probe == "1")
+        assert info["algorithms"], info
+        assert set(info["algorithms"].values()) <= {"ring", "halving_doubling",
+                                                     "recursive_doubling", "direct"}
+        for key in ("alpha_us", "overhead_us", "beta_ns_per_byte"):
+            assert info[key] == infos[0][key]
+    if probe == "1":
+        assert infos[0]["probe"]["partner"] == 1 and infos[0]["probe"]["small_rtt_us"] > 0
+        assert infos[0]["alpha_us"] == pytest.approx(infos[0]["probe"]["small_rtt_us"] / 2)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 def test_torch_tensors_compressed(dtype):
     """torch tensors of the three compressed dtypes, out of place, batched mode."""

@@ -71,6 +71,15 @@ TEST(CostModel, Choice) {
   const CostParams slow{5e-6, 8e-9};
   EXPECT_EQ(choose(16, 2128, c, 64), Algorithm::Direct);
   EXPECT_EQ(choose(16, 2128, slow, 64), Algorithm::HalvingDoubling);
+  // LogP's o: direct handles 2(n-2) messages more than one send and one receive per step, so a
+  // per-message overhead moves a small buffer from direct (1 step) to recursive doubling (3 steps).
+  EXPECT_EQ(extraMessages(Algorithm::Direct, 8), 12);
+  EXPECT_EQ(extraMessages(Algorithm::Ring, 8), 0);
+  const CostParams noOverhead{10e-6, 0.08e-9, 0}, overhead{10e-6, 0.08e-9, 5e-6};
+  EXPECT_EQ(choose(8, 64, noOverhead, 64), Algorithm::Direct);
+  EXPECT_EQ(choose(8, 64, overhead, 64), Algorithm::RecursiveDoubling);
+  EXPECT_DOUBLE_EQ(modelledSeconds(Algorithm::Direct, 8, 64, overhead),
+                   10e-6 + 12 * 5e-6 + 7 * 64 * 0.08e-9);
   // The choice is the minimum of the modelled times.
   for (int n : {2, 3, 7, 16, 100, 4096})
     for (double b : {4.0, 1e3, 1e5, 1e7}) {

@@ -13,6 +13,8 @@ int steps(Algorithm a, int n) {
   return 0;
 }
 
+int extraMessages(Algorithm a, int n) { return a == Algorithm::Direct ? 2 * (n - 2) : 0; }
+
 namespace {
 
 // Elements a core comm rank (folded rank v of p) sends in the halving reduce-scatter and the
@@ -70,7 +72,8 @@ double busiestBytes(Algorithm a, int n, double bytes) {
 }
 
 double modelledSeconds(Algorithm a, int n, double bytes, const CostParams& c) {
-  return steps(a, n) * c.alphaSec + busiestBytes(a, n, bytes) * c.betaSecPerByte;
+  return steps(a, n) * c.alphaSec + extraMessages(a, n) * c.overheadSec +
+         busiestBytes(a, n, bytes) * c.betaSecPerByte;
 }
 
 Algorithm choose(int n, double bytes, const CostParams& c, int directMaxRanks) {

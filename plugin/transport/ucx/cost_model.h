@@ -1,7 +1,9 @@
-// The cost model of the host transport's allreduce algorithms, the one place their steps and bytes
-// are stated: modelled time = steps * alpha + bytes sent by the busiest comm rank * beta (Hockney's
-// model, as MPICH and Open MPI's tuned collectives use). Pure functions, no UCX: the transport
-// chooses with them, the tests hold lowrankStats_t.bytesSent to them, and perf/ prints the tables.
+// The cost model of the host transport's allreduce algorithms, the one place their steps, messages
+// and bytes are stated: modelled time = steps * alpha + extra messages * o + bytes sent by the
+// busiest comm rank * beta (Hockney's model, as MPICH and Open MPI's tuned collectives use, with
+// LogP's per-message overhead o for the messages a step handles beyond one send and one receive).
+// Pure functions, no UCX: the transport chooses with them, the tests hold
+// lowrankStats_t.bytesSent to them, and perf/ prints the tables.
 //
 // Worlds that are not a power of two (N = p + r, p the largest power of two <= N) fold first: the
 // r even comm ranks below 2r send their buffer to the next odd rank, the p remaining ranks run
@@ -27,17 +29,24 @@ inline constexpr const char* kAlgorithmNames[kNumAlgorithms] = {"ring", "halving
 inline const char* algorithmName(Algorithm a) { return kAlgorithmNames[int(a)]; }
 
 struct CostParams {
-  // Provisional defaults, not measured on shaped links (docs/benchmarks.md, "Choosing the
-  // algorithm"): 5 us per step (a hop of a small message over UCX/TCP between hosts) and
-  // 100 Gbit/s (0.08 ns per byte). LOWRANK_UCX_ALPHA_US and LOWRANK_UCX_BETA_NS override them.
+  // What a communicator uses when its links are not measured (link_probe.h measures them when it
+  // is made, unless pinned): 5 us per step (a hop of a small message over UCX/TCP between hosts),
+  // 100 Gbit/s (0.08 ns per byte) and no per-message overhead. LOWRANK_UCX_ALPHA_US,
+  // LOWRANK_UCX_BETA_NS and LOWRANK_UCX_OVERHEAD_US pin them.
   double alphaSec = 5e-6;
   double betaSecPerByte = 0.08e-9;
+  double overheadSec = 0;  // LogP's o: the CPU time of one more message sent and received
 };
 
 // foldedWorld(n) and log2Floor(n), the fold's p and log2(p): blocks.h, shared with the algorithms.
 
 // Sequential message rounds of one allreduce over n comm ranks (n >= 2).
 int steps(Algorithm a, int n);
+
+// Messages a comm rank sends and receives in one allreduce beyond one of each per step: direct
+// handles n-1 of each in its one step, 2(n-2) more; the others one of each per step (their chunks,
+// in flight together, are charged through bytes), 0.
+int extraMessages(Algorithm a, int n);
 
 // Bytes comm rank `rank` of n sends in one allreduce of count elements of elemSize bytes, exactly
 // as the algorithm splits the buffer (the ring and the halving: balanced blocks of the count,

@@ -51,6 +51,8 @@ class Tuner {
   const std::vector<Algorithm>& candidates() const { return candidates_; }
   int trialsPerClass() const { return int(candidates_.size()) * repeats_; }
 
+  static constexpr int kClasses = 64;  // size classes: floor(log2(bytes)) in [0, 64)
+
  private:
   struct Class {
     int trials = 0;               // trials recorded so far
@@ -58,7 +60,6 @@ class Tuner {
     bool frozen = false;
     TuneResult result;
   };
-  static constexpr int kClasses = 64;
   std::vector<Algorithm> candidates_;
   int repeats_;
   std::array<Class, kClasses> classes_;

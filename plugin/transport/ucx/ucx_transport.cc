@@ -3,9 +3,11 @@
 // recursive_doubling.cc and halving_doubling.cc, their costs in cost_model.cc.
 #include "transport/ucx/ucx_transport.h"
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -30,6 +32,65 @@ class UcxTransport final : public Transport {
   int rank() const override { return comm_->rank(); }
   int size() const override { return comm_->size(); }
   const char* name() const override { return "ucx"; }
+
+  // The links measured and agreed (link_probe.h); the pinned constants kept. Collective.
+  Status probe() {
+    ucx::ProbeResult r;
+    LR_RETURN_IF_ERROR(ucx::probeLinks(*comm_, &seq_, opt_.probeOptions, opt_.probeAdjust, &r));
+    ucx::CostParams c = r.agreed;
+    if (opt_.alphaPinned || !(c.alphaSec > 0)) c.alphaSec = opt_.cost.alphaSec;
+    if (opt_.betaPinned || !(c.betaSecPerByte > 0)) c.betaSecPerByte = opt_.cost.betaSecPerByte;
+    if (opt_.overheadPinned) c.overheadSec = opt_.cost.overheadSec;
+    opt_.cost = c;
+    LR_INFO("ucx: comm rank %d/%d: links measured in %.0f ms (pairs of comm ranks; here, with %d: "
+            "alpha %.1f us, o %.2f us, beta %.4f ns/B); agreed, max over comm ranks: alpha %.1f us, "
+            "o %.2f us, beta %.4f ns/B (%.1f Mbit/s); used: alpha %.1f us%s, o %.2f us%s, beta %.4f "
+            "ns/B%s", comm_->rank(), comm_->size(), 1e3 * r.seconds, r.partner,
+            1e6 * r.local.alphaSec, 1e6 * r.local.overheadSec, 1e9 * r.local.betaSecPerByte,
+            1e6 * r.agreed.alphaSec, 1e6 * r.agreed.overheadSec, 1e9 * r.agreed.betaSecPerByte,
+            r.agreed.betaSecPerByte > 0 ? 8e-6 / r.agreed.betaSecPerByte : 0.0, 1e6 * c.alphaSec,
+            opt_.alphaPinned ? " (pinned)" : "", 1e6 * c.overheadSec,
+            opt_.overheadPinned ? " (pinned)" : "", 1e9 * c.betaSecPerByte,
+            opt_.betaPinned ? " (pinned)" : "");
+    {
+      std::lock_guard<std::mutex> lk(infoMutex_);
+      probed_ = r;
+    }
+    if (opt_.onProbed) opt_.onProbed(r);
+    return Status::Ok();
+  }
+
+  std::string info() const override {
+    std::lock_guard<std::mutex> lk(infoMutex_);
+    std::string s;
+    char b[256];
+    const char* source = opt_.algorithm ? "forced" : tuner_ ? "tuned" : probed_ ? "measured" : "given";
+    snprintf(b, sizeof b,
+             "{\"transport\": \"ucx\", \"choice\": \"%s\", \"alpha_us\": %.6g, \"overhead_us\": "
+             "%.6g, \"beta_ns_per_byte\": %.6g",
+             source, 1e6 * opt_.cost.alphaSec, 1e6 * opt_.cost.overheadSec,
+             1e9 * opt_.cost.betaSecPerByte);
+    s = b;
+    if (probed_) {
+      const ucx::ProbeResult& r = *probed_;
+      snprintf(b, sizeof b,
+               ", \"probe\": {\"partner\": %d, \"small_rtt_us\": %.6g, \"burst_us\": %.6g, "
+               "\"large1_us\": %.6g, \"large2_us\": %.6g, \"seconds\": %.6g}",
+               r.partner, 1e6 * r.timings.smallRtt, 1e6 * r.timings.burst, 1e6 * r.timings.large1,
+               1e6 * r.timings.large2, r.seconds);
+      s += b;
+    }
+    s += ", \"algorithms\": {";  // per size class seen: floor(log2(bytes)) -> algorithm
+    bool first = true;
+    for (int c = 0; c < int(used_.size()); ++c) {
+      if (used_[size_t(c)] < 0) continue;
+      snprintf(b, sizeof b, "%s\"%d\": \"%s\"", first ? "" : ", ", c,
+               ucx::algorithmName(ucx::Algorithm(used_[size_t(c)])));
+      s += b;
+      first = false;
+    }
+    return s + "}}";
+  }
 
  private:
   void onAbort() override { comm_->abort(); }  // a waiting exchange returns promptly
@@ -57,6 +118,10 @@ class UcxTransport final : public Transport {
              seq, count, dtypeName(dtype), opName(op), ucx::algorithmName(algo),
              opt_.algorithm ? " (LOWRANK_UCX_ALGO)" : trial ? " (tuning trial)" : "",
              1e6 * ucx::modelledSeconds(algo, n, bytes, opt_.cost));
+    if (!trial) {
+      std::lock_guard<std::mutex> lk(infoMutex_);
+      used_[size_t(ucx::Tuner::sizeClass(bytes))] = int(algo);
+    }
     const auto t0 = std::chrono::steady_clock::now();
     Status st = runAlgorithm(algo, seq, a);
     if (st.ok() && trial) {
@@ -108,6 +173,14 @@ class UcxTransport final : public Transport {
   uint32_t seq_ = 0;
   std::vector<std::byte> scratch_;
   std::optional<ucx::Tuner> tuner_;  // LOWRANK_UCX_ALGO=tune
+  mutable std::mutex infoMutex_;       // info() reads from any thread what run() writes
+  std::optional<ucx::ProbeResult> probed_;
+  std::array<int, ucx::Tuner::kClasses> used_ = filled(-1);  // per size class: the last algorithm
+  static std::array<int, ucx::Tuner::kClasses> filled(int v) {
+    std::array<int, ucx::Tuner::kClasses> a;
+    a.fill(v);
+    return a;
+  }
 };
 
 }  // namespace
@@ -121,9 +194,17 @@ Status createUcxTransport(const lowrankUniqueId& id, int rank, int nranks, doubl
     return Status::Error(lowrankInvalidArgument, "createUcxTransport: alpha and beta must be > 0");
   if (options.tuneRepeats < 1)
     return Status::Error(lowrankInvalidArgument, "createUcxTransport: tuneRepeats must be >= 1");
+  if (options.probe && (options.probeOptions.burst < 2 || options.probeOptions.repeats < 1 ||
+                        options.probeOptions.large2Bytes <= options.probeOptions.large1Bytes))
+    return Status::Error(lowrankInvalidArgument, "createUcxTransport: bad probe options");
   std::unique_ptr<ucx::UcxComm> comm;
   LR_RETURN_IF_ERROR(ucx::UcxComm::create(id, rank, nranks, timeoutSec, options.tls, &comm));
-  *out = std::make_unique<UcxTransport>(std::move(comm), options);
+  auto t = std::make_unique<UcxTransport>(std::move(comm), options);
+  // only where the model chooses, and only if something is left to measure
+  const bool all = options.alphaPinned && options.betaPinned && options.overheadPinned;
+  if (options.probe && !options.algorithm && !options.tune && nranks > 1 && !all)
+    LR_RETURN_IF_ERROR(t->probe());
+  *out = std::move(t);
   return Status::Ok();
 }
 

@@ -13,6 +13,7 @@
 
 #include "transport/transport.h"
 #include "transport/ucx/cost_model.h"
+#include "transport/ucx/link_probe.h"
 #include "transport/ucx/tuner.h"
 
 namespace lowrank {
@@ -24,7 +25,16 @@ Status createUcxTransport(const lowrankUniqueId& id, int rank, int nranks, doubl
 // Tuning of the UCX transport (the defaults are what createUcxTransport above uses). Every comm rank
 // must use the same values (they choose the algorithm and the message layout).
 struct UcxTransportOptions {
-  ucx::CostParams cost;                      // alpha, beta of the choice
+  ucx::CostParams cost;                      // alpha, beta, o of the choice (see probe)
+  // Measure the links when the transport is made (link_probe.h) and choose with what every comm
+  // rank agreed, except the constants pinned below (kept from `cost`). Only where the cost model
+  // chooses: not with `algorithm` nor `tune`. Off: `cost` as given, nothing measured (the choice
+  // then never depends on timing: bit-exact tests and thread-mode communicators).
+  bool probe = false;
+  bool alphaPinned = false, betaPinned = false, overheadPinned = false;
+  ucx::ProbeOptions probeOptions;
+  std::function<void(ucx::ProbeTimings*)> probeAdjust;  // tests: this rank's timings, changed
+  std::function<void(const ucx::ProbeResult&)> onProbed;  // tests: called once it is agreed
   std::optional<ucx::Algorithm> algorithm;  // set: every call runs it (LOWRANK_UCX_ALGO); wins over tune
   // LOWRANK_UCX_ALGO=tune: the first calls of each size class time the candidates, the comm ranks
   // agree on the timings and freeze the fastest (tuner.h). Off: the cost model chooses.
