@@ -1,7 +1,9 @@
 // Per-buffer state (layout, view, tensor ranks, reset, release) and statistics: argument checks, then the
 // engine (engine/engine.h).
 #include <algorithm>
+#include <cstddef>
 #include <cstdio>
+#include <cstring>
 #include <unordered_set>
 #include <vector>
 
@@ -166,6 +168,32 @@ LOWRANK_API lowrankResult_t lowrankBufferRestoreState(lowrankComm_t comm, const 
     std::lock_guard<std::mutex> lock(comm->callMu);
     const lowrank::Status st = comm->engine->restoreState(recvbuff, bytes, size);
     return st.ok() ? lowrankSuccess : fail(comm, st);
+  });
+}
+
+LOWRANK_API lowrankResult_t lowrankBufferGetMemory(lowrankComm_t comm, const void* recvbuff,
+                                                   lowrankMemoryInfo_t* info) {
+  static const char* fn = "lowrankBufferGetMemory";
+  if (!comm || !recvbuff || !info)
+    return fail(comm, lowrankInvalidArgument, "%s: %s is NULL", fn,
+                !comm ? "comm" : !recvbuff ? "recvbuff" : "info");
+  // The first version's fields are the floor; a later header's struct is filled as far as ours.
+  constexpr size_t kFirst = offsetof(lowrankMemoryInfo_t, totalBytes) + sizeof(uint64_t);
+  if (info->size < kFirst || info->size % 8)
+    return fail(comm, lowrankInvalidArgument,
+                "%s: info->size is %zu, not the size of a lowrankMemoryInfo_t (at least %zu, a "
+                "multiple of 8): set it to sizeof(lowrankMemoryInfo_t) "
+                "(LOWRANK_MEMORY_INFO_INITIALIZER)", fn, info->size, kFirst);
+  return lowrank::api::guarded(comm, [&]() -> lowrankResult_t {
+    std::lock_guard<std::mutex> lock(comm->callMu);
+    lowrankMemoryInfo_t mine{};
+    mine.size = sizeof mine;
+    comm->engine->memory(recvbuff, &mine);
+    const size_t size = info->size;
+    std::memcpy(reinterpret_cast<char*>(info) + sizeof(size_t),
+                reinterpret_cast<const char*>(&mine) + sizeof(size_t),
+                std::min(size, sizeof mine) - sizeof(size_t));
+    return lowrankSuccess;
   });
 }
 
