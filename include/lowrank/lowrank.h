@@ -498,7 +498,9 @@ typedef struct {
                                   elements per element handed to the transport; 0 before any */
   uint64_t stateBytes;         /* bytes of per-buffer state held now: per buffer, its float32
                                   residual, payload (exact part, P, checks) and Q twice; host
-                                  memory for host buffers, device memory for device ones */
+                                  memory for host buffers, device memory for device ones
+                                  (lowrankBufferGetMemory: every byte of one buffer, its
+                                  workspaces, tables and pinned memory included) */
   uint64_t buffers;            /* buffers planned now (each holds its tensors' state, if any is
                                   compressed), and states of tensor ids no buffer holds (ids a
                                   buffer gave up, kept for the buffer that takes them next); an
