@@ -52,7 +52,9 @@ inline void expectMemoryFormula(const lowrankMemoryInfo_t& got, const lowrankMem
   EXPECT_EQ(got.payloadBytes, want.payloadBytes);
   EXPECT_EQ(got.workspaceBytes, want.workspaceBytes);
   EXPECT_EQ(got.pinnedBytes, want.pinnedBytes);
-  if (!want.device) EXPECT_EQ(got.tableBytes, 0u);
+  if (!want.device) {
+    EXPECT_EQ(got.tableBytes, 0u);
+  }
   EXPECT_EQ(got.totalBytes, got.residualBytes + got.factorBytes + got.payloadBytes +
                                 got.workspaceBytes + got.tableBytes + got.pinnedBytes);
 }
