@@ -498,7 +498,9 @@ typedef struct {
                                   elements per element handed to the transport; 0 before any */
   uint64_t stateBytes;         /* bytes of per-buffer state held now: per buffer, its float32
                                   residual, payload (exact part, P, checks) and Q twice; host
-                                  memory for host buffers, device memory for device ones */
+                                  memory for host buffers, device memory for device ones
+                                  (lowrankBufferGetMemory: every byte of one buffer, its
+                                  workspaces, tables and pinned memory included) */
   uint64_t buffers;            /* buffers planned now (each holds its tensors' state, if any is
                                   compressed), and states of tensor ids no buffer holds (ids a
                                   buffer gave up, kept for the buffer that takes them next); an
@@ -537,6 +539,77 @@ lowrankResult_t lowrankGetStats(lowrankComm_t comm, lowrankStats_t* stats);
  * Thread safety: any thread, beside calls on the same communicator. */
 lowrankResult_t lowrankCommGetTransportInfo(lowrankComm_t comm, char* json, size_t size,
                                             size_t* needed);
+/* ---- Memory ------------------------------------------------------------------------------------ */
+
+/* The bytes one buffer's state holds now. Size-versioned: set `size` to sizeof(lowrankMemoryInfo_t)
+ * (LOWRANK_MEMORY_INFO_INITIALIZER does); the library fills the fields that fit in `size` and
+ * leaves the rest, so a program built against this header keeps working with a later library,
+ * which may append fields. Bytes, not elements. docs/cuda.md ("Memory") gives the formula of each
+ * field in terms of each tensor's n x m view, its approximation rank k and the dtype. */
+typedef struct {
+  size_t size;             /* in: sizeof(lowrankMemoryInfo_t) of the caller's header */
+  int planned;             /* 0: the buffer holds no state now (never called compressibly, reset,
+                              exact-only, or its tensor ids taken by another buffer): every byte
+                              field is 0 */
+  int device;              /* 1: the state is in device memory (a device buffer), 0: host memory */
+  int supplied;            /* 1: its device memory came from the allocator of
+                              lowrankCommSetAllocator; 0: lowrank's own (cudaMallocAsync) */
+  uint64_t residualBytes;  /* the residual E: 4 * count with error feedback, else 0 */
+  uint64_t factorBytes;    /* Qt of every compressed tensor and its copy by column blocks (the
+                              Q allreduce's): 2 * 4 * sum of k * m */
+  uint64_t payloadBytes;   /* the P allreduce's payload: 4 * (exact elements + sum of n * k + 2) */
+  uint64_t workspaceBytes; /* device: the orthonormalization workspaces (float64), the partial
+                              sums of passes 1 and 2, cuSOLVER's; host: 0 */
+  uint64_t tableBytes;     /* device: the launch tables (block, chunk and matrix descriptors and
+                              their prefix sums); host: 0 */
+  uint64_t pinnedBytes;    /* device: pinned host memory of the buffer (its ring of per-call
+                              checks); host: 0 */
+  uint64_t totalBytes;     /* the sum of the six fields above */
+} lowrankMemoryInfo_t;
+
+#define LOWRANK_MEMORY_INFO_INITIALIZER {sizeof(lowrankMemoryInfo_t), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+
+/* Fills *info with the memory recvbuff's state holds now (planned 0 for a buffer never seen).
+ * A device buffer's figures are those its plan allocated (they do not change from call to call).
+ * Local; it waits for nothing and changes nothing.
+ * Errors: lowrankInvalidArgument (null comm, buffer or info; info->size smaller than the fields
+ * up to totalBytes of the first version, or not a multiple of 8).
+ * Thread safety: as every call on comm (serialized by the caller). */
+lowrankResult_t lowrankBufferGetMemory(lowrankComm_t comm, const void* recvbuff,
+                                       lowrankMemoryInfo_t* info);
+
+/* Device memory from the application (PyTorch's caching allocator, an arena): lowrank then takes
+ * every byte of device memory of a buffer's state planned afterwards (its residual, factors,
+ * payload, launch tables and workspaces) from `alloc` and gives it back through `free`, as
+ * NCCL's and UCC's memory hooks. Pinned host memory and the communicator's own few bytes stay
+ * lowrank's.
+ *
+ * alloc(&ptr, bytes, stream, userdata): bytes > 0; returns lowrankSuccess with *ptr set to device
+ * memory of the communicator's device, aligned to 256 bytes, that the work queued on `stream`
+ * from now on may use (stream-ordered, as cudaMallocAsync: `stream` is the cudaStream_t of the
+ * lowrankAllReduce call that plans the buffer; lowrank orders its own streams after it). Any
+ * other result is a failure: lowrank frees what it took for that buffer (through `free`) and the
+ * call fails on every comm rank together with lowrankSystemError ("the supplied allocator
+ * (lowrankCommSetAllocator) could not give N bytes..."), leaving the communicator usable and every
+ * state as it was (a tensor's residual and Q stay where they were held; nothing is lost). Call
+ * again once memory is free. (lowrank's own allocations instead make such a buffer exact-only,
+ * counted in lowrankStats_t.exactOnlyPlans with a WARN.)
+ * free(ptr, stream, userdata): ptr is no longer used once the work queued on `stream` so far has
+ * run (stream-ordered, as cudaFreeAsync; PyTorch: tensor.record_stream(stream), then drop it);
+ * called from lowrankBufferReset / Release / SetLayout, a call that re-plans, lowrankCommDestroy
+ * and lowrankCommAbort, on the calling thread. `stream` may be destroyed by lowrank right after.
+ * Both are called on the thread of a lowrank call on comm, under its serialization; neither may
+ * call lowrank on comm. userdata is passed as given.
+ *
+ * States planned before keep the memory they have (and give it back to what allocated it: keep
+ * the allocator's memory valid until lowrankCommDestroy). alloc and free both NULL: lowrank's own
+ * allocation from then on. Local, not collective; every comm rank should set one alike.
+ * Errors: lowrankInvalidArgument (null comm; exactly one of alloc and free NULL).
+ * Thread safety: as every call on comm. */
+typedef lowrankResult_t (*lowrankAllocFn_t)(void** ptr, size_t bytes, void* stream, void* userdata);
+typedef void (*lowrankFreeFn_t)(void* ptr, void* stream, void* userdata);
+lowrankResult_t lowrankCommSetAllocator(lowrankComm_t comm, lowrankAllocFn_t alloc,
+                                        lowrankFreeFn_t free, void* userdata);
 
 #ifdef __cplusplus
 }

@@ -59,15 +59,32 @@ struct OrthoDesc {
 // device). A stream: stream-ordered on it (cudaMallocAsync, cudaMemcpyAsync from pageable memory,
 // which stages its source before it returns; destroy then cudaFreeAsync's on that stream, which
 // must still exist): no synchronizing call (the CUDA backend's training path, issue 39).
+// `mem` (may be null): where the device memory comes from and what it took. An allocator given
+// (lowrankCommSetAllocator's alloc and free): every byte from it (alloc gets allocator.stream; a
+// refusal is cudaErrorMemoryAllocation with mem->refused set), given back by destroy through its
+// free with the table's stream; else CUDA's, as above. The bytes taken are added up in
+// mem->tables (descriptors, prefix arrays) and mem->workspace (partial sums, orthonormalization
+// and cuSOLVER workspaces).
+struct DeviceAllocator {
+  lowrankAllocFn_t alloc = nullptr;  // both null: CUDA's own allocation
+  lowrankFreeFn_t free = nullptr;
+  void* userdata = nullptr;
+  void* stream = nullptr;  // what alloc is given (the memory's first use is in its order)
+};
+struct TableMemory {
+  DeviceAllocator allocator;
+  uint64_t tables = 0, workspace = 0;  // bytes
+  bool refused = false;                // the allocator refused an allocation
+};
 struct BlockTable;
 struct ExactTable;
 struct OrthoTable;
 cudaError_t createBlockTable(const BlockDesc* blocks, size_t n, BlockTable** out,
-                             cudaStream_t stream = nullptr);
+                             cudaStream_t stream = nullptr, TableMemory* mem = nullptr);
 cudaError_t createExactTable(const ExactDesc* runs, size_t n, ExactTable** out,
-                             cudaStream_t stream = nullptr);
+                             cudaStream_t stream = nullptr, TableMemory* mem = nullptr);
 cudaError_t createOrthoTable(const OrthoDesc* mats, size_t n, OrthoTable** out,
-                             cudaStream_t stream = nullptr);
+                             cudaStream_t stream = nullptr, TableMemory* mem = nullptr);
 void destroy(BlockTable*);
 void destroy(ExactTable*);
 void destroy(OrthoTable*);
@@ -125,7 +142,7 @@ cudaError_t scale(float* x, size_t n, float s, cudaStream_t stream);
 struct ScatterTable;
 cudaError_t createScatterTable(const BlockDesc* blocks, const uint64_t* dstOffset,
                                const uint64_t* dstLd, size_t n, ScatterTable** out,
-                               cudaStream_t stream = nullptr);
+                               cudaStream_t stream = nullptr, TableMemory* mem = nullptr);
 void destroy(ScatterTable*);
 cudaError_t scatterQ(const ScatterTable* t, const float* wire, float* qt, const float* checks,
                      float expectedOp, cudaStream_t stream);

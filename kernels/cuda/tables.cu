@@ -13,35 +13,49 @@ namespace {
 
 using namespace detail;
 
-// Device memory of a table: synchronous without a stream, else stream-ordered on it.
-cudaError_t devAlloc(void** p, size_t bytes, cudaStream_t stream) {
-  return stream ? cudaMallocAsync(p, bytes, stream) : cudaMalloc(p, bytes);
+// Device memory of a table: the supplied allocator's where mem has one, else synchronous without
+// a stream or stream-ordered on it; counted in mem (workspace or tables) when given.
+cudaError_t devAlloc(void** p, size_t bytes, cudaStream_t stream, TableMemory* mem, bool workspace) {
+  *p = nullptr;
+  if (mem && mem->allocator.alloc) {
+    const DeviceAllocator& a = mem->allocator;
+    if (a.alloc(p, bytes, a.stream, a.userdata) != lowrankSuccess || !*p) {
+      *p = nullptr;
+      mem->refused = true;
+      return cudaErrorMemoryAllocation;
+    }
+  } else if (cudaError_t err = stream ? cudaMallocAsync(p, bytes, stream) : cudaMalloc(p, bytes)) {
+    *p = nullptr;
+    return err;
+  }
+  if (mem) (workspace ? mem->workspace : mem->tables) += bytes;
+  return cudaSuccess;
 }
 template <typename T>
-cudaError_t devAlloc(T** p, size_t count, cudaStream_t stream) {
-  return devAlloc(reinterpret_cast<void**>(p), count * sizeof(T), stream);
+cudaError_t devAlloc(T** p, size_t count, cudaStream_t stream, TableMemory* mem,
+                     bool workspace = false) {
+  return devAlloc(reinterpret_cast<void**>(p), count * sizeof(T), stream, mem, workspace);
 }
-void devFree(void* p, cudaStream_t stream) {
+// Back to where it came from, in `stream`'s order (null: now).
+void devFree(void* p, cudaStream_t stream, const DeviceAllocator& a) {
   if (!p) return;
-  if (stream) cudaFreeAsync(p, stream);
+  if (a.free) a.free(p, stream, a.userdata);
+  else if (stream) cudaFreeAsync(p, stream);
   else cudaFree(p);
 }
 
 // Uploads `count` elements of `src` into a fresh device allocation (nothing for count 0). On a
 // stream the pageable source is staged before cudaMemcpyAsync returns (it may go at once).
 template <typename T>
-cudaError_t upload(const T* src, size_t count, T** dst, cudaStream_t stream) {
+cudaError_t upload(const T* src, size_t count, T** dst, cudaStream_t stream, TableMemory* mem) {
   *dst = nullptr;
   if (count == 0) return cudaSuccess;
-  cudaError_t err = devAlloc(dst, count, stream);
-  if (err != cudaSuccess) {
-    *dst = nullptr;
-    return err;
-  }
+  cudaError_t err = devAlloc(dst, count, stream, mem);
+  if (err != cudaSuccess) return err;
   err = stream ? cudaMemcpyAsync(*dst, src, count * sizeof(T), cudaMemcpyHostToDevice, stream)
                : cudaMemcpy(*dst, src, count * sizeof(T), cudaMemcpyHostToDevice);
   if (err != cudaSuccess) {
-    devFree(*dst, stream);
+    devFree(*dst, stream, mem ? mem->allocator : DeviceAllocator());
     *dst = nullptr;
   }
   return err;
@@ -64,13 +78,14 @@ uint64_t slabs2(const BlockDesc& d, uint64_t sr) {
 }  // namespace
 
 cudaError_t createBlockTable(const BlockDesc* blocks, size_t n, BlockTable** out,
-                             cudaStream_t stream) {
+                             cudaStream_t stream, TableMemory* mem) {
   if (!out || (n && !blocks) || n >= UINT32_MAX) return cudaErrorInvalidValue;
   *out = nullptr;
   auto* t = new (std::nothrow) BlockTable;
   if (!t) return cudaErrorMemoryAllocation;
   t->n = uint32_t(n);
   t->stream = stream;
+  if (mem) t->allocator = mem->allocator;
   std::vector<DevBlock> dev(n);
   for (size_t b = 0; b < n; ++b) {
     if (blocks[b].rows > kMaxDim || blocks[b].cols > kMaxDim) {  // pass 1 indexes columns in int32
@@ -139,11 +154,11 @@ cudaError_t createBlockTable(const BlockDesc* blocks, size_t n, BlockTable** out
     }
   }
 
-  cudaError_t err = upload(dev.data(), n, &t->blocks, t->stream);
-  if (err == cudaSuccess) err = upload(pre.data(), pre.size(), &t->prefix, t->stream);
+  cudaError_t err = upload(dev.data(), n, &t->blocks, t->stream, mem);
+  if (err == cudaSuccess) err = upload(pre.data(), pre.size(), &t->prefix, t->stream, mem);
   const uint64_t wsFloats = std::max(ws1, ws2);  // pass 1 and 2 never run at once on a table
   if (err == cudaSuccess && wsFloats)
-    err = devAlloc(&t->ws, wsFloats, t->stream);
+    err = devAlloc(&t->ws, wsFloats, t->stream, mem, true);
   if (err != cudaSuccess) {
     t->ws = nullptr;
     destroy(t);
@@ -155,20 +170,21 @@ cudaError_t createBlockTable(const BlockDesc* blocks, size_t n, BlockTable** out
 
 void destroy(BlockTable* t) {
   if (!t) return;
-  devFree(t->blocks, t->stream);
-  devFree(t->prefix, t->stream);
-  devFree(t->ws, t->stream);
+  devFree(t->blocks, t->stream, t->allocator);
+  devFree(t->prefix, t->stream, t->allocator);
+  devFree(t->ws, t->stream, t->allocator);
   delete t;
 }
 
 cudaError_t createExactTable(const ExactDesc* runs, size_t n, ExactTable** out,
-                             cudaStream_t stream) {
+                             cudaStream_t stream, TableMemory* mem) {
   if (!out || (n && !runs) || n >= UINT32_MAX) return cudaErrorInvalidValue;
   *out = nullptr;
   auto* t = new (std::nothrow) ExactTable;
   if (!t) return cudaErrorMemoryAllocation;
   t->n = uint32_t(n);
   t->stream = stream;
+  if (mem) t->allocator = mem->allocator;
   std::vector<uint64_t> pre(n + 1, 0);
   for (size_t i = 0; i < n; ++i) pre[i + 1] = pre[i] + ceilDiv(runs[i].numel, kElemsPerCta);
   t->tiles = pre[n];
@@ -176,8 +192,8 @@ cudaError_t createExactTable(const ExactDesc* runs, size_t n, ExactTable** out,
     delete t;
     return cudaErrorInvalidValue;
   }
-  cudaError_t err = upload(runs, n, &t->runs, t->stream);
-  if (err == cudaSuccess) err = upload(pre.data(), pre.size(), &t->prefix, t->stream);
+  cudaError_t err = upload(runs, n, &t->runs, t->stream, mem);
+  if (err == cudaSuccess) err = upload(pre.data(), pre.size(), &t->prefix, t->stream, mem);
   if (err != cudaSuccess) {
     destroy(t);
     return err;
@@ -188,13 +204,13 @@ cudaError_t createExactTable(const ExactDesc* runs, size_t n, ExactTable** out,
 
 void destroy(ExactTable* t) {
   if (!t) return;
-  devFree(t->runs, t->stream);
-  devFree(t->prefix, t->stream);
+  devFree(t->runs, t->stream, t->allocator);
+  devFree(t->prefix, t->stream, t->allocator);
   delete t;
 }
 
 // cuSOLVER's workspace for every dense-QR matrix of the table (the workspace ws exists).
-static cudaError_t sizeSolverWork(OrthoTable* t, const DenseQrApi* api) {
+static cudaError_t sizeSolverWork(OrthoTable* t, const DenseQrApi* api, TableMemory* mem) {
   int lwork = 1;
   for (const OrthoDense& x : t->denseHost) {
     const int n = int(x.d.n), k = int(x.d.k);
@@ -205,24 +221,25 @@ static cudaError_t sizeSolverWork(OrthoTable* t, const DenseQrApi* api) {
     lwork = std::max({lwork, a, b});
   }
   t->solverLwork = lwork;
-  cudaError_t err = devAlloc(&t->solverWork, size_t(lwork), t->stream);
+  cudaError_t err = devAlloc(&t->solverWork, size_t(lwork), t->stream, mem, true);
   if (err != cudaSuccess) {
     t->solverWork = nullptr;
     return err;
   }
-  err = devAlloc(&t->solverInfo, 1, t->stream);
+  err = devAlloc(&t->solverInfo, 1, t->stream, mem, true);
   if (err != cudaSuccess) t->solverInfo = nullptr;
   return err;
 }
 
 cudaError_t createOrthoTable(const OrthoDesc* mats, size_t n, OrthoTable** out,
-                             cudaStream_t stream) {
+                             cudaStream_t stream, TableMemory* mem) {
   if (!out || (n && !mats) || n >= UINT32_MAX || n > kMaxGrid) return cudaErrorInvalidValue;
   *out = nullptr;
   auto* t = new (std::nothrow) OrthoTable;
   if (!t) return cudaErrorMemoryAllocation;
   t->n = uint32_t(n);
   t->stream = stream;
+  if (mem) t->allocator = mem->allocator;
   // cuSOLVER is loaded, and a handle made, only for a table that has a matrix for it.
   const DenseQrApi* api = nullptr;
   if (std::any_of(mats, mats + n, denseQrOrtho) && (api = denseQrApi()) &&
@@ -277,16 +294,16 @@ cudaError_t createOrthoTable(const OrthoDesc* mats, size_t n, OrthoTable** out,
     destroy(t);
     return cudaErrorInvalidValue;
   }
-  cudaError_t err = upload(mats, n, &t->mats, t->stream);
-  if (err == cudaSuccess) err = upload(off.data(), n, &t->wsOff, t->stream);
-  if (err == cudaSuccess) err = upload(flagOff.data(), n, &t->flagOff, t->stream);
-  if (err == cudaSuccess) err = upload(multi.data(), multi.size(), &t->multi, t->stream);
-  if (err == cudaSuccess && !multi.empty()) err = upload(pre.data(), pre.size(), &t->multiPrefix, t->stream);
-  if (err == cudaSuccess) err = upload(t->denseHost.data(), t->denseHost.size(), &t->dense, t->stream);
+  cudaError_t err = upload(mats, n, &t->mats, t->stream, mem);
+  if (err == cudaSuccess) err = upload(off.data(), n, &t->wsOff, t->stream, mem);
+  if (err == cudaSuccess) err = upload(flagOff.data(), n, &t->flagOff, t->stream, mem);
+  if (err == cudaSuccess) err = upload(multi.data(), multi.size(), &t->multi, t->stream, mem);
+  if (err == cudaSuccess && !multi.empty()) err = upload(pre.data(), pre.size(), &t->multiPrefix, t->stream, mem);
+  if (err == cudaSuccess) err = upload(t->denseHost.data(), t->denseHost.size(), &t->dense, t->stream, mem);
   if (err == cudaSuccess && ws &&
-      (err = devAlloc(&t->ws, ws, t->stream)) != cudaSuccess)
+      (err = devAlloc(&t->ws, ws, t->stream, mem, true)) != cudaSuccess)
     t->ws = nullptr;
-  if (err == cudaSuccess && !t->denseHost.empty()) err = sizeSolverWork(t, api);
+  if (err == cudaSuccess && !t->denseHost.empty()) err = sizeSolverWork(t, api, mem);
   if (err != cudaSuccess) {
     destroy(t);
     return err;
@@ -297,22 +314,22 @@ cudaError_t createOrthoTable(const OrthoDesc* mats, size_t n, OrthoTable** out,
 
 void destroy(OrthoTable* t) {
   if (!t) return;
-  devFree(t->mats, t->stream);
-  devFree(t->wsOff, t->stream);
-  devFree(t->flagOff, t->stream);
-  devFree(t->multi, t->stream);
-  devFree(t->multiPrefix, t->stream);
-  devFree(t->dense, t->stream);
-  devFree(t->solverWork, t->stream);
-  devFree(t->solverInfo, t->stream);
+  devFree(t->mats, t->stream, t->allocator);
+  devFree(t->wsOff, t->stream, t->allocator);
+  devFree(t->flagOff, t->stream, t->allocator);
+  devFree(t->multi, t->stream, t->allocator);
+  devFree(t->multiPrefix, t->stream, t->allocator);
+  devFree(t->dense, t->stream, t->allocator);
+  devFree(t->solverWork, t->stream, t->allocator);
+  devFree(t->solverInfo, t->stream, t->allocator);
   if (t->solver) denseQrApi()->destroy(t->solver);
-  devFree(t->ws, t->stream);
+  devFree(t->ws, t->stream, t->allocator);
   delete t;
 }
 
 cudaError_t createScatterTable(const BlockDesc* blocks, const uint64_t* dstOffset,
                                const uint64_t* dstLd, size_t n, ScatterTable** out,
-                               cudaStream_t stream) {
+                               cudaStream_t stream, TableMemory* mem) {
   if (!out || (n && (!blocks || !dstOffset || !dstLd)) || n >= UINT32_MAX)
     return cudaErrorInvalidValue;
   *out = nullptr;
@@ -320,6 +337,7 @@ cudaError_t createScatterTable(const BlockDesc* blocks, const uint64_t* dstOffse
   if (!t) return cudaErrorMemoryAllocation;
   t->n = uint32_t(n);
   t->stream = stream;
+  if (mem) t->allocator = mem->allocator;
   std::vector<ScatterTable::Dev> dev(n);
   std::vector<uint64_t> pre(n + 1, 0);
   for (size_t i = 0; i < n; ++i) {
@@ -334,8 +352,8 @@ cudaError_t createScatterTable(const BlockDesc* blocks, const uint64_t* dstOffse
     delete t;
     return cudaErrorInvalidValue;
   }
-  cudaError_t err = upload(dev.data(), n, &t->blocks, t->stream);
-  if (err == cudaSuccess) err = upload(pre.data(), pre.size(), &t->prefix, t->stream);
+  cudaError_t err = upload(dev.data(), n, &t->blocks, t->stream, mem);
+  if (err == cudaSuccess) err = upload(pre.data(), pre.size(), &t->prefix, t->stream, mem);
   if (err != cudaSuccess) {
     destroy(t);
     return err;
@@ -346,8 +364,8 @@ cudaError_t createScatterTable(const BlockDesc* blocks, const uint64_t* dstOffse
 
 void destroy(ScatterTable* t) {
   if (!t) return;
-  devFree(t->blocks, t->stream);
-  devFree(t->prefix, t->stream);
+  devFree(t->blocks, t->stream, t->allocator);
+  devFree(t->prefix, t->stream, t->allocator);
   delete t;
 }
 

@@ -114,6 +114,7 @@ enum Prefix { kTiles1, kReduce1, kTiles2, kReduce2, kTiles3, kPrefixes };
 
 struct BlockTable {
   cudaStream_t stream = nullptr;  // allocated on (null: synchronously)
+  DeviceAllocator allocator;      // the memory's (none: CUDA's)
   uint32_t n = 0;
   uint32_t kmax = 0;
   int bucket = 1;             // kBucket(kmax)
@@ -127,6 +128,7 @@ struct BlockTable {
 
 struct ExactTable {
   cudaStream_t stream = nullptr;  // allocated on (null: synchronously)
+  DeviceAllocator allocator;      // the memory's (none: CUDA's)
   uint32_t n = 0;
   uint64_t tiles = 0;
   ExactDesc* runs = nullptr;   // device, n
@@ -135,6 +137,7 @@ struct ExactTable {
 
 struct OrthoTable {
   cudaStream_t stream = nullptr;  // allocated on (null: synchronously)
+  DeviceAllocator allocator;      // the memory's (none: CUDA's)
   uint32_t n = 0;
   OrthoDesc* mats = nullptr;  // device, n
   uint64_t* wsOff = nullptr;  // device, n: each matrix's float64 workspace, 2 n k + k doubles
@@ -160,6 +163,7 @@ struct OrthoTable {
 
 struct ScatterTable {
   cudaStream_t stream = nullptr;  // allocated on (null: synchronously)
+  DeviceAllocator allocator;      // the memory's (none: CUDA's)
   struct Dev {
     BlockDesc d;
     uint64_t dstOffset = 0, dstLd = 0;

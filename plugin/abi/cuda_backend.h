@@ -1,7 +1,7 @@
 /* The table between liblowrank and its CUDA backend, liblowrank_cuda.so, which liblowrank loads
  * with dlopen the first time a device buffer appears (plugin/engine/device_backend.cc), so that a
  * CPU-only program loads no CUDA library. Plain C and versioned, as NCCL's plugin tables: the
- * backend exports `lowrankCudaBackendV6`; liblowrank refuses a table whose `version` is not the
+ * backend exports `lowrankCudaBackendV7`; liblowrank refuses a table whose `version` is not the
  * one it was built with (naming the path and both versions).
  *
  * Who does what. liblowrank keeps a device buffer's life (plugin/engine/device_engine.h): exact or
@@ -29,12 +29,14 @@
 #include <stdint.h>
 
 #include "abi/real_nccl.h"
+#include "lowrank/lowrank.h" /* lowrankAllocFn_t, lowrankFreeFn_t: C, no CUDA */
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-#define LOWRANK_CUDA_BACKEND_VERSION 6 /* 6: commCreate takes the comm's timeout; commAbort */
+#define LOWRANK_CUDA_BACKEND_VERSION 7 /* 7: stateCreate takes an allocator and the call's stream,
+                                          and reports its memory by kind */
 
 /* The code of a compressed call's op in the payload's op element (lowrankSum 0 -> 1, lowrankAvg 4
  * -> 2): allreduced with the factors, it sums to N times one code only if every comm rank used the
@@ -42,7 +44,7 @@ extern "C" {
 static inline float lowrankPayloadOpCode(int op) { return op == 0 ? 1.f : 2.f; }
 /* Words of the plan agreement (liblowrank's PlanCheck, engine/plan.h), max-allreduced as uint64. */
 #define LOWRANK_PLAN_CHECK_WORDS 5
-#define LOWRANK_CUDA_BACKEND_SYMBOL "lowrankCudaBackendV6"
+#define LOWRANK_CUDA_BACKEND_SYMBOL "lowrankCudaBackendV7"
 /* A NUL-terminated line, what the backend was built for, read by `python -m lowrank` without
  * initializing CUDA: "cuda=13000 arch=sm_80,sm_90,compute_90 cudart=static" (cuda: CUDART_VERSION, 1000 * major +
  * 10 * minor; 0 for the CPU emulation). */
@@ -50,6 +52,7 @@ static inline float lowrankPayloadOpCode(int op) { return op == 0 ? 1.f : 2.f; }
 
 typedef struct lowrankCudaError {
   int ncclResult;     /* the failed NCCL call's ncclResult_t; 0: not an NCCL failure */
+  int refused;        /* 1: the supplied allocator (lowrankCudaAllocator_t) refused memory */
   char message[512];  /* what failed, NUL-terminated */
 } lowrankCudaError_t;
 
@@ -103,6 +106,19 @@ typedef struct lowrankCudaPlan {
   const lowrankCudaChunk_t* qChunks;      uint64_t nQChunks;  /* >= 1 */
 } lowrankCudaPlan_t;
 
+/* Device memory from the application (lowrankCommSetAllocator): both functions null for CUDA's own
+ * (cudaMallocAsync where the device has memory pools, else cudaMalloc). */
+typedef struct lowrankCudaAllocator {
+  lowrankAllocFn_t alloc;
+  lowrankFreeFn_t free;
+  void* userdata;
+} lowrankCudaAllocator_t;
+
+/* The bytes a state holds, by kind (lowrankMemoryInfo_t's fields of the same names). */
+typedef struct lowrankCudaMemory {
+  uint64_t residual, factors, payload, workspace, tables, pinned;
+} lowrankCudaMemory_t;
+
 typedef struct lowrankCudaComm lowrankCudaComm_t;   /* one communicator's device side */
 typedef struct lowrankCudaState lowrankCudaState_t; /* one planned buffer's device memory */
 
@@ -142,10 +158,14 @@ typedef struct lowrankCudaBackend {
                         int dtype, int op, void* stream, lowrankCudaError_t* error);
 
   /* Allocates and initializes (zero residual and factors) the device state of `plan` (copied: the
-   * description may go after the call). *bytes: device memory it holds. On failure nothing stays
-   * allocated. */
+   * description may go after the call). allocator: where its device memory comes from (copied;
+   * the state gives it back there); stream: the planning call's cudaStream_t, which the
+   * allocator is given and which the state's work is ordered after. *memory: the bytes it holds.
+   * On failure nothing stays allocated; error->refused says the allocator refused. */
   int (*stateCreate)(lowrankCudaComm_t* comm, const lowrankCudaPlan_t* plan,
-                     lowrankCudaState_t** state, uint64_t* bytes, lowrankCudaError_t* error);
+                     const lowrankCudaAllocator_t* allocator, void* stream,
+                     lowrankCudaState_t** state, lowrankCudaMemory_t* memory,
+                     lowrankCudaError_t* error);
   /* Waits for the state's last call (bounded), then frees it; checks still pending are dropped
    * (collect them first to count them). A state whose last call does not finish is left
    * allocated (a WARN says so): freeing memory a kernel may still use would be worse. */
@@ -181,7 +201,7 @@ typedef struct lowrankCudaBackend {
 
 /* The table of a liblowrank_cuda.so: its one exported symbol (LOWRANK_CUDA_BACKEND_SYMBOL), looked
  * up with dlsym. */
-extern const lowrankCudaBackend_t lowrankCudaBackendV6;
+extern const lowrankCudaBackend_t lowrankCudaBackendV7;
 
 #ifdef __cplusplus
 }

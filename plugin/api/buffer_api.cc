@@ -1,7 +1,9 @@
 // Per-buffer state (layout, view, tensor ranks, reset, release) and statistics: argument checks, then the
 // engine (engine/engine.h).
 #include <algorithm>
+#include <cstddef>
 #include <cstdio>
+#include <cstring>
 #include <unordered_set>
 #include <vector>
 
@@ -178,6 +180,28 @@ LOWRANK_API lowrankResult_t lowrankCommGetTransportInfo(lowrankComm_t comm, char
     const std::string s = comm->engine->transportInfo();  // no call lock: the transport locks
     if (needed) *needed = s.size() + 1;
     if (size > 0) snprintf(json, size, "%s", s.c_str());
+LOWRANK_API lowrankResult_t lowrankBufferGetMemory(lowrankComm_t comm, const void* recvbuff,
+                                                   lowrankMemoryInfo_t* info) {
+  static const char* fn = "lowrankBufferGetMemory";
+  if (!comm || !recvbuff || !info)
+    return fail(comm, lowrankInvalidArgument, "%s: %s is NULL", fn,
+                !comm ? "comm" : !recvbuff ? "recvbuff" : "info");
+  // The first version's fields are the floor; a later header's struct is filled as far as ours.
+  constexpr size_t kFirst = offsetof(lowrankMemoryInfo_t, totalBytes) + sizeof(uint64_t);
+  if (info->size < kFirst || info->size % 8)
+    return fail(comm, lowrankInvalidArgument,
+                "%s: info->size is %zu, not the size of a lowrankMemoryInfo_t (at least %zu, a "
+                "multiple of 8): set it to sizeof(lowrankMemoryInfo_t) "
+                "(LOWRANK_MEMORY_INFO_INITIALIZER)", fn, info->size, kFirst);
+  return lowrank::api::guarded(comm, [&]() -> lowrankResult_t {
+    std::lock_guard<std::mutex> lock(comm->callMu);
+    lowrankMemoryInfo_t mine{};
+    mine.size = sizeof mine;
+    comm->engine->memory(recvbuff, &mine);
+    const size_t size = info->size;
+    std::memcpy(reinterpret_cast<char*>(info) + sizeof(size_t),
+                reinterpret_cast<const char*>(&mine) + sizeof(size_t),
+                std::min(size, sizeof mine) - sizeof(size_t));
     return lowrankSuccess;
   });
 }

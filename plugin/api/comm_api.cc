@@ -115,6 +115,23 @@ LOWRANK_API lowrankResult_t lowrankCommUserRank(const lowrankComm_t comm, int* r
   return lowrankSuccess;
 }
 
+LOWRANK_API lowrankResult_t lowrankCommSetAllocator(lowrankComm_t comm, lowrankAllocFn_t alloc,
+                                                    lowrankFreeFn_t free, void* userdata) {
+  static const char* fn = "lowrankCommSetAllocator";
+  if (!comm) return fail(nullptr, lowrankInvalidArgument, "%s: comm is NULL", fn);
+  if (!alloc != !free)
+    return fail(comm, lowrankInvalidArgument,
+                "%s: %s is NULL and %s is not: give both (or both NULL for lowrank's own "
+                "allocation)", fn, alloc ? "free" : "alloc", alloc ? "alloc" : "free");
+  return lowrank::api::guarded(comm, [&]() -> lowrankResult_t {
+    std::lock_guard<std::mutex> lock(comm->callMu);
+    comm->engine->setAllocator(lowrank::Allocator{alloc, free, alloc ? userdata : nullptr});
+    LR_INFO("device memory of buffers planned from now on: %s", alloc ? "the supplied allocator "
+            "(lowrankCommSetAllocator)" : "lowrank's own (cudaMallocAsync)");
+    return lowrankSuccess;
+  });
+}
+
 LOWRANK_API lowrankResult_t lowrankCommGetConfig(const lowrankComm_t comm, lowrankConfig_t* config) {
   if (!comm || !config)
     return fail(nullptr, lowrankInvalidArgument, "lowrankCommGetConfig: %s is NULL", comm ? "config" : "comm");

@@ -81,19 +81,32 @@ struct CudaPlan {
 // A device buffer's state in the backend: destroyed on the device it was made on.
 class DeviceState final : public BackendState {
  public:
-  DeviceState(const lowrankCudaBackend_t* be, lowrankCudaState_t* s, uint64_t bytes, int device)
-      : be_(be), s_(s), bytes_(bytes), device_(device) {}
+  DeviceState(const lowrankCudaBackend_t* be, lowrankCudaState_t* s,
+              const lowrankCudaMemory_t& memory, bool supplied, int device)
+      : be_(be), s_(s), memory_(memory), supplied_(supplied), device_(device) {}
   ~DeviceState() override {
     platform::DeviceGuard guard(device_);
     be_->stateDestroy(s_);
   }
-  uint64_t bytes() const override { return bytes_; }
+  // lowrankStats_t.stateBytes: the residual, payload and Q twice, as the host's.
+  uint64_t bytes() const override { return memory_.residual + memory_.payload + memory_.factors; }
+  void memory(lowrankMemoryInfo_t* info) const override {
+    info->device = 1;
+    info->supplied = supplied_;
+    info->residualBytes = memory_.residual;
+    info->factorBytes = memory_.factors;
+    info->payloadBytes = memory_.payload;
+    info->workspaceBytes = memory_.workspace;
+    info->tableBytes = memory_.tables;
+    info->pinnedBytes = memory_.pinned;
+  }
   lowrankCudaState_t* get() const { return s_; }
 
  private:
   const lowrankCudaBackend_t* be_;
   lowrankCudaState_t* s_;
-  uint64_t bytes_;
+  lowrankCudaMemory_t memory_;
+  bool supplied_;
   int device_;
 };
 
@@ -147,17 +160,22 @@ Status DeviceBackend::agree(uint64_t words[PlanCheck::kWords]) {
   return fromBackend(be_->planCheck(comm_, words, &err), err);
 }
 
-std::unique_ptr<BackendState> DeviceBackend::allocate(const Plan& plan, std::string* why) {
+std::unique_ptr<BackendState> DeviceBackend::allocate(const Plan& plan, const Call& c,
+                                                      const EngineConfig& cfg, std::string* why,
+                                                      bool* refused) {
   const CudaPlan cp(plan, cfg_, nranks_);
+  const lowrankCudaAllocator_t a{cfg.allocator.alloc, cfg.allocator.free, cfg.allocator.userdata};
   lowrankCudaError_t err{};
   lowrankCudaState_t* s = nullptr;
-  uint64_t bytes = 0;
-  const Status st = fromBackend(be_->stateCreate(comm_, &cp.desc, &s, &bytes, &err), err);
+  lowrankCudaMemory_t memory{};
+  const Status st =
+      fromBackend(be_->stateCreate(comm_, &cp.desc, &a, c.stream, &s, &memory, &err), err);
+  *refused = err.refused != 0;
   if (!st.ok()) {
     *why = st.msg;
     return nullptr;
   }
-  return std::make_unique<DeviceState>(be_, s, bytes, device_);
+  return std::make_unique<DeviceState>(be_, s, memory, a.alloc != nullptr, device_);
 }
 
 Status DeviceBackend::compressed(BackendState& state, const Plan&, const Call& c,

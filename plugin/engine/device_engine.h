@@ -31,7 +31,9 @@ class DeviceBackend final : public BufferBackend {
 
   Status exact(const Call& c) override;
   Status agree(uint64_t words[PlanCheck::kWords]) override;
-  std::unique_ptr<BackendState> allocate(const Plan& plan, std::string* why) override;
+  // With cfg.allocator's memory where one is set (lowrankCommSetAllocator), for c.stream's order.
+  std::unique_ptr<BackendState> allocate(const Plan& plan, const Call& c, const EngineConfig& cfg,
+                                         std::string* why, bool* refused) override;
   Status compressed(BackendState& state, const Plan& plan, const Call& c, const float* freshQ,
                     bool* fellBack) override;
   Status save(BackendState& state, const Plan& plan, float* residual, float* qt) override;

@@ -323,6 +323,10 @@ Status Engine::restoreState(const void* buf, const void* bytes, size_t size) {
   return Status::Ok();
 }
 
+void Engine::memory(const void* buf, lowrankMemoryInfo_t* info) const {
+  buffers_.memory(buf, info);
+}
+
 void Engine::stats(lowrankStats_t* stats) {
   if (device_) {  // the device's checks that have arrived count now
     platform::DeviceGuard guard(device_->device());

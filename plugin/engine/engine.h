@@ -68,6 +68,10 @@ class Engine {
   void stats(lowrankStats_t* stats);
   // lowrankCommGetTransportInfo's JSON object (Transport::info). Any thread.
   std::string transportInfo() const { return transport_->info(); }
+  // lowrankBufferGetMemory: the fields of *info after `size` (zero for a buffer holding no state).
+  void memory(const void* buf, lowrankMemoryInfo_t* info) const;
+  // lowrankCommSetAllocator: device buffers planned from now on take their memory from it.
+  void setAllocator(const Allocator& a) { cfg_.allocator = a; }
   // The buffer's record, for tests (null: none).
   const Buffer* find(const void* buf) const { return buffers_.find(buf); }
 
@@ -105,7 +109,8 @@ class Engine {
   // the ranks may be at different points of the call sequence, so every later call is refused,
   // naming `why` (the first failure). Usage errors are agreed by all ranks and fail nothing.
   static bool breaks(const Status& s) {
-    return !s.ok() && s.code != lowrankInvalidArgument && s.code != lowrankInvalidUsage;
+    return !s.ok() && !s.agreed && s.code != lowrankInvalidArgument &&
+           s.code != lowrankInvalidUsage;
   }
   // Records the first failure; over NCCL also abort()s (issue 39: a failed communicator always
   // aborts what it owns, and its device waits end).

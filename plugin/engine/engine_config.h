@@ -4,9 +4,17 @@
 #include <cstdint>
 #include <optional>
 
+#include "lowrank/lowrank.h"
 #include "transport/ucx/cost_model.h"
 
 namespace lowrank {
+
+// Device memory from the application (lowrankCommSetAllocator); both null: lowrank's own.
+struct Allocator {
+  lowrankAllocFn_t alloc = nullptr;
+  lowrankFreeFn_t free = nullptr;
+  void* userdata = nullptr;
+};
 
 struct EngineConfig {
   int approxRank = 4;              // k; 0 = compression off
@@ -27,6 +35,7 @@ struct EngineConfig {
   bool ucxTune = false;            // LOWRANK_UCX_ALGO=tune: timed on the first calls, agreed by all ranks
   int testFailAllocRank = -1;      // test only: this comm rank fails its plan allocations
                                    // (LOWRANK_TEST_FAIL_ALLOC), to test the collective fallback
+  Allocator allocator;             // device buffers planned from now on (lowrankCommSetAllocator)
 };
 
 }  // namespace lowrank

@@ -42,7 +42,10 @@ Status HostBackend::load(BackendState& state, const Plan& plan, const float* res
   return Status::Ok();
 }
 
-std::unique_ptr<BackendState> HostBackend::allocate(const Plan& plan, std::string* why) {
+std::unique_ptr<BackendState> HostBackend::allocate(const Plan& plan, const Call&,
+                                                    const EngineConfig&, std::string* why,
+                                                    bool* refused) {
+  *refused = false;  // host memory is lowrank's own
   try {
     auto st = std::make_unique<HostState>();
     if (cfg_.errorFeedback) st->error.assign(plan.count, 0.f);

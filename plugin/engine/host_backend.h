@@ -20,6 +20,11 @@ struct HostState final : BackendState {
   uint64_t bytes() const override {
     return sizeof(float) * (error.capacity() + payload.capacity() + qt.capacity() + qwire.capacity());
   }
+  void memory(lowrankMemoryInfo_t* info) const override {
+    info->residualBytes = sizeof(float) * error.capacity();
+    info->factorBytes = sizeof(float) * (qt.capacity() + qwire.capacity());
+    info->payloadBytes = sizeof(float) * payload.capacity();
+  }
 };
 
 // The one host schedule (plugin/engine/pipeline.cc), chunk by chunk as the plan says (a plan of
@@ -40,7 +45,8 @@ class HostBackend final : public BufferBackend {
   HostBackend(const EngineConfig& cfg, AsyncTransport& transport) : cfg_(cfg), tr_(transport) {}
   Status exact(const Call& c) override;
   Status agree(uint64_t words[PlanCheck::kWords]) override;
-  std::unique_ptr<BackendState> allocate(const Plan& plan, std::string* why) override;
+  std::unique_ptr<BackendState> allocate(const Plan& plan, const Call& c, const EngineConfig& cfg,
+                                         std::string* why, bool* refused) override;
   Status compressed(BackendState& state, const Plan& plan, const Call& c, const float* freshQ,
                     bool* fellBack) override;
   Status save(BackendState& state, const Plan& plan, float* residual, float* qt) override;

@@ -18,11 +18,18 @@ Status exactCall(BufferBackend& be, const Call& c, Counters& k) {
 
 }  // namespace
 
-std::unique_ptr<BackendState> allocateState(BufferBackend& be, const Plan& pl, const void* buf,
-                                            const EngineConfig& cfg, int rank) {
+std::unique_ptr<BackendState> allocateState(BufferBackend& be, const Plan& pl, const Call& c,
+                                            const EngineConfig& cfg, int rank,
+                                            std::optional<std::string>* refused) {
+  const void* buf = c.recv;
   std::string why = "LOWRANK_TEST_FAIL_ALLOC";
+  bool byAllocator = false;
   std::unique_ptr<BackendState> state;
-  if (cfg.testFailAllocRank != rank) state = be.allocate(pl, &why);
+  if (cfg.testFailAllocRank != rank) state = be.allocate(pl, c, cfg, &why, &byAllocator);
+  if (!state && byAllocator) {
+    *refused = why;
+    return nullptr;
+  }
   if (!state)
     LR_WARN("buffer %p: could not allocate %llu bytes of compression state (%s); it is allreduced "
             "exactly, uncompressed, until it is planned again (lowrankStats_t.exactOnlyPlans)",
@@ -31,8 +38,9 @@ std::unique_ptr<BackendState> allocateState(BufferBackend& be, const Plan& pl, c
 }
 
 Status agreePlan(BufferBackend& be, const Status& s, const Plan& pl, const Call& c, bool allocated,
-                 uint64_t restoredId, uint64_t restoredCalls, bool* exactOnly, Counters& k) {
-  PlanCheck check(s, pl, allocated, restoredId);
+                 uint64_t restoredId, uint64_t restoredCalls, bool* exactOnly, Counters& k,
+                 const std::optional<std::string>& refused) {
+  PlanCheck check(s, pl, allocated, restoredId, refused.has_value());
   Status x = be.agree(check.words);
   if (!x.ok() && restoredId)
     // The check met another collective: the peers had the buffer planned and made its call.
@@ -40,8 +48,11 @@ Status agreePlan(BufferBackend& be, const Status& s, const Plan& pl, const Call&
              "planned it again, which the other comm ranks did not: restore on every comm rank "
              "at the same point";
   *exactOnly = false;
-  if (x.ok() && s.ok())
-    x = check.read(pl, c.op, c.recv, allocated, restoredId, restoredCalls, exactOnly);
+  if (x.ok() && s.ok()) {
+    x = check.read(pl, c.op, c.recv, allocated, restoredId, restoredCalls, exactOnly,
+                   refused.has_value());
+    if (refused) x.msg += ": " + *refused;
+  }
   if (*exactOnly) ++k.exactOnlyPlans;
   if (!s.ok() && !x.ok())
     // This rank's own mistake (a layout set here only, after the other ranks planned) comes first;
@@ -77,9 +88,10 @@ Status plan(BufferBackend& be, Buffer& b, const Call& c, const EngineConfig& cfg
   const SavedState* saved = b.restored.get();
   if (s.ok() && saved) s = checkPlan(*saved, pl, b.layout, cfg.errorFeedback);
   std::unique_ptr<BackendState> state;
+  std::optional<std::string> refused;  // the supplied allocator's refusal
   bool allocated = s.ok() && !pl.compressedElems;  // nothing to compress: no state
   if (s.ok() && pl.compressedElems) {
-    state = allocateState(be, pl, c.recv, cfg, rank);
+    state = allocateState(be, pl, c, cfg, rank, &refused);
     allocated = state != nullptr;
     if (state && saved)
       s = be.load(*state, pl, saved->residual.empty() ? nullptr : saved->residual.data(),
@@ -87,7 +99,7 @@ Status plan(BufferBackend& be, Buffer& b, const Call& c, const EngineConfig& cfg
   }
   bool exactOnly = false;
   LR_RETURN_IF_ERROR(agreePlan(be, s, pl, c, allocated, saved ? agreementId(*saved) : 0,
-                               saved ? saved->calls : 0, &exactOnly, k));
+                               saved ? saved->calls : 0, &exactOnly, k, refused));
   auto r = std::make_unique<Record>();
   r->plan = std::move(pl);
   r->exactOnly = exactOnly;
@@ -155,6 +167,16 @@ uint64_t BufferRegistry::stateBytes() const {
   for (const auto& r : parked_)
     if (r->state) n += r->state->bytes();
   return n;
+}
+
+void BufferRegistry::memory(const void* buf, lowrankMemoryInfo_t* info) const {
+  const Buffer* b = find(buf);
+  const Record* r = b ? b->rec.get() : nullptr;
+  if (!r || !r->state) return;  // holds nothing: every field stays 0
+  info->planned = 1;
+  r->state->memory(info);
+  info->totalBytes = info->residualBytes + info->factorBytes + info->payloadBytes +
+                     info->workspaceBytes + info->tableBytes + info->pinnedBytes;
 }
 
 void BufferRegistry::collectArrived(const BufferBackend& backend, Counters& k) {

@@ -45,6 +45,8 @@ class BackendState {
  public:
   virtual ~BackendState() = default;  // frees the memory (a device state waits for its last call)
   virtual uint64_t bytes() const = 0;
+  // lowrankBufferGetMemory's fields after `size` and `planned` (docs/cuda.md, "Memory").
+  virtual void memory(lowrankMemoryInfo_t* info) const = 0;
 };
 
 class BufferBackend {
@@ -56,8 +58,11 @@ class BufferBackend {
   virtual Status agree(uint64_t words[PlanCheck::kWords]) = 0;
   // The state of a plan with compressed tensors, zeroed; null when the memory could not be had,
   // with *why saying what failed (the caller warns: allocateState): the plan agreement then makes
-  // the buffer exact-only on every comm rank.
-  virtual std::unique_ptr<BackendState> allocate(const Plan& plan, std::string* why) = 0;
+  // the buffer exact-only on every comm rank; or, *refused set, the supplied allocator refused it
+  // (cfg.allocator, given c.stream): the call then fails on every comm rank (agreePlan).
+  virtual std::unique_ptr<BackendState> allocate(const Plan& plan, const Call& c,
+                                                 const EngineConfig& cfg, std::string* why,
+                                                 bool* refused) = 0;
   // One compressed call of a planned buffer. freshQ: the initial Qt of every compressed tensor
   // (plan.qElems floats, orthonormal; read before the call returns), or null for the warm start
   // (the last call's Qbar, orthonormalized by the backend). *fellBack: some comm rank's input was
@@ -139,6 +144,8 @@ class BufferRegistry {
   // Buffers holding a record (planned), and records no buffer holds that still hold ids.
   size_t held() const;
   uint64_t stateBytes() const;
+  // lowrankBufferGetMemory of buf (the fields after `size`).
+  void memory(const void* buf, lowrankMemoryInfo_t* info) const;
   // Every record of `backend` collects the rejections that have arrived (never blocks).
   void collectArrived(const BufferBackend& backend, Counters& k);
 
@@ -184,17 +191,23 @@ bool compresses(const EngineConfig& cfg, lowrankDataType_t dtype, lowrankRedOp_t
 // caller checks that one of them is there). cfg, rank, nranks: the communicator's.
 Status saveBuffer(const Buffer& b, const EngineConfig& cfg, int rank, int nranks, SavedState* out);
 
-// The state of plan pl (with compressed tensors) for buffer buf, or null with a WARN naming the
+// The state of plan pl (with compressed tensors) for call c, or null with a WARN naming the
 // buffer and the bytes it could not get (the backend's failure, or the test hook
-// EngineConfig::testFailAllocRank for this comm rank). For anonymous buffers and tensors with ids.
-std::unique_ptr<BackendState> allocateState(BufferBackend& be, const Plan& pl, const void* buf,
-                                            const EngineConfig& cfg, int rank);
+// EngineConfig::testFailAllocRank for this comm rank); or null with *refused saying why the
+// supplied allocator refused (no WARN: the call fails, agreePlan). For anonymous buffers and
+// tensors with ids.
+std::unique_ptr<BackendState> allocateState(BufferBackend& be, const Plan& pl, const Call& c,
+                                            const EngineConfig& cfg, int rank,
+                                            std::optional<std::string>* refused);
 // The plan check of a buffer's first call (PlanCheck), for anonymous buffers and tensors with ids:
 // s is this rank's planning status, restoredId its restore's agreement id (0: none). Collective.
 // A plan made exact-only (some comm rank could not allocate) counts in k.exactOnlyPlans, on every
-// comm rank. Errors: this rank's planning error, or lowrankInvalidUsage when the comm ranks differ.
+// comm rank. refused: this rank's supplied allocator refused (why), else null. Errors: this
+// rank's planning error, or lowrankInvalidUsage when the comm ranks differ; lowrankSystemError
+// on every comm rank (Status::agreed) when some rank's supplied allocator refused.
 Status agreePlan(BufferBackend& be, const Status& s, const Plan& pl, const Call& c, bool allocated,
-                 uint64_t restoredId, uint64_t restoredCalls, bool* exactOnly, Counters& k);
+                 uint64_t restoredId, uint64_t restoredCalls, bool* exactOnly, Counters& k,
+                 const std::optional<std::string>& refused = std::nullopt);
 // The INFO line of a record just planned.
 void logPlanned(const Call& c, const Record& r);
 

@@ -98,7 +98,7 @@ void makeChunks(Plan& p, size_t target) {
 }
 
 Status PlanCheck::read(const Plan& p, lowrankRedOp_t op, const void* buf, bool allocated,
-                       uint64_t restored, uint64_t calls, bool* exactOnly) const {
+                       uint64_t restored, uint64_t calls, bool* exactOnly, bool refused) const {
   if (words[0] == kPlanFailed && words[1] == kPlanFailed)
     return Status::Error(lowrankInvalidUsage,
                          "buffer %p: another comm rank could not plan this buffer (its error says "
@@ -118,6 +118,16 @@ Status PlanCheck::read(const Plan& p, lowrankRedOp_t op, const void* buf, bool a
                          "steps); this rank %s",
                          buf, restored ? ("restored the state of call " + std::to_string(calls)).c_str()
                                        : "restored none");
+  if (words[2] >= 2) {
+    Status s = Status::Error(lowrankSystemError,
+                             "buffer %p (count %zu): %s supplied allocator (lowrankCommSetAllocator) "
+                             "could not give the memory of its compression state; the call failed "
+                             "on every comm rank and changed nothing (call again once memory is "
+                             "free)",
+                             buf, p.count, refused ? "this comm rank's" : "another comm rank's");
+    s.agreed = true;
+    return s;
+  }
   *exactOnly = words[2] != 0;
   if (*exactOnly)
     LR_WARN("buffer %p (count %zu): %s could not allocate the compression state; every comm rank "

@@ -133,14 +133,18 @@ struct PlanCheck {
   static constexpr uint64_t kPlanFailed = ~uint64_t(0);
   static constexpr int kWords = LOWRANK_PLAN_CHECK_WORDS;
   uint64_t words[kWords];
-  PlanCheck(const Status& planned, const Plan& p, bool allocated, uint64_t restored)
+  // Word 2: 0 allocated, 1 lowrank's own allocation failed (exact-only), 2 the supplied
+  // allocator refused (the call fails on every rank): the maximum wins.
+  PlanCheck(const Status& planned, const Plan& p, bool allocated, uint64_t restored,
+            bool refused = false)
       : words{planned.ok() ? p.hash : kPlanFailed, planned.ok() ? ~p.hash : kPlanFailed,
-              planned.ok() && !allocated ? 1u : 0u, restored, ~restored} {}
+              !planned.ok() ? 0u : refused ? 2u : !allocated ? 1u : 0u, restored, ~restored} {}
   // After the allreduce: lowrankInvalidUsage naming the buffer if the ranks' plans or restores
-  // differ; else Ok, with *exactOnly set (and a warning logged) when some comm rank could not
-  // allocate. restored: this rank's id, as given to the constructor; calls: its restored calls.
+  // differ; lowrankSystemError (agreed) if some comm rank's supplied allocator refused; else Ok,
+  // with *exactOnly set (and a warning logged) when some comm rank could not allocate.
+  // restored: this rank's id, as given to the constructor; calls: its restored calls.
   Status read(const Plan& p, lowrankRedOp_t op, const void* buf, bool allocated, uint64_t restored,
-              uint64_t calls, bool* exactOnly) const;
+              uint64_t calls, bool* exactOnly, bool refused = false) const;
 };
 
 // Folds v into the hash h: the hashes the comm ranks compare (the plan's, a restored state's).

@@ -234,10 +234,11 @@ Status BufferRegistry::build(BufferBackend& be, const void* buf, Buffer& b, cons
     if (from[i].rec && from[i].rec->state && !snaps.count(from[i].rec))
       s = snapshot(*from[i].rec, cfg.errorFeedback, &snaps[from[i].rec]);
   std::unique_ptr<BackendState> state;
+  std::optional<std::string> refused;  // the supplied allocator's refusal: the call fails
   bool allocated = s.ok() && !pl.compressedElems;
   bool haveQ = false;
   if (s.ok() && pl.compressedElems) {
-    state = allocateState(be, pl, buf, cfg, rank);
+    state = allocateState(be, pl, c, cfg, rank, &refused);
     allocated = state != nullptr;
   }
   if (s.ok() && state) {  // each id's residual and Q where the new plan puts them
@@ -283,7 +284,8 @@ Status BufferRegistry::build(BufferBackend& be, const void* buf, Buffer& b, cons
       restoredCalls = saved[i]->calls;
     }
   bool exactOnly = false;
-  LR_RETURN_IF_ERROR(agreePlan(be, s, pl, c, allocated, restoredId, restoredCalls, &exactOnly, k));
+  LR_RETURN_IF_ERROR(
+      agreePlan(be, s, pl, c, allocated, restoredId, restoredCalls, &exactOnly, k, refused));
 
   // Agreed: the new record takes the ids from where they were; a tensor declared with another
   // rank than its record's counts as a change of rank (the same on every comm rank).

@@ -11,6 +11,9 @@ namespace lowrank {
 struct Status {
   lowrankResult_t code = lowrankSuccess;
   std::string msg;
+  // Every comm rank returns this error at the same point, before any data moved (a decision of
+  // the plan check): it fails the call, not the communicator.
+  bool agreed = false;
 
   bool ok() const { return code == lowrankSuccess; }
   static Status Ok() { return {}; }

@@ -91,6 +91,26 @@ class Stats(ctypes.Structure):
                 ("rankChanges", ctypes.c_uint64)]
 
 
+class MemoryInfo(ctypes.Structure):
+    """lowrankMemoryInfo_t: size-versioned (the library fills what `size` says), bytes."""
+    _fields_ = [("size", ctypes.c_size_t), ("planned", ctypes.c_int), ("device", ctypes.c_int),
+                ("supplied", ctypes.c_int), ("residualBytes", ctypes.c_uint64),
+                ("factorBytes", ctypes.c_uint64), ("payloadBytes", ctypes.c_uint64),
+                ("workspaceBytes", ctypes.c_uint64), ("tableBytes", ctypes.c_uint64),
+                ("pinnedBytes", ctypes.c_uint64), ("totalBytes", ctypes.c_uint64)]
+
+    @classmethod
+    def initializer(cls):
+        """LOWRANK_MEMORY_INFO_INITIALIZER."""
+        return cls(size=ctypes.sizeof(cls))
+
+
+# lowrankAllocFn_t, lowrankFreeFn_t (lowrankCommSetAllocator)
+ALLOC_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t,
+                            ctypes.c_void_p, ctypes.c_void_p)
+FREE_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
+
+
 class NcclUniqueId(ctypes.Structure):
     """ncclUniqueId: 128 opaque bytes."""
     _fields_ = [("internal", ctypes.c_char * 128)]
@@ -129,8 +149,9 @@ _PROTOTYPES = {
 # Present only where the library was built with NCCL's header (lowrank_nccl.h), or only in newer
 # libraries (lowrankGetNcclLibrary: 0.1.0 from this package's release on; lowrankBufferSetTensors:
 # tensor ids, after 0.1.0; lowrankBufferGetTensorRanks: per-tensor ranks, after that;
-# lowrankGetBuildInfo: the revision built from, after that; lowrankCommGetTransportInfo: the
-# links measured, after that).
+# lowrankGetBuildInfo: the revision built from, after that; lowrankBufferGetMemory,
+# lowrankCommSetAllocator and lowrankCommGetTransportInfo: the memory report, the application's
+# device memory and the links measured, after that).
 _OPTIONAL = {
     "lowrankCommGetTransportInfo": (_R, [_P, ctypes.c_char_p, ctypes.c_size_t,
                                          ctypes.POINTER(ctypes.c_size_t)]),
@@ -138,6 +159,8 @@ _OPTIONAL = {
                                  ctypes.POINTER(ctypes.c_char_p)]),
     "lowrankBufferSetTensors": (_R, [_P, _P, _I, ctypes.POINTER(Tensor)]),
     "lowrankBufferGetTensorRanks": (_R, [_P, _P, ctypes.POINTER(_I), ctypes.POINTER(_I)]),
+    "lowrankBufferGetMemory": (_R, [_P, _P, ctypes.POINTER(MemoryInfo)]),
+    "lowrankCommSetAllocator": (_R, [_P, ALLOC_FN, FREE_FN, _P]),
     "lowrankGetNcclLibrary": (_R, [ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(ctypes.c_char_p),
                                    ctypes.POINTER(_I)]),
     "lowrankNcclGetUniqueId": (_R, [ctypes.POINTER(NcclUniqueId)]),

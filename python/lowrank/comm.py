@@ -111,6 +111,8 @@ class Communicator:
         self._lock = threading.Lock()       # serializes calls (the C API's rule per communicator)
         self._err_lock = threading.Lock()   # abort vs reading a failed call's message
         self._aborting = False
+        self._allocator = None    # set_allocator's ctypes functions, kept alive with the comm
+        self._alloc_error = None  # what the allocator raised in the call in progress
         self.device = device  # "cpu": host communicator (UCX); "cuda": over NCCL
         self.size = self._int_query("lowrankCommCount")
         self.rank = self._int_query("lowrankCommUserRank")
@@ -352,6 +354,68 @@ class Communicator:
             if needed.value <= len(buf):
                 return json.loads(buf.value.decode())
         raise LowrankError(5, "the transport's record kept growing while it was read", fn)
+    def memory(self, buffer):
+        """lowrankBufferGetMemory as a dict, bytes the buffer's state holds now: planned,
+        device (1: device memory), supplied (1: from set_allocator's alloc), residualBytes,
+        factorBytes, payloadBytes, workspaceBytes, tableBytes, pinnedBytes, totalBytes (their
+        sum); every byte field 0 for a buffer that holds no state. docs/cuda.md, "Memory", gives
+        each field's formula. Local; waits for nothing.
+        Raises LowrankError lowrankInvalidUsage for a library older than this function."""
+        fn = "lowrankBufferGetMemory"
+        if not hasattr(self._lib, fn):
+            raise LowrankError(5, f"{self._lib.lowrank_path} is older than this package: no {fn}",
+                               fn)
+        info = _capi.MemoryInfo.initializer()
+        self._call(fn, self._addr(buffer), ctypes.byref(info))
+        out = _capi.struct_to_dict(info)
+        del out["size"]
+        return out
+
+    def set_allocator(self, alloc, free):
+        """lowrankCommSetAllocator: device buffers planned from now on take every byte of their
+        state's device memory from alloc(nbytes, stream) -> address (an int, device memory for
+        the work queued on `stream` (a cudaStream_t as an int) from now on; raise, or return 0,
+        to refuse) and give it back through free(address, stream) (no longer used once the work
+        queued on `stream` so far has run). Both are called on the thread of a call on this
+        communicator, inside it; they must not call this communicator. A refusal fails that
+        call on every comm rank with nothing changed (lowrank.h); what alloc raised is raised by
+        the call (chained from lowrank's error), so that a framework's out-of-memory error is
+        what the caller sees. alloc and free None: lowrank's own allocation from now on. States
+        planned before keep their memory until released.
+        Raises LowrankError lowrankInvalidUsage for a library older than this function;
+        TypeError when only one of them is None."""
+        fn = "lowrankCommSetAllocator"
+        if not hasattr(self._lib, fn):
+            raise LowrankError(5, f"{self._lib.lowrank_path} is older than this package: no {fn}",
+                               fn)
+        if (alloc is None) != (free is None):
+            raise TypeError("set_allocator: give both alloc and free, or neither")
+        if alloc is None:
+            self._call(fn, _capi.ALLOC_FN(), _capi.FREE_FN(), None)
+            self._allocator = None
+            return
+
+        def c_alloc(out, nbytes, stream, _):
+            try:
+                address = int(alloc(int(nbytes), stream or 0))
+            except BaseException as e:  # noqa: B902 - kept for the call to raise
+                self._alloc_error = e
+                return 2  # lowrankSystemError: a refusal
+            out[0] = address
+            return 0 if address else 2
+
+        def c_free(address, stream, _):
+            try:
+                free(int(address or 0), stream or 0)
+            except BaseException as e:  # noqa: B902 - nothing to raise it to
+                import logging
+                logging.getLogger("lowrank").warning("lowrank: the allocator's free(%#x) raised "
+                                                     "%r", address or 0, e)
+
+        funcs = (_capi.ALLOC_FN(c_alloc), _capi.FREE_FN(c_free))
+        self._call(fn, funcs[0], funcs[1], None)
+        # States planned with them may outlive a later set_allocator: kept until destroy.
+        self._allocator = (funcs, self._allocator)
 
     def config(self):
         """The configuration in force (every field resolved), as a dict of CONFIG_FIELDS keys."""
@@ -417,12 +481,16 @@ class Communicator:
                 rc = getattr(self._lib, fn)(*[comm if a is _COMM else a for a in args])
             else:
                 rc = getattr(self._lib, fn)(comm, *args)
+            raised, self._alloc_error = self._alloc_error, None
             if rc:
                 with self._err_lock:
                     if self._aborting:  # the comm is being freed: its message is gone with it
                         raise error_for(rc, "the communicator was aborted (lowrankCommAbort) during "
                                             "the call", fn)
-                    raise _fail(self._lib, rc, fn, ctypes.c_void_p(h))
+                    error = _fail(self._lib, rc, fn, ctypes.c_void_p(h))
+                if raised is not None:  # the allocator's own error (a framework's out-of-memory)
+                    raise raised from error
+                raise error
 
 
 _COMM = object()  # stands for the communicator's handle in _call's arguments

@@ -147,18 +147,22 @@ int exactAllReduce(lowrankCudaComm_t* c, const void* send, void* recv, size_t co
          }).report(error);
 }
 
-int stateCreate(lowrankCudaComm_t* c, const lowrankCudaPlan_t* plan, lowrankCudaState_t** out,
-                uint64_t* bytes, lowrankCudaError_t* error) {
+int stateCreate(lowrankCudaComm_t* c, const lowrankCudaPlan_t* plan,
+                const lowrankCudaAllocator_t* allocator, void* stream, lowrankCudaState_t** out,
+                lowrankCudaMemory_t* memory, lowrankCudaError_t* error) {
   const RelaxedCaptureMode relaxed;  // never breaks another thread's capture (capture_mode.h)
   auto* st = new (std::nothrow) lowrankCudaState();
   if (!st) return Err::Fail(lowrankSystemError, "out of host memory").report(error);
-  const Err s = st->b.allocate(*plan, c->dc);  // frees what it allocated on failure
+  const lowrankCudaAllocator_t own{};
+  // frees what it allocated on failure
+  const Err s = st->b.allocate(*plan, c->dc, allocator ? *allocator : own,
+                               static_cast<cudaStream_t>(stream));
   if (!s.ok()) {
     delete st;
     return s.report(error);
   }
   *out = st;
-  *bytes = st->b.bytes;
+  *memory = st->b.memory;
   return lowrankSuccess;
 }
 
@@ -261,7 +265,7 @@ const char lowrankCudaBuildInfo[] = "cuda=" LOWRANK_STR(CUDART_VERSION) " arch="
                                     " cudart=static";
 
 extern "C" __attribute__((visibility("default")))
-const lowrankCudaBackend_t lowrankCudaBackendV6 = {
+const lowrankCudaBackend_t lowrankCudaBackendV7 = {
     LOWRANK_CUDA_BACKEND_VERSION,
     sizeof(lowrankCudaBackend_t),
     &lowrank::cuda::commCreate,

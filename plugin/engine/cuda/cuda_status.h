@@ -17,6 +17,7 @@ namespace lowrank::cuda {
 struct Err {
   lowrankResult_t code = lowrankSuccess;
   int ncclResult = 0;  // the NCCL call that failed (msg names it); 0: not NCCL's
+  bool refused = false;  // the supplied allocator refused memory (lowrankCommSetAllocator)
   std::string msg;
 
   bool ok() const { return code == lowrankSuccess; }
@@ -35,6 +36,7 @@ struct Err {
   // Into the table's error: returns the code.
   int report(lowrankCudaError_t* out) const {
     out->ncclResult = ncclResult;
+    out->refused = refused;
     snprintf(out->message, sizeof out->message, "%s", msg.c_str());
     return int(code);
   }

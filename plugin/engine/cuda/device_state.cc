@@ -10,16 +10,40 @@
 namespace lowrank::cuda {
 namespace {
 
-// Stream-ordered on `stream` where the device has memory pools, else synchronous.
+// The supplied allocator's where there is one (a refusal: Err::refused), else stream-ordered on
+// `stream` where the device has memory pools, else synchronous. Counted in *bytes.
 template <typename T>
-Err deviceAlloc(T** p, size_t count, size_t* bytes, cudaStream_t stream) {
+Err deviceAlloc(T** p, size_t count, size_t* bytes, cudaStream_t stream, const DeviceAllocator& a) {
   if (count == 0) return Err::Ok();
-  if (stream)
-    LR_CUDA(cudaMallocAsync(reinterpret_cast<void**>(p), count * sizeof(T), stream));
-  else
-    LR_CUDA(cudaMalloc(reinterpret_cast<void**>(p), count * sizeof(T)));
-  *bytes += count * sizeof(T);
+  const size_t n = count * sizeof(T);
+  if (a.alloc) {
+    void* got = nullptr;
+    if (const lowrankResult_t r = a.alloc(&got, n, a.stream, a.userdata); r != lowrankSuccess || !got) {
+      Err e = Err::Fail(lowrankSystemError, "the supplied allocator (lowrankCommSetAllocator) "
+                        "could not give %zu bytes (it returned %d)", n, int(r));
+      e.refused = true;
+      return e;
+    }
+    *p = static_cast<T*>(got);
+  } else if (stream) {
+    LR_CUDA(cudaMallocAsync(reinterpret_cast<void**>(p), n, stream));
+  } else {
+    LR_CUDA(cudaMalloc(reinterpret_cast<void**>(p), n));
+  }
+  *bytes += n;
   return Err::Ok();
+}
+
+// A table's creation: a refusal of the supplied allocator says so.
+Err tableMade(cudaError_t e, const TableMemory& mem, const char* what) {
+  if (e == cudaSuccess) return Err::Ok();
+  if (mem.refused) {
+    Err r = Err::Fail(lowrankSystemError, "the supplied allocator (lowrankCommSetAllocator) could "
+                      "not give the memory of the %s", what);
+    r.refused = true;
+    return r;
+  }
+  return fromCuda(e, what);
 }
 
 // Once per process, where a plan has a rank above 32: which orthonormalization serves it.
@@ -66,8 +90,17 @@ OrthoDesc pOrtho(const lowrankCudaTensor_t& t) {
 
 }  // namespace
 
-Err DeviceBuffer::allocate(const lowrankCudaPlan_t& pl, const DeviceComm& dc) {
+bool DeviceBuffer::streamOrdered() const {
+  return comm && (comm->asyncAlloc || supplied()) && compute;
+}
+
+Err DeviceBuffer::allocate(const lowrankCudaPlan_t& pl, const DeviceComm& dc,
+                           const lowrankCudaAllocator_t& a, cudaStream_t callStream) {
   comm = &dc;
+  allocator.alloc = a.alloc;
+  allocator.free = a.alloc ? a.free : nullptr;
+  allocator.userdata = a.userdata;
+  allocator.stream = callStream;
   plan.count = pl.count;
   plan.dtype = lowrankDataType_t(pl.dtype);
   plan.orthoEpsilon = pl.orthoEpsilon;
@@ -79,15 +112,31 @@ Err DeviceBuffer::allocate(const lowrankCudaPlan_t& pl, const DeviceComm& dc) {
   Err s = [&]() -> Err {
     // The stream first: the memory and the tables are allocated and uploaded in its order.
     LR_CUDA(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking));
-    cudaStream_t on = dc.asyncAlloc ? compute : nullptr;  // null: synchronously
-    if (pl.errorFeedback) LR_TRY(deviceAlloc(&e, pl.count, &bytes, on));
-    LR_TRY(deviceAlloc(&payload, plan.payloadElems(), &bytes, on));
-    LR_TRY(deviceAlloc(&qt, pl.qElems, &bytes, on));
-    LR_TRY(deviceAlloc(&wire, pl.qElems, &bytes, on));
+    // null: synchronously. The supplied allocator's memory is used in its stream's order: the
+    // compute stream's, after the planning call's stream (where the allocator gave it).
+    cudaStream_t on = dc.asyncAlloc || supplied() ? compute : nullptr;
+    if (supplied()) {
+      LR_CUDA(cudaEventCreateWithFlags(&forked, cudaEventDisableTiming));
+      LR_CUDA(cudaEventRecord(forked, callStream));
+      LR_CUDA(cudaStreamWaitEvent(compute, forked, 0));
+    }
+    size_t residual = 0, factors = 0, payloadBytes = 0;
+    if (pl.errorFeedback) LR_TRY(deviceAlloc(&e, pl.count, &residual, on, allocator));
+    LR_TRY(deviceAlloc(&payload, plan.payloadElems(), &payloadBytes, on, allocator));
+    LR_TRY(deviceAlloc(&qt, pl.qElems, &factors, on, allocator));
+    LR_TRY(deviceAlloc(&wire, pl.qElems, &factors, on, allocator));
+    bytes = residual + payloadBytes + factors;
+    memory.residual = residual;
+    memory.payload = payloadBytes;
+    memory.factors = factors;
     void* checks = nullptr;
-    LR_TRY(dc.pinned.take(kCheckSlots * 2 * sizeof(float), &checks));
+    size_t pinnedBytes = 0;
+    LR_TRY(dc.pinned.take(kCheckSlots * 2 * sizeof(float), &checks, &pinnedBytes));
     hostChecks = static_cast<float*>(checks);
-    for (cudaEvent_t* ev : {&exactReduced, &done, &forked}) LR_TRY(event(ev));
+    memory.pinned = pinnedBytes;
+    TableMemory mem;
+    mem.allocator = allocator;
+    for (cudaEvent_t* ev : {&exactReduced, &done, &forked}) if (!*ev) LR_TRY(event(ev));
     for (cudaEvent_t& ev : checksCopied) LR_TRY(event(&ev));
 
     std::vector<ExactDesc> exacts;
@@ -97,9 +146,10 @@ Err DeviceBuffer::allocate(const lowrankCudaPlan_t& pl, const DeviceComm& dc) {
       if (!t.compressed) exacts.push_back({t.offset, t.numel, t.exactOffset});
       else qOrtho.push_back({t.qOffset, t.cols, uint32_t(t.k), 1, t.cols});
     }
-    LR_CUDA(createExactTable(exacts.data(), exacts.size(), &exact, on));
+    LR_TRY(tableMade(createExactTable(exacts.data(), exacts.size(), &exact, on, &mem), mem, "exact table"));
     reportDenseQr(pl);
-    LR_CUDA(createOrthoTable(qOrtho.data(), qOrtho.size(), &orthoQ, on));
+    LR_TRY(tableMade(createOrthoTable(qOrtho.data(), qOrtho.size(), &orthoQ, on, &mem), mem,
+                      "orthonormalization table of Q"));
 
     pChunks.resize(pl.nPChunks);
     for (size_t c = 0; c < pl.nPChunks; ++c) {
@@ -108,7 +158,8 @@ Err DeviceBuffer::allocate(const lowrankCudaPlan_t& pl, const DeviceComm& dc) {
         const lowrankCudaBlock_t& rb = pl.rowBlocks[b];
         blocks.push_back(blockDesc(rb, pl.tensors[rb.tensor].limit));
       }
-      LR_CUDA(createBlockTable(blocks.data(), blocks.size(), &pChunks[c].blocks, on));
+      LR_TRY(tableMade(createBlockTable(blocks.data(), blocks.size(), &pChunks[c].blocks, on, &mem),
+                        mem, "block table of a P chunk"));
       LR_TRY(event(&pChunks[c].computed));
       LR_TRY(event(&pChunks[c].reduced));
     }
@@ -135,12 +186,19 @@ Err DeviceBuffer::allocate(const lowrankCudaPlan_t& pl, const DeviceComm& dc) {
           q.waitPChunk = q.waitPChunk == SIZE_MAX ? t.lastPChunk : std::max<size_t>(q.waitPChunk, t.lastPChunk);
         }
       }
-      LR_CUDA(createBlockTable(blocks.data(), blocks.size(), &q.blocks, on));
-      if (!first.empty()) LR_CUDA(createOrthoTable(first.data(), first.size(), &q.ortho, on));
+      LR_TRY(tableMade(createBlockTable(blocks.data(), blocks.size(), &q.blocks, on, &mem), mem,
+                        "block table of a Q chunk"));
+      if (!first.empty())
+        LR_TRY(tableMade(createOrthoTable(first.data(), first.size(), &q.ortho, on, &mem), mem,
+                         "orthonormalization table of P"));
       LR_TRY(event(&q.computed));
       LR_TRY(event(&q.reduced));
     }
-    LR_CUDA(createScatterTable(all.data(), dstOffset.data(), dstLd.data(), all.size(), &scatter, on));
+    LR_TRY(tableMade(createScatterTable(all.data(), dstOffset.data(), dstLd.data(), all.size(),
+                                       &scatter, on, &mem),
+                    mem, "scatter table"));
+    memory.tables = mem.tables;
+    memory.workspace = mem.workspace;
     // Without memory pools the tables went up by synchronous copies from pageable memory, on the
     // legacy default stream, which a non-blocking stream is not ordered with, and such a copy may
     // return before its data lands: the compute stream waits for that stream's work so far (no
@@ -160,7 +218,7 @@ Err DeviceBuffer::allocate(const lowrankCudaPlan_t& pl, const DeviceComm& dc) {
 }
 
 void DeviceBuffer::release() {
-  const bool async = comm && comm->asyncAlloc && compute;
+  const bool async = streamOrdered();
   if (!async && done && comm && !settleDevice(*comm, done, nullptr)) {
     LR_WARN("CUDA backend: a buffer's last call did not finish (a dead peer, an NCCL failure or an "
             "abort); its %zu bytes of device memory are left allocated", bytes);
@@ -173,11 +231,12 @@ void DeviceBuffer::release() {
   if (async && comm->stream && forked && cudaEventRecord(forked, comm->stream) == cudaSuccess)
     (void)cudaStreamWaitEvent(compute, forked, 0);
   for (void* p : {static_cast<void*>(e), static_cast<void*>(payload), static_cast<void*>(qt),
-                  static_cast<void*>(wire)})
-    if (p) {
-      if (on) cudaFreeAsync(p, on);
-      else cudaFree(p);
-    }
+                  static_cast<void*>(wire)}) {
+    if (!p) continue;
+    if (allocator.free) allocator.free(p, on, allocator.userdata);
+    else if (on) cudaFreeAsync(p, on);
+    else cudaFree(p);
+  }
   if (exact) destroy(exact);  // on the stream each table was made on
   if (orthoQ) destroy(orthoQ);
   if (scatter) destroy(scatter);

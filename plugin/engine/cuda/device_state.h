@@ -75,19 +75,29 @@ struct DeviceBuffer {
   cudaEvent_t checksCopied[kCheckSlots] = {};   // slot i holds its call's checks once completed
   float expectedOp[kCheckSlots] = {};           // what slot i's op word must be for its call
   size_t checksFirst = 0, checksPending = 0;    // the oldest pending slot; how many are pending
-  size_t bytes = 0;                             // device memory held
+  size_t bytes = 0;                             // device memory of e, payload, qt and wire
+  lowrankCudaMemory_t memory{};                 // every byte held, by kind (lowrankBufferGetMemory)
+  // Where the device memory comes from (lowrankCommSetAllocator's; none: CUDA's), and where it
+  // goes back: the tables keep their own copy.
+  DeviceAllocator allocator;
+  bool supplied() const { return allocator.alloc != nullptr; }
+  bool streamOrdered() const;  // frees in the compute stream's order (pools or the allocator)
 
   // Allocates everything for `plan` on comm and zeroes the residual and factors, all ordered on
   // the buffer's new stream (cudaMallocAsync, copies queued there; pinned blocks from the comm's
-  // pool): no synchronizing call where the device has memory pools (DeviceComm::asyncAlloc). On
-  // failure frees what was allocated and returns the error.
-  Err allocate(const lowrankCudaPlan_t& plan, const DeviceComm& comm);
-  // Frees everything, never waiting on the host where comm.asyncAlloc: the device memory by
-  // cudaFreeAsync on the buffer's stream after its last call and after the communication stream's
-  // work so far, the pinned blocks back to the pool once that has run, the stream destroyed (its
-  // work still runs). Memory a call that never finishes uses is never freed, as it must not be.
-  // Without memory pools: once the last call has finished (settleDevice), else left allocated
-  // with a WARN. Checks still pending are dropped.
+  // pool): no synchronizing call where the device has memory pools (DeviceComm::asyncAlloc). With
+  // a supplied allocator (a.alloc set) every byte of device memory is its, taken for the order of
+  // callStream (the planning call's), which the buffer's stream then waits for. On failure frees
+  // what was allocated and returns the error (refused: the allocator's).
+  Err allocate(const lowrankCudaPlan_t& plan, const DeviceComm& comm,
+               const lowrankCudaAllocator_t& a, cudaStream_t callStream);
+  // Frees everything, never waiting on the host where comm.asyncAlloc or the memory is the
+  // supplied allocator's: the device memory by cudaFreeAsync (or the allocator's free) on the
+  // buffer's stream after its last call and after the communication stream's work so far, the
+  // pinned blocks back to the pool once that has run, the stream destroyed (its work still runs).
+  // Memory a call that never finishes uses is never freed, as it must not be. Without memory
+  // pools: once the last call has finished (settleDevice), else left allocated with a WARN.
+  // Checks still pending are dropped.
   void release();
   // Counts the rejected calls among the checks that have arrived, oldest first, into *rejected;
   // waits for the oldest `wait` of them (0: never blocks; SIZE_MAX: all). *opMismatches: those

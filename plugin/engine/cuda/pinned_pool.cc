@@ -27,7 +27,7 @@ bool PinnedPool::ready(Block& b) {
   return true;
 }
 
-Err PinnedPool::take(size_t bytes, void** out) {
+Err PinnedPool::take(size_t bytes, void** out, size_t* got) {
   const size_t size = sizeClass(std::max<size_t>(bytes, 1));
   Block* best = nullptr;
   for (Block& b : blocks_)
@@ -44,6 +44,7 @@ Err PinnedPool::take(size_t bytes, void** out) {
   }
   best->inUse = true;
   *out = best->p;
+  if (got) *got = best->bytes;
   return Err::Ok();
 }
 

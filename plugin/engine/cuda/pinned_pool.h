@@ -23,7 +23,8 @@ class PinnedPool {
   // A block of at least `bytes`, free of any earlier use: one handed back whose event has
   // completed, else one carved from a new slab (the only cudaMallocHost; a slab holds
   // kSlabBytes / size of the small blocks, one large block otherwise).
-  Err take(size_t bytes, void** out);
+  // *got (may be null): the block's bytes.
+  Err take(size_t bytes, void** out, size_t* got = nullptr);
   // Hands p (from take) back: reusable once the work queued on `stream` so far has run (an event
   // recorded there; null: at once). A failure to record keeps the block out of use for good.
   void give(void* p, cudaStream_t stream);

@@ -25,6 +25,7 @@ from .._buffers import describe
 from ..comm import as_int, tensor_array
 from ..errors import InvalidArgumentError, LowrankError
 from .adaptive import AdaptiveRank
+from .memory import use_torch_memory
 from .process_group import communicator_from_process_group, require_initialized
 from .signals import accumulate, combine, measure, take_norms
 from .tensor_ranks import TensorRanks
@@ -223,7 +224,10 @@ class PowerSGDState:
     # ---- lowrank's additions -------------------------------------------------------------------
     def stats(self):
         """lowrank's counters (lowrankGetStats), summed over this state's communicators, after
-        the work queued so far has run: calls, compressedCalls, ratio, stateBytes, buffers, ..."""
+        the work queued so far has run: calls, compressedCalls, ratio, stateBytes, buffers, ...;
+        and "memory": {bucket index: the bytes its buffer holds (Communicator.memory: residual,
+        factors, payload, workspaces, tables, pinned memory, total; docs/cuda.md, "Memory")} of
+        the last complete step's buckets (left out with a library older than the query)."""
         total = {}
         for dev, comm in self._comms.items():
             self._workers[dev].drain()
@@ -232,6 +236,12 @@ class PowerSGDState:
         if total:
             total["ratio"] = ((total["compressedElements"] + total["exactElements"])
                               / total["payloadElements"] if total["payloadElements"] else 0.0)
+            memory = {index: self._comms[b.device].memory(b.ptr)
+                      for index, b in sorted(self._buckets.items())
+                      if hasattr(getattr(self._comms[b.device], "_lib", None),
+                                 "lowrankBufferGetMemory")}
+            if memory or not self._buckets:
+                total["memory"] = memory
         return total
 
     def view(self, bucket_index):
@@ -508,6 +518,8 @@ class PowerSGDState:
         if device not in self._comms:
             self._comms[device] = communicator_from_process_group(self.process_group, device,
                                                                   **self._config)
+            if device != "cpu":  # its buckets' state in torch's memory (memory.py)
+                use_torch_memory(self._comms[device], device)
             self._workers[device] = Worker(f"lowrank-{device}")
         if self._adaptive is not None:
             return _Measured(self, device, self._comms[device])

@@ -1,6 +1,7 @@
 // Emulated device memory: host memory that the emulation knows as device memory (the driver's
 // pointer query says so, as liblowrank asks it), filled with 0xff bytes when allocated, so that
 // reading what was never written gives NaN; and the copies and memsets, queued on streams.
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -37,9 +38,20 @@ std::optional<Allocation> find(const void* p, size_t bytes) {
   return it->second;
 }
 
+// failDeviceAllocations: how many device allocations succeed before every later one fails
+// (-1: none fails).
+std::atomic<long> allocationsLeft{-1};
+bool outOfDeviceMemory() {
+  long left = allocationsLeft.load();
+  while (left > 0 && !allocationsLeft.compare_exchange_weak(left, left - 1)) {
+  }
+  return left == 0;
+}
+
 cudaError_t allocate(void** p, size_t bytes, Kind kind) {
   if (!p) return setError(cudaErrorInvalidValue);
   if (cudaError_t e = checkUnsafeDuringCapture(false)) return setError(e);
+  if (kind == Kind::kDevice && outOfDeviceMemory()) return setError(cudaErrorMemoryAllocation);
   *p = std::malloc(bytes ? bytes : 1);
   if (!*p) return setError(cudaErrorMemoryAllocation);
   std::memset(*p, 0xff, bytes);
@@ -78,6 +90,9 @@ bool rangesValid(void* dst, const void* src, size_t n, cudaMemcpyKind kind) {
 }
 
 }  // namespace
+
+void failDeviceAllocations(long after) { allocationsLeft = after; }
+
 }  // namespace emu
 
 using namespace emu;
@@ -122,6 +137,7 @@ cudaError_t cudaMallocAsync(void** p, size_t bytes, cudaStream_t s) {
   if (stream(s)->capture != cudaStreamCaptureStatusNone)
     return setError(cudaErrorStreamCaptureUnsupported);  // memory nodes are not emulated
   if (!p) return setError(cudaErrorInvalidValue);
+  if (outOfDeviceMemory()) return setError(cudaErrorMemoryAllocation);
   *p = std::malloc(bytes ? bytes : 1);
   if (!*p) return setError(cudaErrorMemoryAllocation);
   std::memset(*p, 0xff, bytes);

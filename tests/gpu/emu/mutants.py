@@ -39,26 +39,27 @@ MUTANTS = {
         "set-up racing the first call (without memory pools, the fallback): the buffer's "
         "non-blocking stream does not wait for the launch tables' synchronous copies from pageable "
         "memory (legacy default stream)",
-        "    LR_CUDA(cudaStreamWaitEvent(compute, forked, 0));\n",
-        ""),
+        "      LR_CUDA(cudaEventRecord(forked, nullptr));\n"
+        "      LR_CUDA(cudaStreamWaitEvent(compute, forked, 0));\n",
+        "      LR_CUDA(cudaEventRecord(forked, nullptr));\n"),
     # Issue 39: no synchronizing call on the training path, and one deadline for an abort.
     "free_synchronous": (
         "device_state.cc",
         "a released buffer (a rebucketing) frees its device memory with cudaFree, which waits "
         "for the whole device (behind NCCL's kernels) instead of cudaFreeAsync on its stream",
-        "      if (on) cudaFreeAsync(p, on);\n      else cudaFree(p);\n",
-        "      cudaFree(p);\n"),
+        "    else if (on) cudaFreeAsync(p, on);\n    else cudaFree(p);\n",
+        "    else cudaFree(p);\n"),
     "tables_synchronous": (
         "device_state.cc",
         "a buffer planned during training uploads its exact part's launch table by cudaMalloc and "
         "a pageable cudaMemcpy (legacy default stream) instead of stream-ordered on its stream",
-        "createExactTable(exacts.data(), exacts.size(), &exact, on));",
-        "createExactTable(exacts.data(), exacts.size(), &exact, nullptr));"),
+        "createExactTable(exacts.data(), exacts.size(), &exact, on, &mem)",
+        "createExactTable(exacts.data(), exacts.size(), &exact, nullptr, &mem)"),
     "pinned_per_buffer": (
         "device_state.cc",
         "a buffer planned during training allocates its pinned check slots with cudaMallocHost "
         "(which synchronizes the device) instead of taking them from the communicator's pool",
-        "    LR_TRY(dc.pinned.take(kCheckSlots * 2 * sizeof(float), &checks));\n",
+        "    LR_TRY(dc.pinned.take(kCheckSlots * 2 * sizeof(float), &checks, &pinnedBytes));\n",
         "    LR_CUDA(cudaMallocHost(&checks, kCheckSlots * 2 * sizeof(float)));\n"),
     "plan_check_breaks_capture": (
         "backend.cc",
