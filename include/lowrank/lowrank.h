@@ -539,6 +539,7 @@ lowrankResult_t lowrankGetStats(lowrankComm_t comm, lowrankStats_t* stats);
  * Thread safety: any thread, beside calls on the same communicator. */
 lowrankResult_t lowrankCommGetTransportInfo(lowrankComm_t comm, char* json, size_t size,
                                             size_t* needed);
+
 /* ---- Memory ------------------------------------------------------------------------------------ */
 
 /* The bytes one buffer's state holds now. Size-versioned: set `size` to sizeof(lowrankMemoryInfo_t)

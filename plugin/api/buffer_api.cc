@@ -180,6 +180,10 @@ LOWRANK_API lowrankResult_t lowrankCommGetTransportInfo(lowrankComm_t comm, char
     const std::string s = comm->engine->transportInfo();  // no call lock: the transport locks
     if (needed) *needed = s.size() + 1;
     if (size > 0) snprintf(json, size, "%s", s.c_str());
+    return lowrankSuccess;
+  });
+}
+
 LOWRANK_API lowrankResult_t lowrankBufferGetMemory(lowrankComm_t comm, const void* recvbuff,
                                                    lowrankMemoryInfo_t* info) {
   static const char* fn = "lowrankBufferGetMemory";
