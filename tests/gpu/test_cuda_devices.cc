@@ -58,12 +58,20 @@ std::vector<std::vector<float>> inputs() {
   return x;
 }
 
+// Gives the thread's current device back at the end of a test (the next tests make streams on it).
+struct KeepDevice {
+  int device = 0;
+  KeepDevice() { cudaGetDevice(&device); }
+  ~KeepDevice() { cudaSetDevice(device); }
+};
+
 bool sameBits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
 TEST(DeviceEngineTwoDevices, EachCommunicatorRunsOnItsNcclCommunicatorsDevice) {
   LR_SKIP_WITHOUT_DEVICE();
+  const KeepDevice keep;
   int n = 0;
   ASSERT_EQ(cudaGetDeviceCount(&n), cudaSuccess);
   if (n < 2) GTEST_SKIP() << "needs two devices; this machine has " << n;
