@@ -35,7 +35,7 @@
 # CUDA tests. Under --emulated: the kernel and engine tests (a short subset), two ranks, the dead
 # peer and memory pressure (not available there) on the emulation; the rest "not available".
 set -uo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 2
 emulated=0
 [ "${1:-}" = --emulated ] && { emulated=1; shift; }
 if [ $emulated = 1 ]; then B=$(realpath "${1:-${LOWRANK_BUILD_DIR:-build}}")
