@@ -66,7 +66,8 @@ extern "C" {
 
 /* Makes *comm over `nccl`. Not collective (no communication): every comm rank may call it at any
  * time, but all must use the same configuration (the seed in particular). `nccl` is not owned:
- * destroy *comm (lowrankCommDestroy) before the NCCL communicator.
+ * destroy *comm (lowrankCommDestroy) before the NCCL communicator. Device buffers go to the NCCL
+ * communicator's device (ncclCommCuDevice), whatever device is current when a call is made.
  * Errors: lowrankInvalidArgument (null comm or nccl, bad config), lowrankInvalidUsage (a malformed
  * LOWRANK_* variable; the message names it), lowrankSystemError (the real NCCL library could not be
  * loaded or lacks a symbol: see LOWRANK_NCCL_LIBRARY; or the NCCL communicator is not usable yet,

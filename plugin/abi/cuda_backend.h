@@ -16,8 +16,10 @@
  * Errors: every fallible entry returns a lowrankResult_t (0: success) and fills *error (never NULL):
  * `message` names what failed; `ncclResult` is the ncclResult_t of the NCCL call that failed, 0 when
  * the failure was not NCCL's (liblowrank then adds NCCL's own text of it). No exception crosses.
- * Device: every entry that touches the device expects the comm's device (`commCreate`'s *device) to
- * be current on the calling thread. Calls on one comm and its states are serialized by the caller,
+ * Device: the comm's device is its NCCL communicator's (ncclCommCuDevice; the calling thread's
+ * current device only where NCCL lacks that entry), taken by `commCreate` before anything is made;
+ * every entry makes it current for its own duration and restores the caller's device after, so a
+ * caller may call from a thread with any device current. Calls on one comm and its states are serialized by the caller,
  * except commAbort (any thread, any time).
  * Waits: every host wait on the device is bounded by commCreate's timeoutSec and polls NCCL's
  * asynchronous error meanwhile (engine/cuda/device_wait.h); its failure is an error naming the
@@ -134,8 +136,8 @@ typedef struct lowrankCudaBackend {
   uint32_t version; /* LOWRANK_CUDA_BACKEND_VERSION of the backend's build */
   uint32_t size;    /* sizeof(lowrankCudaBackend_t) there */
 
-  /* The device side of an NCCL communicator of `nranks` comm ranks, on the calling thread's current
-   * device (returned in *device). `nccl`: the real NCCL, lent by liblowrank for the comm's life.
+  /* The device side of an NCCL communicator of `nranks` comm ranks, on the communicator's device
+   * (ncclCommCuDevice, returned in *device; see "Device" above). `nccl`: the real NCCL, lent by liblowrank for the comm's life.
    * timeoutSec: the communicator's (lowrankConfig_t.timeoutSec): the bound of every wait on the
    * device, and of waiting out an NCCL call that returned ncclInProgress (abi/nccl_settle.h). */
   int (*commCreate)(const lowrankRealNccl_t* nccl, void* ncclComm, int nranks, double timeoutSec,

@@ -19,8 +19,9 @@ namespace lowrank {
 class DeviceBackend final : public BufferBackend {
  public:
   // Loads the CUDA backend (device_backend.h) and makes the device side of the NCCL communicator
-  // `ncclComm` (an ncclComm_t of nranks comm ranks) on the calling thread's current device, which
-  // every later call then uses whatever the caller's current device is.
+  // `ncclComm` (an ncclComm_t of nranks comm ranks) on that communicator's device
+  // (ncclCommCuDevice: device()), which every later call then uses whatever the caller's current
+  // device is (the backend makes it current around each of its entries).
   static Status create(void* ncclComm, int nranks, const EngineConfig& cfg,
                        std::unique_ptr<DeviceBackend>* out);
   ~DeviceBackend() override;  // every state made here must be gone first

@@ -134,7 +134,9 @@ TEST(DeviceCheckpoint, ResumeIsBitIdenticalOnEveryRank) {
   }, cfg);
 }
 
-TEST(DeviceCheckpoint, RestoreOnOneRankOnlyIsRefusedOnEveryRank) {
+// Two comm ranks, one per device (TwoDevices in its name: run_device_checks.sh leaves it out on a
+// one-GPU machine; the emulation runs one comm rank per process, where it skips).
+TEST(DeviceCheckpointTwoDevices, RestoreOnOneRankOnlyIsRefusedOnEveryRank) {
   LR_SKIP_WITHOUT_DEVICE();
   const int N = ranksHere();
   if (N < 2) GTEST_SKIP() << "needs two comm ranks (one device here; the host engine's test "

@@ -341,8 +341,9 @@ TEST(DeviceEngine, MixedHostAndDeviceBuffersAreRefused) {
 // return ncclInProgress and the next N polls of ncclCommGetAsyncError say so too. The device path's
 // NCCL calls (plan check, factor allreduces, exact calls) wait it out: the outputs are those of a
 // blocking communicator, bit for bit. One that never finishes fails the call with lowrankTimeout
-// naming it, within the communicator's timeout.
-TEST(DeviceEngine, NonblockingNcclCommunicatorIsWaitedOut) {
+// naming it, within the communicator's timeout. Emulated in its name: it needs the NCCL test double,
+// so run_device_checks.sh leaves it out on a GPU (gtest filter -*Emulat*).
+TEST(DeviceEngineEmulated, NonblockingNcclCommunicatorIsWaitedOut) {
   LR_SKIP_WITHOUT_DEVICE();
   if (!dlsym(RTLD_DEFAULT, "ncclDoubleLiveComms"))
     GTEST_SKIP() << "needs the NCCL test double (NCCL_DOUBLE_INPROGRESS), not a real NCCL";

@@ -237,6 +237,7 @@ TEST(DeviceWaits, SaveThatNeverEndsTimesOutAndFailsTheCommunicator) {
 
 #else
 
+// (run_device_checks.sh leaves *Emulat* tests out on a GPU: this one says why the suite is empty.)
 TEST(DeviceWaits, EmulationOnly) { GTEST_SKIP() << "stalled collectives need the NCCL test double"; }
 
 #endif

@@ -124,15 +124,15 @@ class _OnCuda(torch.Tensor):
 
     @property
     def device(self):
-        return torch.device("cuda", 0)
+        return torch.device("cuda", self.index)
 
     def record_stream(self, stream):
         self.recorded.append(stream.name)
 
 
-def _on_cuda(t):
+def _on_cuda(t, index=0):
     out = t.as_subclass(_OnCuda)
-    out.recorded, out.tag = [], "cuda bucket"  # as _Buffer's, for _Comm's log
+    out.recorded, out.tag, out.index = [], f"cuda:{index} bucket", index  # tag: for _Comm's log
     return out
 
 
@@ -140,7 +140,7 @@ class _GradBucket:
     """DDP's GradBucket as the hook reads it: index(), buffer(), gradients() (views of the
     buffer), parameters(), is_last()."""
 
-    def __init__(self, index, params, last, cuda):
+    def __init__(self, index, params, last, cuda):  # cuda: False, True (cuda:0) or an index > 0
         self._index, self._params, self._last = index, params, last
         flat = torch.cat([torch.randn(p.numel()) for p in params])
         self._buf, offset, self._grads = flat, 0, []
@@ -148,8 +148,9 @@ class _GradBucket:
             self._grads.append(flat[offset:offset + p.numel()].view(p.shape))
             offset += p.numel()
         if cuda:
-            self._buf = _on_cuda(flat)
-            self._grads = [_on_cuda(g) for g in self._grads]
+            dev = 0 if cuda is True else cuda
+            self._buf = _on_cuda(flat, dev)
+            self._grads = [_on_cuda(g, dev) for g in self._grads]
 
     def index(self):
         return self._index
@@ -184,11 +185,11 @@ def hook_state(fake_cuda, monkeypatch):
     monkeypatch.setattr(torch.futures, "Future", Future)
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     state = PowerSGDState(None, matrix_approximation_rank=1, start_powerSGD_iter=1, device="cpu")
-    state._comms["cuda"] = _Comm(log)
+    state._comms["cuda:0"] = _Comm(log)
     try:
         yield state, log, made
     finally:
-        del state._comms["cuda"]  # the stand-in has no worker to close
+        del state._comms["cuda:0"]  # the stand-in has no worker to close
         state.close()
         dist.destroy_process_group()
 
@@ -217,3 +218,42 @@ def test_the_hook_reduces_a_cuda_bucket_inline_and_a_cpu_bucket_on_its_worker(ho
     out = powerSGD_hook(state, cpu_bucket).wait()
     assert [e for e in log if e[0] == "allreduce"] == calls, "the CPU bucket did not go inline"
     assert out is cpu_bucket.buffer() and torch.equal(out, before), "a one-rank mean is the input"
+
+
+def test_each_cuda_device_has_a_communicator_of_its_own_made_on_it(hook_state, monkeypatch):
+    """Issue 41, item 3: a bucket on cuda:1 goes to a communicator of its own, made (collective
+    over the group) while cuda:1 is current, since lowrank makes its NCCL communicator on the
+    current device; a bucket on cuda:0 of the same step stays with cuda:0's."""
+    from lowrank.torch import powerSGD_hook
+    state, log, _ = hook_state
+    current, made = [0], []
+
+    @contextlib.contextmanager
+    def device(d):
+        before, current[0] = current[0], torch.device(d).index
+        try:
+            yield
+        finally:
+            current[0] = before
+
+    class Made(_Comm):
+        def allreduce(self, buf, op, stream):
+            self._log.append(("allreduce on cuda:1's", buf.tag))
+
+        def destroy(self):
+            pass
+
+    def make(group, kind, **config):
+        made.append((kind, current[0]))
+        return Made(log)
+
+    monkeypatch.setattr(torch.cuda, "device", device)
+    monkeypatch.setattr(hook, "communicator_from_process_group", make)
+    params = list(torch.nn.Sequential(torch.nn.Linear(8, 6), torch.nn.Linear(6, 4)).parameters())
+    powerSGD_hook(state, _GradBucket(0, params[2:], last=False, cuda=1)).wait()
+    powerSGD_hook(state, _GradBucket(1, params[:2], last=True, cuda=True)).wait()
+    assert made == [("cuda", 1)], "one communicator made, for cuda:1, with cuda:1 current"
+    assert current == [0], "the caller's device given back"
+    assert sorted(k for k in state._comms if k != "cpu") == ["cuda:0", "cuda:1"]
+    reduced = [e[:2] for e in log if e[0].startswith("allreduce")]
+    assert reduced == [("allreduce on cuda:1's", "cuda:1 bucket"), ("allreduce", "cuda:0 bucket")]

@@ -13,6 +13,7 @@
 #include "abi/services.h"
 #include "engine/cuda/capture_mode.h"
 #include "engine/cuda/cuda_status.h"
+#include "engine/cuda/device_scope.h"
 #include "engine/cuda/device_schedule.h"
 #include "engine/cuda/device_state.h"
 #include "engine/cuda/device_wait.h"
@@ -35,6 +36,15 @@ const lowrankServices_t& pluginServices() { return servicesOrAbort("liblowrank_c
 namespace lowrank::cuda {
 namespace {
 
+// The NCCL communicator's device (ncclCommCuDevice), taken before anything is made: the calling
+// thread's current device may be another (a process that drives several devices; a framework
+// that makes a device current per call). Without the entry (optional in the table): the calling
+// thread's current device.
+Err commDevice(const lowrankRealNccl_t& nccl, void* comm, int* device) {
+  if (!nccl.commCuDevice) return fromCuda(cudaGetDevice(device), "cudaGetDevice");
+  return fromNccl(nccl.commCuDevice(comm, device), "ncclCommCuDevice");
+}
+
 int commCreate(const lowrankRealNccl_t* nccl, void* ncclComm, int nranks, double timeoutSec,
                lowrankCudaComm_t** out, int* device, lowrankCudaError_t* error) {
   const RelaxedCaptureMode relaxed;  // never breaks another thread's capture (capture_mode.h)
@@ -51,8 +61,11 @@ int commCreate(const lowrankRealNccl_t* nccl, void* ncclComm, int nranks, double
   dc.comm = ncclComm;
   dc.nranks = nranks;
   dc.timeoutSec = timeoutSec;
-  const Err s = [&]() -> Err {
-    LR_CUDA(cudaGetDevice(&dc.device));
+  dc.device = -1;
+  Err s = commDevice(*nccl, ncclComm, &dc.device);
+  const DeviceScope on(dc.device);  // everything below is made on the comm's device
+  if (s.ok()) s = on.status();
+  if (s.ok()) s = [&]() -> Err {
     int pools = 0;  // cudaMallocAsync's memory pools (not on every GPU, driver or MIG set-up)
     dc.asyncAlloc = cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, dc.device) ==
                         cudaSuccess && pools;
@@ -90,6 +103,7 @@ void commDestroy(lowrankCudaComm_t* c) {
   const RelaxedCaptureMode relaxed;  // never breaks another thread's capture (capture_mode.h)
   if (!c) return;
   DeviceComm& dc = c->dc;
+  const DeviceScope on(dc.device);
   const bool settled = (!dc.stream || settleDevice(dc, nullptr, dc.stream)) &&
                        settleDevice(dc, [&] { return dc.pinned.settled(); });
   if (!settled) {
@@ -116,7 +130,9 @@ int planCheck(lowrankCudaComm_t* c, uint64_t* words, lowrankCudaError_t* error) 
   const RelaxedCaptureMode relaxed;  // never breaks another thread's capture (capture_mode.h)
   constexpr size_t kBytes = LOWRANK_PLAN_CHECK_WORDS * sizeof(uint64_t);
   const DeviceComm& dc = c->dc;
+  const DeviceScope on(dc.device);
   const Err s = [&]() -> Err {
+    LR_TRY(on.status());
     (void)cudaGetLastError();  // an error the application left in the runtime is not ours
     // Up, reduced and down in the communication stream's order, through pinned words (a pageable
     // copy may return before its data lands, and the non-blocking stream is not ordered with it).
@@ -141,6 +157,8 @@ int planCheck(lowrankCudaComm_t* c, uint64_t* words, lowrankCudaError_t* error) 
 int exactAllReduce(lowrankCudaComm_t* c, const void* send, void* recv, size_t count, int dtype,
                    int op, void* stream, lowrankCudaError_t* error) {
   const DeviceComm& dc = c->dc;
+  const DeviceScope on(dc.device);
+  if (!on.status().ok()) return on.status().report(error);
   (void)cudaGetLastError();  // an error the application left in the runtime is not ours
   return ncclIssue(dc, "ncclAllReduce", [&] {
            return dc.api->allReduce(send, recv, count, dtype, op, dc.comm, stream);
@@ -151,6 +169,8 @@ int stateCreate(lowrankCudaComm_t* c, const lowrankCudaPlan_t* plan,
                 const lowrankCudaAllocator_t* allocator, void* stream, lowrankCudaState_t** out,
                 lowrankCudaMemory_t* memory, lowrankCudaError_t* error) {
   const RelaxedCaptureMode relaxed;  // never breaks another thread's capture (capture_mode.h)
+  const DeviceScope on(c->dc.device);
+  if (!on.status().ok()) return on.status().report(error);
   auto* st = new (std::nothrow) lowrankCudaState();
   if (!st) return Err::Fail(lowrankSystemError, "out of host memory").report(error);
   const lowrankCudaAllocator_t own{};
@@ -169,6 +189,7 @@ int stateCreate(lowrankCudaComm_t* c, const lowrankCudaPlan_t* plan,
 void stateDestroy(lowrankCudaState_t* st) {
   const RelaxedCaptureMode relaxed;  // never breaks another thread's capture (capture_mode.h)
   if (!st) return;
+  const DeviceScope on(st->b.comm ? st->b.comm->device : -1);
   st->b.release();
   delete st;
 }
@@ -178,7 +199,9 @@ int runCompressed(lowrankCudaComm_t* c, lowrankCudaState_t* st, const void* send
   const RelaxedCaptureMode relaxed;  // never breaks another thread's capture (capture_mode.h)
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   DeviceBuffer& b = st->b;
+  const DeviceScope on(c->dc.device);
   const Err r = [&]() -> Err {
+    LR_TRY(on.status());
     // An error left in the runtime's per-thread slot by the application's own calls would
     // surface at our first launch check: clear it, it is not ours.
     (void)cudaGetLastError();
@@ -204,7 +227,9 @@ int runCompressed(lowrankCudaComm_t* c, lowrankCudaState_t* st, const void* send
 int stateSave(lowrankCudaState_t* st, float* residual, float* qt, lowrankCudaError_t* error) {
   const RelaxedCaptureMode relaxed;  // never breaks another thread's capture (capture_mode.h)
   const DeviceBuffer& b = st->b;
+  const DeviceScope on(b.comm->device);
   const Err s = [&]() -> Err {
+    LR_TRY(on.status());
     (void)cudaGetLastError();
     LR_TRY(waitDevice(*b.comm, b.done, nullptr, "the state's last call (checkpoint save)"));
     if (residual && b.e)
@@ -223,7 +248,9 @@ int stateLoad(lowrankCudaState_t* st, const float* residual, const float* qt,
               lowrankCudaError_t* error) {
   const RelaxedCaptureMode relaxed;  // never breaks another thread's capture (capture_mode.h)
   DeviceBuffer& b = st->b;
+  const DeviceScope on(b.comm->device);
   const Err s = [&]() -> Err {
+    LR_TRY(on.status());
     (void)cudaGetLastError();
     LR_TRY(waitDevice(*b.comm, b.done, nullptr, "the state's last call (checkpoint restore)"));
     if (residual && b.e)
@@ -242,6 +269,8 @@ int collectChecks(lowrankCudaState_t* st, int wait, uint32_t* rejected, uint32_t
                   lowrankCudaError_t* error) {
   const RelaxedCaptureMode relaxed;  // never breaks another thread's capture (capture_mode.h)
   DeviceBuffer& b = st->b;
+  const DeviceScope on(b.comm->device);
+  if (!on.status().ok()) return on.status().report(error);
   const size_t n = wait == lowrankCudaCollectAll ? SIZE_MAX
                    : wait == lowrankCudaCollectForRoom && b.checksPending == DeviceBuffer::kCheckSlots
                        ? 1

@@ -11,6 +11,7 @@ the parameters and follows them through DDP's bucket rebuilds and restarts.
 """
 import atexit
 import collections
+import contextlib
 import datetime
 import functools
 import logging
@@ -79,8 +80,9 @@ class PowerSGDState:
       timeout: seconds any wait for a peer may last (LOWRANK_TIMEOUT; default 300); a dead peer
         makes every rank's backward raise within it.
       pipeline: overlap factor allreduces with compression (LOWRANK_PIPELINE; default on).
-      device: "cpu" or "cuda", the communicator to make now (default: "cuda" for an NCCL group,
-        else "cpu"); a bucket on the other device makes the other one at its first step.
+      device: "cpu", "cuda" (the current CUDA device) or "cuda:N", the communicator to make now
+        (default: "cuda" for an NCCL group, else "cpu"); a bucket on another device makes that
+        device's at its first step (one communicator per CUDA device, on that device).
       exclude: parameters allreduced exactly, never compressed (embeddings, an output head):
         a collection of parameters (the tensors) and/or their names (str), or a function
         f(name, parameter) -> bool called once per parameter of `model`. Default: none.
@@ -179,7 +181,7 @@ class PowerSGDState:
                             ortho_epsilon=float(self.orthogonalization_epsilon),
                             seed=int(self.random_seed), timeout=self._timeout,
                             pipeline=self._pipeline)
-        self._comms = {}    # "cpu" / "cuda" -> Communicator
+        self._comms = {}    # "cpu" / "cuda:N" (_comm_key) -> Communicator
         self._workers = {}  # the same keys -> Worker
         self._side_streams = {}  # (device, bucket index) -> torch.cuda.Stream (CUDA buckets)
         self._buckets = {}  # bucket index -> _Bucket: the last complete step's
@@ -307,7 +309,7 @@ class PowerSGDState:
         """The lowrank.Communicator this state uses for buckets on `device` (made if needed:
         collective over process_group, as the constructor)."""
         self._comm(device)
-        return self._comms[device]
+        return self._comms[_comm_key(device)]
 
     def close(self, timeout=None):
         """Finish queued work, free every bucket's state and destroy the communicators (not
@@ -375,7 +377,8 @@ class PowerSGDState:
             for index, b in sorted(self._buckets.items()):
                 data = _save_or_none(self._comms[b.device], b.ptr)
                 if data is not None:
-                    buckets.append({"params": b.ids, "shapes": b.shapes, "device": b.device,
+                    buckets.append({"params": b.ids, "shapes": b.shapes,
+                                    "device": _kind(b.device),
                                     "bucket": index, "state": data})
         rank = world = None
         if dist.is_available() and dist.is_initialized():
@@ -512,12 +515,16 @@ class PowerSGDState:
             raise LowrankError(5, "this PowerSGDState was closed: make a new one", what)
 
     def _comm(self, device):
-        """The communicator of `device` for the hook's jobs (made at the first call; with an
-        adaptive rank, one whose allreduce also measures the buckets _declare asked for)."""
+        """The communicator of `device` for the hook's jobs (made at the first call, a CUDA
+        one on that device; with an adaptive rank, one whose allreduce also measures the buckets
+        _declare asked for)."""
         self._check_open("powerSGD_hook")
+        device = _comm_key(device)
         if device not in self._comms:
-            self._comms[device] = communicator_from_process_group(self.process_group, device,
-                                                                  **self._config)
+            on = torch.cuda.device(device) if device != "cpu" else contextlib.nullcontext()
+            with on:  # lowrank's NCCL communicator is made on the current device
+                self._comms[device] = communicator_from_process_group(
+                    self.process_group, _kind(device), **self._config)
             if device != "cpu":  # its buckets' state in torch's memory (memory.py)
                 use_torch_memory(self._comms[device], device)
             self._workers[device] = Worker(f"lowrank-{device}")
@@ -635,10 +642,10 @@ class PowerSGDState:
         saved there; format 1: any device) in lowrank, each through a scratch buffer of its own
         declared with the saved ids (restore_state; a failure goes to the `errors` list each
         action takes)."""
-        mine = [e for e in self._restores if e.device in (None, device)]
+        mine = [e for e in self._restores if e.device in (None, _kind(device))]
         if not mine:
             return []
-        self._restores = [e for e in self._restores if e.device not in (None, device)]
+        self._restores = [e for e in self._restores if e not in mine]
         comm, actions = self._comms[device], []
         for e in mine:
             scratch = torch.empty(1)  # an address of its own, never allreduced
@@ -773,6 +780,25 @@ _OPTIONS = ("compression_stats_logging_frequency", "batch_tensors_with_same_shap
 # A bucket as lowrank last took it: pkey and grad_shapes as DDP gave them, ids and shapes as
 # declared (array: the declaration, lowrank.tensor_array), buf held until its release.
 # ranks: each parameter's approxRank as declared (PowerSGDState._ranks_of).
+def _comm_key(device):
+    """The key of a device's communicator: "cpu", or "cuda:N" (one per CUDA device; "cuda" and
+    torch.device("cuda") are the current device). ValueError for any other device."""
+    try:
+        d = torch.device(device)
+    except (RuntimeError, TypeError):
+        d = None
+    if d is None or d.type not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', not {device!r}")
+    if d.type == "cpu":
+        return "cpu"
+    return f"cuda:{torch.cuda.current_device() if d.index is None else d.index}"
+
+
+def _kind(key):
+    """"cpu" or "cuda": a communicator key's kind of device (what a state_dict records)."""
+    return key.split(":")[0]
+
+
 _Bucket = collections.namedtuple("_Bucket", "device ptr buf pkey grad_shapes ids shapes array ranks")
 # A saved bucket of a state_dict: device None for version 1 (saved before devices were recorded).
 _Saved = collections.namedtuple("_Saved", "params shapes state device array")
@@ -926,17 +952,17 @@ def powerSGD_hook(state, bucket):
                         f"{type(state).__module__}.{type(state).__qualname__}: make the state "
                         "with lowrank.torch.PowerSGDState (PyTorch's arguments)")
     buf = bucket.buffer()
-    info = describe(buf, f"bucket {bucket.index()}'s buffer", "powerSGD_hook")
+    describe(buf, f"bucket {bucket.index()}'s buffer", "powerSGD_hook")  # cpu or cuda, dense
     for g in bucket.gradients():
         if g.device != buf.device:
             raise InvalidArgumentError(4, f"bucket {bucket.index()} mixes devices: a gradient on "
                                           f"{g.device}, the buffer on {buf.device}", "powerSGD_hook")
-    device = info.device
+    device = _comm_key(buf.device)
     comm = state._comm(device)
     decl = state._declare(bucket, device, buf)
     setup = state._take_restores(device)
     state.maybe_increase_iter(bucket)
-    if device == "cuda":
+    if device != "cpu":
         fut = _reduce_cuda(state, bucket.index(), comm, decl, setup, buf)
     else:
         fut = torch.futures.Future()

@@ -179,6 +179,8 @@ class Switch {
   Lateness late_;
   int live_ports_;
   static constexpr int64_t kWindowNs = 20000000;
+  static constexpr int64_t kLingerNs = 300000;
+  int64_t last_activity_ = INT64_MIN / 2;
   std::array<int64_t, 64> wakes_{};  // the last wake-ups' lateness, for lead
   size_t nwakes_ = 0;
   bool armed_lead_ = true;
@@ -224,6 +226,7 @@ void Switch::on_tap(int p) {
       return;
     }
     int64_t t = now_ns();
+    last_activity_ = t;
     if (n < 14) continue;
     size_t len = static_cast<size_t>(n);
     if (!(buf[6] & 1)) mac_port_[mac_key(buf + 6)] = p;
@@ -283,6 +286,7 @@ void Switch::release_due(int64_t now) {
       ssize_t w = write(taps_[q], f.bytes.data(), f.bytes.size());
       (void)w;  // a TAP takes every frame (its host's stack may still drop one: not ours to see)
       ++frames_;
+      last_activity_ = now;
       queued_bytes_ -= f.bytes.size();
       dq.pop_front();
     }
@@ -332,7 +336,10 @@ int Switch::run() {
     int64_t next = next_due();
     int timeout = -1;
     bool may_spin = spun < kWindowNs / 2;
-    spinning = may_spin && next != kNever && next - now <= lead_ns_;
+    // and for kLingerNs after the last frame taken in or released: an answer (an ACK, a pong)
+    // usually follows within it, and is then stamped when it comes, not after a wake-up
+    spinning = may_spin && ((next != kNever && next - now <= lead_ns_) ||
+                            now - last_activity_ < kLingerNs);
     if (spinning) {
       timeout = 0;  // still taking arrivals
     } else {

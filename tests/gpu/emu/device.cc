@@ -1,4 +1,5 @@
-// The emulated device itself: one device, 0, named "CPU emulation"; errors and their names.
+// The emulated devices themselves: two, 0 and 1, named "CPU emulation", one current per thread;
+// errors and their names.
 #include <cstdlib>
 #include <cstring>
 
@@ -8,7 +9,10 @@
 namespace emu {
 namespace {
 thread_local cudaError_t lastError = cudaSuccess;
+thread_local int current = 0;  // cudaSetDevice's, per thread as in CUDA
 }  // namespace
+
+int currentDevice() { return current; }
 
 cudaError_t setError(cudaError_t e) {
   if (e != cudaSuccess) lastError = e;
@@ -46,7 +50,7 @@ extern "C" {
 
 cudaError_t cudaGetDeviceCount(int* n) {
   if (!n) return setError(cudaErrorInvalidValue);
-  *n = 1;
+  *n = kDevices;
   return cudaSuccess;
 }
 
@@ -56,17 +60,21 @@ cudaError_t cudaMemGetInfo(size_t*, size_t*) { return setError(cudaErrorNotSuppo
 
 cudaError_t cudaGetDevice(int* d) {
   if (!d) return setError(cudaErrorInvalidValue);
-  *d = 0;
+  *d = current;
   return cudaSuccess;
 }
 
-cudaError_t cudaSetDevice(int d) { return d == 0 ? cudaSuccess : setError(cudaErrorInvalidDevice); }
+cudaError_t cudaSetDevice(int d) {
+  if (d < 0 || d >= kDevices) return setError(cudaErrorInvalidDevice);
+  current = d;
+  return cudaSuccess;
+}
 
 // Stream-ordered allocation is supported unless LOWRANK_EMU_NO_MEMORY_POOLS=1 (as on a GPU or
 // driver without memory pools: the CUDA backend then allocates synchronously).
 cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int d) {
   if (!value) return setError(cudaErrorInvalidValue);
-  if (d != 0) return setError(cudaErrorInvalidDevice);
+  if (d < 0 || d >= kDevices) return setError(cudaErrorInvalidDevice);
   if (attr != cudaDevAttrMemoryPoolsSupported) return setError(cudaErrorInvalidValue);
   const char* off = std::getenv("LOWRANK_EMU_NO_MEMORY_POOLS");
   *value = off && std::strcmp(off, "1") == 0 ? 0 : 1;
@@ -75,7 +83,7 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int d) {
 
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int d) {
   if (!p) return setError(cudaErrorInvalidValue);
-  if (d != 0) return setError(cudaErrorInvalidDevice);
+  if (d < 0 || d >= kDevices) return setError(cudaErrorInvalidDevice);
   std::memset(p, 0, sizeof *p);
   std::strcpy(p->name, "CPU emulation (tests/gpu/emu)");
   p->multiProcessorCount = 1;
@@ -102,6 +110,7 @@ const char* cudaGetErrorName(cudaError_t e) {
     case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
     case cudaErrorIllegalState: return "cudaErrorIllegalState";
     case cudaErrorNotReady: return "cudaErrorNotReady";
+    case cudaErrorIllegalAddress: return "cudaErrorIllegalAddress";
     case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
     case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
     case cudaErrorStreamCaptureImplicit: return "cudaErrorStreamCaptureImplicit";
@@ -116,6 +125,8 @@ const char* cudaGetErrorString(cudaError_t e) {
     case cudaErrorMemoryAllocation: return "out of memory (emulated)";
     case cudaErrorInvalidConfiguration: return "invalid configuration argument (emulated)";
     case cudaErrorNotReady: return "device not ready (emulated)";
+    case cudaErrorIllegalAddress: return "an illegal memory access was encountered (emulated: memory of another device)";
+    case cudaErrorInvalidResourceHandle: return "invalid resource handle (emulated)";
     case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing (emulated)";
     case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture (emulated)";
     case cudaErrorStreamCaptureImplicit: return "operation would make the legacy stream depend on a capturing blocking stream (emulated)";

@@ -75,6 +75,7 @@ template <typename F>
 cudaError_t launchOn(cudaStream_t s, unsigned grid, unsigned block, F body) {
   if (block == 0 || block > 1024 || grid == 0 || grid > 0x7fffffffu)
     return cudaErrorInvalidConfiguration;
+  if (int e = checkKernelLaunch(s, &body, sizeof body)) return cudaError_t(e);
   return cudaError_t(enqueueHostWork(s, "kernel launch", [grid, block, body] { launch(grid, block, body); }));
 }
 

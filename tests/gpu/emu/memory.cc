@@ -9,6 +9,7 @@
 #include <optional>
 #include <vector>
 
+#include "host_work.h"
 #include "runtime.h"
 #include "sync_calls.h"
 
@@ -19,6 +20,7 @@ enum class Kind { kDevice, kPinnedHost };
 struct Allocation {
   size_t bytes;
   Kind kind;
+  int device;  // device memory: the device it was allocated on; -1 for pinned host memory
 };
 
 std::mutex allocMutex;  // apart from deviceMutex: pointer queries come from any thread
@@ -56,7 +58,8 @@ cudaError_t allocate(void** p, size_t bytes, Kind kind) {
   if (!*p) return setError(cudaErrorMemoryAllocation);
   std::memset(*p, 0xff, bytes);
   std::lock_guard<std::mutex> lock(allocMutex);
-  allocations()[reinterpret_cast<uintptr_t>(*p)] = Allocation{bytes ? bytes : 1, kind};
+  allocations()[reinterpret_cast<uintptr_t>(*p)] =
+      Allocation{bytes ? bytes : 1, kind, kind == Kind::kDevice ? currentDevice() : -1};
   return cudaSuccess;
 }
 
@@ -92,6 +95,11 @@ bool rangesValid(void* dst, const void* src, size_t n, cudaMemcpyKind kind) {
 }  // namespace
 
 void failDeviceAllocations(long after) { allocationsLeft = after; }
+
+int pointerDevice(const void* p) {
+  const std::optional<Allocation> a = find(p, 1);
+  return a && a->kind == Kind::kDevice ? a->device : -1;
+}
 
 }  // namespace emu
 
@@ -142,7 +150,8 @@ cudaError_t cudaMallocAsync(void** p, size_t bytes, cudaStream_t s) {
   if (!*p) return setError(cudaErrorMemoryAllocation);
   std::memset(*p, 0xff, bytes);
   std::lock_guard<std::mutex> lock(allocMutex);
-  allocations()[reinterpret_cast<uintptr_t>(*p)] = Allocation{bytes ? bytes : 1, Kind::kDevice};
+  allocations()[reinterpret_cast<uintptr_t>(*p)] = Allocation{bytes ? bytes : 1, Kind::kDevice,
+                                                              deviceOf(stream(s))};
   return cudaSuccess;
 }
 

@@ -137,6 +137,13 @@ MUTANTS = {
         "communication stream",
         "    LR_CUDA(cudaMemcpyAsync(dc.planCheck, dc.hostPlanCheck, kBytes, cudaMemcpyHostToDevice, dc.stream));\n",
         "    LR_CUDA(cudaMemcpy(dc.planCheck, words, kBytes, cudaMemcpyHostToDevice));\n"),
+    # Issue 41: the device is the NCCL communicator's, not whichever the first call's thread had.
+    "device_from_current_thread": (
+        "backend.cc",
+        "wrong device: the communicator's device side is made on the device current at the first "
+        "call (cudaGetDevice) instead of its NCCL communicator's (ncclCommCuDevice)",
+        "  Err s = commDevice(*nccl, ncclComm, &dc.device);\n",
+        "  Err s = fromCuda(cudaGetDevice(&dc.device), \"cudaGetDevice\");\n"),
 }
 
 # The check seen to catch each mutant, tried first so that the run does not wait through the whole
@@ -161,6 +168,7 @@ FIRST = {
     "save_unbounded": "DeviceWaits.SaveThatNeverEnds*",
     "restore_off_stream": "DeviceStreams.*",
     "plan_check_pageable": "DeviceEngine.ExactOnRankKInput",
+    "device_from_current_thread": "DeviceEngineTwoDevices.*",
 }
 
 

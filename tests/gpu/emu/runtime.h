@@ -53,9 +53,19 @@ std::recursive_mutex& deviceMutex();
 // Records e as the calling thread's last error (cudaGetLastError) and returns it.
 cudaError_t setError(cudaError_t e);
 
+// Two devices, 0 and 1 (cudaGetDeviceCount), one current per thread (cudaSetDevice; 0 at first).
+// They share the host's memory and one scheduler; what ties work to a device is checked instead:
+// a kernel, an event record or a collective on a stream of a device that is not current, or a
+// kernel given memory of another device, is an error (as on GPUs without peer access).
+constexpr int kDevices = 2;
+int currentDevice();
+// The device whose work s carries: its own, or the current device's for the legacy stream.
+int deviceOf(const CUstream_st* s);
+
 }  // namespace emu
 
 struct CUstream_st {
+  int device = -1;       // the device current when it was made; -1: the legacy stream (any device's)
   bool blocking = true;  // ordered with the legacy default stream (not cudaStreamNonBlocking)
   bool legacy = false;
   bool destroyed = false;        // cudaStreamDestroy'd with work queued: runs it, takes no more
@@ -68,6 +78,7 @@ struct CUstream_st {
 };
 
 struct CUevent_st {
+  int device = 0;     // the device current when it was made
   emu::OpPtr marker;  // the last record (null: never recorded)
   bool timing = true;
 };

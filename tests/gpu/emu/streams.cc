@@ -1,5 +1,8 @@
 // Emulated streams, events and host work (runtime.h: queued, run when forced).
 #include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
 
 #include "host_work.h"
 #include "runtime.h"
@@ -20,6 +23,34 @@ cudaError_t refuseIfCapturing(CUstream_st* s) {
 }
 
 }  // namespace
+
+int deviceOf(const CUstream_st* s) { return s && s->device >= 0 ? s->device : currentDevice(); }
+
+int streamDevice(CUstream_st* s) { return deviceOf(stream(s)); }
+
+// A GPU launches a kernel only on a stream of the current device, and a kernel that touches memory
+// of another device (no peer access here) faults. The parameters are the launch's copies of the
+// kernel's arguments: every aligned word that points into device memory is checked (a launch table
+// is checked as the one pointer passed, not what it holds).
+int checkKernelLaunch(CUstream_st* s, const void* params, size_t bytes) {
+  const int dev = deviceOf(stream(s));
+  if (dev != currentDevice()) {
+    std::fprintf(stderr, "CUDA emulation: kernel launched on a stream of device %d while device %d "
+                 "is current\n", dev, currentDevice());
+    return setError(cudaErrorInvalidResourceHandle);
+  }
+  for (size_t at = 0; at + sizeof(uintptr_t) <= bytes; at += sizeof(uintptr_t)) {
+    uintptr_t word;
+    std::memcpy(&word, static_cast<const char*>(params) + at, sizeof word);
+    const int owner = pointerDevice(reinterpret_cast<const void*>(word));
+    if (owner >= 0 && owner != dev) {
+      std::fprintf(stderr, "CUDA emulation: kernel launched on device %d is given memory of "
+                   "device %d (%p)\n", dev, owner, reinterpret_cast<void*>(word));
+      return setError(cudaErrorIllegalAddress);
+    }
+  }
+  return cudaSuccess;
+}
 
 int enqueueHostWork(CUstream_st* s, const char* what, std::function<void()> work) {
   return enqueue(s, what, std::move(work));
@@ -45,6 +76,7 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned flags) {
   if (!s || (flags & ~unsigned(cudaStreamNonBlocking))) return setError(cudaErrorInvalidValue);
   std::lock_guard<std::recursive_mutex> lock(deviceMutex());
   *s = new CUstream_st;
+  (*s)->device = currentDevice();
   (*s)->blocking = !(flags & cudaStreamNonBlocking);
   streams().push_back(*s);
   return cudaSuccess;
@@ -98,6 +130,7 @@ cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void* data) {
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned flags) {
   if (!e || (flags & ~unsigned(cudaEventDisableTiming))) return setError(cudaErrorInvalidValue);
   *e = new CUevent_st;
+  (*e)->device = currentDevice();
   (*e)->timing = !(flags & cudaEventDisableTiming);
   return cudaSuccess;
 }
@@ -113,6 +146,11 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) {
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   if (!e) return setError(cudaErrorInvalidResourceHandle);
   std::lock_guard<std::recursive_mutex> lock(deviceMutex());
+  if (deviceOf(stream(s)) != e->device) {  // CUDA: the event and the stream of one device
+    std::fprintf(stderr, "CUDA emulation: cudaEventRecord of an event of device %d on a stream of "
+                 "device %d\n", e->device, deviceOf(stream(s)));
+    return setError(cudaErrorInvalidResourceHandle);
+  }
   OpPtr marker;
   if (cudaError_t err = enqueue(s, "cudaEventRecord", {}, nullptr, &marker)) return setError(err);
   e->marker = marker;

@@ -13,6 +13,9 @@
 #include <vector>
 
 #include "double.h"
+#ifdef NCCL_DOUBLE_ON_STREAMS
+#include "gpu/emu/host_work.h"  // pointerDevice
+#endif
 #include "util/convert.h"
 
 namespace nccl_double {
@@ -44,6 +47,11 @@ struct InFlight {
 ncclResult_t lrAllReduce(const void* send, void* recv, size_t count, lowrankDataType_t dtype,
                          lowrankRedOp_t op, ncclComm_t comm, const char* what) {
 #ifdef NCCL_DOUBLE_ON_STREAMS
+  // NCCL's check of its buffers: device memory of the comm's device (or host memory here).
+  for (const void* p : {send, const_cast<const void*>(recv)})
+    if (const int dev = emu::pointerDevice(p); dev >= 0 && dev != comm->device)
+      return fail(ncclInvalidArgument, "%s: buffer %p is memory of device %d, the communicator's "
+                  "device is %d", what, p, dev, comm->device);
   // Emulated device memory would take lowrank to its device engine: reduce a host copy.
   std::vector<unsigned char> staged(static_cast<const unsigned char*>(send),
                                     static_cast<const unsigned char*>(send) + count * dtypeSize(ncclDataType_t(dtype)));

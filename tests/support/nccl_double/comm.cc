@@ -9,6 +9,9 @@
 #include <thread>
 
 #include "double.h"
+#ifdef NCCL_DOUBLE_ON_STREAMS
+#include <cuda_runtime_api.h>  // the CUDA emulation's: the device current at init
+#endif
 
 static_assert(sizeof(ncclUniqueId) == sizeof(lowrankUniqueId), "an ncclUniqueId carries a lowrankUniqueId");
 
@@ -116,13 +119,16 @@ ncclResult_t commInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId id, i
   if (r != lowrankSuccess) return fromLowrank(r, nullptr, "ncclCommInitRank");
   c->rank = rank;
   c->nranks = nranks;
+#ifdef NCCL_DOUBLE_ON_STREAMS
+  if (cudaGetDevice(&c->device) != cudaSuccess) c->device = 0;
+#endif
   if (const char* v = getenv("NCCL_DOUBLE_INPROGRESS")) c->inProgressPolls = strtoull(v, nullptr, 10);
   *comm = c.release();
   ++live;
   return ncclSuccess;
 }
 
-ncclResult_t commInitAll(ncclComm_t* comms, int ndev, const int* /*devlist*/) {
+ncclResult_t commInitAll(ncclComm_t* comms, int ndev, const int* devlist) {
   if (!comms) return fail(ncclInvalidArgument, "ncclCommInitAll: comms is NULL");
   // Calls run at once (no deferred group launch), so one thread cannot drive several comm ranks.
   if (ndev != 1)
@@ -130,7 +136,9 @@ ncclResult_t commInitAll(ncclComm_t* comms, int ndev, const int* /*devlist*/) {
                                   "thread or process; ndev %d != 1 (use ncclCommInitRank)", ndev);
   ncclUniqueId id;
   ncclResult_t r = getUniqueId(&id);
-  return r == ncclSuccess ? commInitRankConfig(comms, 1, id, 0, nullptr) : r;
+  if (r == ncclSuccess) r = commInitRankConfig(comms, 1, id, 0, nullptr);
+  if (r == ncclSuccess) (*comms)->device = devlist ? devlist[0] : 0;  // NCCL's: devlist or 0..
+  return r;
 }
 
 ncclResult_t commFinalize(ncclComm_t comm) {
@@ -180,7 +188,7 @@ ncclResult_t commUserRank(const ncclComm_t comm, int* rank) {
 ncclResult_t commCuDevice(const ncclComm_t comm, int* device) {
   if (!comm || !device)
     return fail(ncclInvalidArgument, "ncclCommCuDevice: %s is NULL", comm ? "device" : "comm");
-  *device = 0;
+  *device = comm->device;
   return ncclSuccess;
 }
 

@@ -22,6 +22,7 @@
 struct ncclComm {
   lowrankComm_t lr = nullptr;
   int rank = 0, nranks = 1;
+  int device = 0;  // ncclCommCuDevice: ncclCommInitAll's devlist, else the device current at init
   std::atomic<int> asyncError{ncclSuccess};  // the first collective failure, for GetAsyncError
 
   // NCCL_DOUBLE_INPROGRESS=N at init (0: unset): a nonblocking communicator, as NCCL's with

@@ -19,6 +19,10 @@ namespace nccl_double {
 ncclResult_t onStream(cudaStream_t stream, ncclComm_t comm, const char* what,
                       std::function<ncclResult_t()> run) {
   if (!comm) return run();  // refused at the call, as NCCL does
+  // NCCL's kernels go to `stream`, which must be of the comm's device (a GPU refuses the launch).
+  if (const int dev = emu::streamDevice(stream); dev != comm->device)
+    return fail(ncclUnhandledCudaError, "%s: a stream of device %d for a communicator of device %d "
+                "(cudaErrorInvalidResourceHandle)", what, dev, comm->device);
   auto work = [comm, what, run] {
     {
       std::lock_guard<std::mutex> lock(comm->abortMu);  // an aborted comm's lr is gone
