@@ -104,7 +104,6 @@ hosts_up() {
     ip -n ${HOSTS_TAG}h$i addr add 10.77.0.$((i + 1))/24 dev eth0 || return 1
     ip -n ${HOSTS_TAG}h$i link set eth0 up || return 1
   done
-  if [ $kind = wire ] && [ "${HOSTS_WIRE_NAPI:-1}" != 0 ]; then _hosts_wire_napi || return 1; fi
   _hosts_apply
 }
 
@@ -209,19 +208,23 @@ _hosts_wire_start() {
   return 1
 }
 
-# The wire's TAPs take frames in through NAPI (wire.cc: IFF_NAPI); each host's poll runs in a
-# thread of its own (threaded NAPI), at real-time priority ${HOSTS_NAPI_RT:-30} (below the wire's
-# 50, above calibrate.py's programs): a NIC's receive work runs beside the programs on the host
-# and before them, as softirq does. Without it the wire's one thread ran every receiving host's
-# TCP/IP stack and released late at 1 Gbit/s (issue 40).
+# The wire's TAPs take frames in through NAPI (wire.cc: IFF_NAPI). _hosts_wire_napi 1: each host's
+# poll runs in a thread of its own (threaded NAPI), at real-time priority ${HOSTS_NAPI_RT:-30}
+# (below the wire's 50, above calibrate.py's programs), as a NIC's receive work runs beside the
+# programs on the host and before them (softirq); without it the wire's one thread runs every
+# receiving host's TCP/IP stack inside its writes and, at 1 Gbit/s, releases late and paces bulk
+# TCP below the rate (issue 40). _hosts_wire_napi 0: the poll runs inside the wire's writes, which
+# saves two thread wake-ups a round trip (20-40 us each on these VMs: the 0.25 ms ping check's
+# margin) and is quick enough below a few hundred Mbit/s. _hosts_apply takes 1 above 300 Mbit/s
+# and without a rate, else 0. HOSTS_WIRE_NAPI=0: IFF_NAPI off, the stacks always inline.
 _hosts_wire_napi() {
   local i pid before after
   before=$(pgrep -d' ' '^napi/' 2>/dev/null)
   for i in $(seq 0 $((HOSTS_N - 1))); do
-    ip netns exec ${HOSTS_TAG}h$i sh -c 'echo 1 >/sys/class/net/eth0/threaded' 2>/dev/null ||
+    ip netns exec ${HOSTS_TAG}h$i sh -c "echo $1 >/sys/class/net/eth0/threaded" 2>/dev/null ||
       { echo "netns_hosts: this kernel has no threaded NAPI (/sys/class/net/eth0/threaded)" >&2; return 1; }
   done
-  [ "${HOSTS_NAPI_RT:-30}" -gt 0 ] || return 0
+  [ "$1" = 1 ] && [ "${HOSTS_NAPI_RT:-30}" -gt 0 ] || return 0
   after=$(pgrep '^napi/eth0' 2>/dev/null)
   for pid in $after; do
     case " $before " in *" $pid "*) continue ;; esac
@@ -254,7 +257,12 @@ _hosts_apply() {
   [ -z "$rate" ] || bits=$(_hosts_bits $rate) || return 2
   ns=$(_hosts_ns "$delay") || return 2
   case $kind in
-    wire) _hosts_wire_ctl "rate $bits delay_ns $ns" ;;
+    wire)
+      # the receiving hosts' stacks beside the wire's thread where the rate needs it (below)
+      if [ "${HOSTS_WIRE_NAPI:-1}" != 0 ]; then
+        _hosts_wire_napi $([ "$bits" = 0 ] || [ "$bits" -gt 300000000 ] && echo 1 || echo 0) || return 1
+      fi
+      _hosts_wire_ctl "rate $bits delay_ns $ns" ;;
     netem)
       for i in $(seq 0 $((HOSTS_N - 1))); do
         v=${HOSTS_TAG}v$i

@@ -12,8 +12,10 @@
 # size group (-n calls after -w warm-up: many at small sizes, for a stable mean, few at large ones);
 # its time per call (out-of-place, mean over -n calls, slowest rank) is one sample: the run, not the
 # call, is the statistical unit; the report gives the median over repetitions and its min-max.
-# auto runs with LOWRANK_UCX_ALPHA_US = delay + --sw-alpha-us (the software's per-message cost) and
-# LOWRANK_UCX_BETA_NS = 8e9 / rate, the link's own figures.
+# auto runs as a user's would: the links measured when each communicator is made (issue 40,
+# LOWRANK_UCX_PROBE), its choice and constants recorded from the perf binary's "# transport" line;
+# MODEL_AUTO=1 gives it LOWRANK_UCX_ALPHA_US = delay + --sw-alpha-us and LOWRANK_UCX_BETA_NS =
+# 8e9 / rate instead (the link's own figures, as before the probe).
 #
 # Keeping CPU out of the result. This machine has few cores (2 here): more processes than cores
 # measure the scheduler, not the network. So (1) every world is also run with no qdisc at all (no
@@ -27,7 +29,7 @@
 #
 # usage (root): studies/netns/algorithms.sh [--worlds 4,8,16] [--delays 0.25ms,1ms] [--rates 100mbit,1gbit]
 #     [--algos ring,halving_doubling,recursive_doubling,direct,auto] [--reps 3]
-#     [--groups 256:16K:40:5,2K:2K:40:5,64K:256K:10:2,1M:4M:3:1]  (MIN:MAX:ITERS:WARMUP, x4 steps)
+#     [--groups 256:16K:40:5,64K:256K:10:2,1M:4M:3:1]  (MIN:MAX:ITERS:WARMUP, x4 steps)
 #     [--sw-alpha-us 10] [--pin 1] [--floor 1] [--perf build/perf/lowrank_allreduce_perf]
 #     [--out studies/netns/results/netns_algorithms]
 # writes OUT.json and OUT.md (studies/netns/algorithms_report.py). Namespaces are removed on exit.
@@ -40,7 +42,7 @@ DELAYS=0.25ms,1ms
 RATES=100mbit,1gbit
 ALGOS=ring,halving_doubling,recursive_doubling,direct,auto
 REPS=3
-GROUPS_=256:16K:40:5,2K:2K:40:5,64K:256K:10:2,1M:4M:3:1  # 2K: the issue's 16-host target point
+GROUPS_=256:16K:40:5,64K:256K:10:2,1M:4M:3:1  # 16K: issue 40's 16-host target point
 SWALPHA=10
 PIN=1
 FLOOR=1
@@ -100,17 +102,22 @@ us() { "$PY" -c "import re; m=re.fullmatch(r'([0-9.]+)(ms|us)?','$1'); print(flo
 run() {
   local tag=$1 n=$2 algo=$3 alpha=$4 beta=$5 b=$6 e=$7 it=$8 wu=$9
   local port=$((20000 + RANDOM % 12000)) pids=() i rc=0 pin model=()
-  [ "$algo" = auto ] && model=(LOWRANK_UCX_ALPHA_US=$alpha LOWRANK_UCX_BETA_NS=$beta)
+  # auto: the default, the links measured when the communicator is made (LOWRANK_UCX_PROBE=1);
+  # MODEL_AUTO=1: the model at the link's own figures instead (the sweep before issue 40's probe)
+  [ "$algo" = auto ] && [ "${MODEL_AUTO:-0}" = 1 ] && model=(LOWRANK_UCX_ALPHA_US=$alpha LOWRANK_UCX_BETA_NS=$beta)
   for i in $(seq 0 $((n - 1))); do
     pin=(); [ "$PIN" = 1 ] && pin=(taskset -c $((i % CORES)))
     hosts_exec $i "${pin[@]}" env RANK=$i WORLD_SIZE=$n MASTER_ADDR=10.77.0.1 MASTER_PORT=$port \
-      LOWRANK_SOCKET_IFNAME=eth0 UCX_TLS=tcp,self UCX_NET_DEVICES=eth0 LOWRANK_UCX_ALGO=$algo "${model[@]}" \
+      LOWRANK_SOCKET_IFNAME=eth0 UCX_TLS=tcp,self UCX_NET_DEVICES=eth0 LOWRANK_UCX_ALGO=$algo \
+      LOWRANK_UCX_PROBE=1 "${model[@]}" \
       timeout 3600 "$PERF" -t 1 -M exact -b $b -e $e -f 4 -n $it -w $wu --rounds 1 --phases 0 \
       --triad-mib 0 -J "$WORK/$tag.r$i.json" >"$WORK/$tag.o$i" 2>&1 &
     pids+=($!)
   done
   for p in "${pids[@]}"; do wait $p || rc=1; done
   [ $rc = 0 ] || { echo "netns_algorithms.sh: $tag failed; rank 0's last lines:" >&2; tail -5 "$WORK/$tag.o0" >&2; }
+  # what the transport measured and chose (lowrankCommGetTransportInfo, rank 0's exact comm)
+  grep -m1 '^# transport (exact comm' "$WORK/$tag.o0" | sed 's/^[^{]*//' >"$WORK/$tag.transport"
   return $rc
 }
 

@@ -10,27 +10,38 @@ rate "none" marks the CPU floor (no qdisc). Writes OUT.json, OUT.md (and OUT.png
 One sample = one run's time per call at a size: out-of-place, the mean over its -n calls, the slowest
 rank (max over the ranks' JSON files); bytes = the busiest rank's bytesSent in one call (wire_bytes).
 Per point: median over repetitions [min-max]. best = the forced algorithm with the lowest median;
-auto's choice is the transport's own cost model (MODEL, lowrank_cost_model) at auto's alpha and beta.
+auto is the default: the links measured when each communicator is made (LOWRANK_UCX_PROBE) and
+the cost model's choice with those constants; its choice and constants are what the transport
+reported (PREFIX.transport: lowrankCommGetTransportInfo of rank 0's exact communicator, the perf
+binary's "# transport" line); runs without that record fall back to MODEL (lowrank_cost_model) at
+the ALPHA_US and BETA_NS of the runs' line.
 Flags: "cpu" where the CPU floor of the algorithm (same world, no qdisc) is > 20% of its time here
 (the network did not dominate); ">10%" where auto / best > 1.10; "bytes" where auto sends > 1.1x
-the ring's bytes while being slower than the ring.
+the ring's bytes while being slower than the ring ("slower": the 95% interval of auto / ring,
+paired by repetition (the same rotation), lies above 1; studies.lib.stats.paired_ratio).
 """
 import argparse
+import collections
 import glob
 import json
+import math
+import os
 import statistics
 import subprocess
 
-from studies.lib import provenance
+from studies.lib import provenance, stats
 
 FORCED = ["ring", "halving_doubling", "recursive_doubling", "direct"]
 SHORT = {"ring": "ring", "halving_doubling": "hd", "recursive_doubling": "rd", "direct": "direct", "auto": "auto"}
 
 
 def load(runs):
-    samples, meta, walls = {}, {}, []
+    samples, meta, walls, transport = {}, {}, [], {}
     for line in open(runs):
         n, delay, rate, rep, algo, alpha, beta, iters, wall, prefix = line.split()
+        if os.path.exists(prefix + ".transport") and os.path.getsize(prefix + ".transport"):
+            transport.setdefault((int(n), delay, rate, algo), []).append(
+                json.load(open(prefix + ".transport")))
         files = sorted(glob.glob(prefix + ".r*.json"))
         ranks = [json.load(open(f))["results"] for f in files]
         for rows in zip(*ranks):
@@ -38,18 +49,39 @@ def load(runs):
             s = dict(time_us=max(r["out_of_place"]["time"] for r in rows),
                      in_place_us=max(r["in_place"]["time"] for r in rows),
                      bytes=max(r["lowrank"]["wire_bytes"] or 0 for r in rows),
-                     nwrong=sum((r["out_of_place"]["nwrong"] or 0) + (r["in_place"]["nwrong"] or 0) for r in rows))
+                     nwrong=sum((r["out_of_place"]["nwrong"] or 0) + (r["in_place"]["nwrong"] or 0) for r in rows),
+                     rep=int(rep))
             samples.setdefault((int(n), delay, rate, algo, size), []).append(s)
         meta[(int(n), delay, rate)] = (float(alpha), float(beta))
         # calls in the run: 2 (out-of-place, in-place) x (iters + warm-up) per size; a rough figure
         walls.append(dict(world=int(n), delay=delay, rate=rate, algo=algo, wall_s=float(wall),
                           sizes=len(ranks[0]) if ranks else 0, iters=int(iters)))
-    return samples, meta, walls
+    return samples, meta, walls, transport
 
 
 def stat(ss, key="time_us"):
     v = [s[key] for s in ss]
     return dict(median=statistics.median(v), min=min(v), max=max(v), n=len(v))
+
+
+def reported_choice(infos, size):
+    """The algorithm the transport reported for size's class (floor(log2(bytes))), the most common
+    over the runs; None if none reported it."""
+    c = str(int(math.floor(math.log2(size))))
+    got = collections.Counter(i["algorithms"][c] for i in infos if c in i.get("algorithms", {}))
+    return got.most_common(1)[0][0] if got else None
+
+
+def slower_than_ring(au, ring):
+    """auto / ring paired by repetition: (ratio interval, True when its 95% interval lies above 1);
+    (None, False) with fewer than 2 pairs."""
+    a = {s["rep"]: s["time_us"] for s in au}
+    r = {s["rep"]: s["time_us"] for s in ring}
+    reps = sorted(set(a) & set(r))
+    if len(reps) < 2:
+        return None, False
+    iv = stats.paired_ratio([a[k] for k in reps], [r[k] for k in reps])
+    return [iv.low, iv.high], iv.low > 1
 
 
 def chosen(model, n, size, alpha, beta):
@@ -58,7 +90,8 @@ def chosen(model, n, size, alpha, beta):
     return json.loads(out)["chosen"]
 
 
-def analyse(samples, meta, model):
+def analyse(samples, meta, model, transport=None):
+    transport = transport or {}
     points = []
     for (n, delay, rate), (alpha, beta) in sorted(meta.items(), key=lambda kv: (kv[0][0], kv[0][2], kv[0][1])):
         if rate == "none":
@@ -77,7 +110,12 @@ def analyse(samples, meta, model):
             forced = {a: v for a, v in p["algos"].items() if a in FORCED}
             if forced:
                 p["best"] = min(forced, key=lambda a: forced[a]["median"])
-            p["model_choice"] = chosen(model, n, size, alpha, beta)
+            infos = transport.get((n, delay, rate, "auto"), [])
+            p["model_choice"] = reported_choice(infos, size) or chosen(model, n, size, alpha, beta)
+            p["choice_from"] = "transport" if reported_choice(infos, size) else "model binary"
+            if infos:  # the constants the runs measured (median over them)
+                p["measured"] = {k: statistics.median(i[k] for i in infos)
+                                 for k in ("alpha_us", "overhead_us", "beta_ns_per_byte")}
             au, al = p["algos"].get("auto"), p["algos"]
             if au:
                 # the floor of what auto ran is the floor of its choice (the floor runs force algorithms)
@@ -89,7 +127,12 @@ def analyse(samples, meta, model):
                         p["picked_best"] = p["model_choice"] == p["best"]
                 if "ring" in al:
                     p["ring_over_auto"] = al["ring"]["median"] / au["median"]
-                    p["bytes_flag"] = au["bytes"] > 1.1 * al["ring"]["bytes"] and au["median"] > al["ring"]["median"]
+                    iv, slower = slower_than_ring(samples[(n, delay, rate, "auto", size)],
+                                                  samples[(n, delay, rate, "ring", size)])
+                    p["auto_over_ring_95"] = iv
+                    p["bytes_flag"] = au["bytes"] > 1.1 * al["ring"]["bytes"] and slower
+                if "direct" in al:
+                    p["direct_over_auto"] = al["direct"]["median"] / au["median"]
             for v in al.values():
                 v["cpu_flag"] = v["floor_us"] is not None and v["floor_us"] > 0.2 * v["median"]
             points.append(p)
@@ -117,13 +160,18 @@ def markdown(points, walls, head):
          "repetitions): the CPU floor (`floor`, of auto's choice). More processes than cores measure the "
          "scheduler, not the network: flag `cpu` where an algorithm's floor is > 20% of its time here "
          "(shown on auto's cell and on `best`). Processes are pinned to core (host mod cores) unless --pin 0.",
-         "- auto: LOWRANK_UCX_ALPHA_US = one-way delay + software cost, LOWRANK_UCX_BETA_NS = 8e9 / rate; "
-         "`choice` is the transport's own model (lowrank_cost_model) at those values. `>10%`: auto/best > "
-         "1.10; `bytes`: auto sends > 1.1x the ring's bytes and is slower than the ring.", ""]
+         "- auto: the default, the links measured when each communicator is made (LOWRANK_UCX_PROBE) "
+         "and the cost model's choice with them; `choice` is what the transport reported it ran "
+         "(lowrankCommGetTransportInfo); the heading gives the constants it measured (median over "
+         "runs). `>10%`: auto/best > 1.10; `bytes`: auto sends > 1.1x the ring's bytes and is slower "
+         "than the ring (the 95% interval of auto/ring, paired by repetition, above 1).", ""]
     for key in sorted({(p["world"], p["rate"], p["delay"]) for p in points}):
         ps = [p for p in points if (p["world"], p["rate"], p["delay"]) == key]
-        L += [f"## {key[0]} hosts, {key[1]}, one-way delay {key[2]} "
-              f"(alpha {ps[0]['alpha_us']:g} µs, beta {ps[0]['beta_ns']:g} ns/B)", "",
+        m = ps[0].get("measured")
+        consts = (f"measured: alpha {m['alpha_us']:.1f} µs, o {m['overhead_us']:.2f} µs, beta "
+                  f"{m['beta_ns_per_byte']:.3f} ns/B" if m else
+                  f"alpha {ps[0]['alpha_us']:g} µs, beta {ps[0]['beta_ns']:g} ns/B")
+        L += [f"## {key[0]} hosts, {key[1]}, one-way delay {key[2]} ({consts})", "",
               "| size | " + " | ".join(SHORT[a] for a in algos) + " | choice | best | auto/best | floor | bytes auto/ring | flags |",
               "|---:|" + "---:|" * len(algos) + "---|---|---:|---:|---:|---|"]
         for p in ps:
@@ -160,11 +208,19 @@ def targets(points):
                  f"({len(bad)} of {len(ab)} points above 1.10; worst {worst['auto_over_best']:.2f} at "
                  f"{worst['world']} hosts, {worst['rate']}, {worst['delay']}, {size_str(worst['size'])}); "
                  f"auto's model choice = best measured at {sum(p.get('picked_best') is True for p in ab)} of {len(ab)}")
-    tp = [p for p in points if p["world"] == 16 and p["delay"] in ("1ms", "1.0ms", "1000us") and p["size"] == 2048
-          and "ring_over_auto" in p]
-    t += [f"16 hosts, 1 ms, 2 KiB, {p['rate']}: ring / auto = {p['ring_over_auto']:.2f} (target >= 3): "
-          f"{'met' if p['ring_over_auto'] >= 3 else 'NOT met'}" for p in tp] or \
-         ["16 hosts, 1 ms, 2 KiB: not in this sweep"]
+    judged = [p for p in ab if p["world"] == 16 and p["delay"] in ("1ms", "1.0ms", "1000us")]
+    if judged:
+        bad = [p for p in judged if p["auto_over_best"] > 1.10]
+        t.append(f"judged (16 hosts, 1 ms): auto within 1.1x of the best at every point: "
+                 f"{'met' if not bad else 'NOT met'} ({len(bad)} of {len(judged)} above)" +
+                 "".join(f"; {p['rate']} {size_str(p['size'])} {p['auto_over_best']:.2f}" for p in bad))
+    else:
+        t.append("judged (16 hosts, 1 ms): not in this sweep")
+    tp = [p for p in points if p["world"] == 16 and p["delay"] in ("1ms", "1.0ms", "1000us")
+          and p["size"] == 16384 and p["rate"] == "100mbit" and "direct_over_auto" in p]
+    t += [f"16 hosts, 100 Mbit/s, 1 ms, 16 KiB: direct / auto = {p['direct_over_auto']:.2f} "
+          f"(target >= 1.8): {'met' if p['direct_over_auto'] >= 1.8 else 'NOT met'}" for p in tp] or \
+         ["16 hosts, 100 Mbit/s, 1 ms, 16 KiB: not in this sweep"]
     bf = [p for p in points if p.get("bytes_flag")]
     t.append(f"points where auto sends > 1.1x the ring's bytes while slower: {len(bf)}" +
              "".join(f"; {p['world']} hosts {p['rate']} {p['delay']} {size_str(p['size'])}" for p in bf))
@@ -218,8 +274,8 @@ def parse_args(argv=None):
 def main():
     args = parse_args()
     runs, out, model = args.runs, args.out, args.model
-    samples, meta, walls = load(runs)
-    points = analyse(samples, meta, model)
+    samples, meta, walls, transport = load(runs)
+    points = analyse(samples, meta, model, transport)
     head = dict(date=args.date, git=args.git, cmdline=args.cmdline, cores=args.cores,
                 targets=targets(points))
     if args.provenance:
