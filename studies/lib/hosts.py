@@ -50,6 +50,19 @@ class Hosts:
         self.calibration = None
         self._sh(f"hosts_delay {delay}")
 
+    def loss(self, p):
+        """Every link loses each frame with probability p (0 <= p < 1), as netns_hosts.sh's
+        hosts_loss (on the wire: from a seeded generator, HOSTS_LOSS_SEED)."""
+        self._sh(f"hosts_loss {p}")
+
+    def cut(self, i):
+        """Host i's link cut: nothing in or out until heal(i)."""
+        self._sh(f"hosts_cut {int(i)}")
+
+    def heal(self, i=-1):
+        """Host i's link mended (-1: every host's)."""
+        self._sh(f"hosts_heal {int(i)}")
+
     def settings(self):
         """(kind of link, rate in bit/s (0: none), one-way delay in s) as set now."""
         kind, bits, ns = self._sh("hosts_settings").split()
@@ -65,7 +78,7 @@ class Hosts:
         passed or not; .jsonl, so the reports' globs of run files *.json do not take it); raises
         calibrate.CalibrationError if it failed."""
         from studies.lib import calibrate
-        cal = calibrate.calibrate(self, **kw)
+        cal = calibrate.with_retries(self, **kw)
         if out_dir:
             os.makedirs(out_dir, exist_ok=True)
             with open(os.path.join(out_dir, "calibrations.jsonl"), "a") as f:

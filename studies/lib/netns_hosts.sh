@@ -11,6 +11,9 @@
 #   hosts_link            # prints the kind of link in use: wire, netem or tbf-legacy
 #   hosts_settings        # prints "KIND RATE_BIT_PER_S DELAY_NS" (0: none), what calibrate.py checks
 #   hosts_link_stats      # the wire's counters since the previous call (its status line), else ""
+#   hosts_loss P          # every link loses each frame with probability P (0 <= P < 1; 0.01: 1%)
+#   hosts_cut I           # host I's link cut: nothing in or out (a pulled cable)
+#   hosts_heal I          # host I's link mended (-1: every host's)
 #   hosts_exec I CMD...   # CMD inside host I
 #   hosts_wire_bin        # prints the path of the user-space link's program (built on first use)
 #
@@ -143,6 +146,35 @@ hosts_delay() {
   fi
   echo "$d" >"$HOSTS_STATE/delay" || return 1
   _hosts_apply
+}
+
+# Faults (issue 42). The wire draws its losses from a seeded generator (hosts_loss resets it to
+# HOSTS_LOSS_SEED, default 1), so a run's losses repeat with its arrivals; netem's are random.
+hosts_loss() {
+  case $1 in (0|0.*|.*) ;; (*) echo "netns_hosts: loss $1: want a probability in [0, 1)" >&2; return 2 ;; esac
+  case $(hosts_link) in
+    wire) _hosts_wire_ctl "loss $1 seed ${HOSTS_LOSS_SEED:-1}" ;;
+    netem) local i pct
+      pct=$("${HOSTS_PY:-python3}" -c "print(100 * $1)")
+      for i in $(seq 0 $((HOSTS_N - 1))); do  # on the bridge port's netem (the delay's)
+        tc qdisc change dev ${HOSTS_TAG}v$i root netem loss ${pct}% 2>/dev/null ||
+          tc qdisc add dev ${HOSTS_TAG}v$i root netem loss ${pct}% limit 100000 || return 1
+      done ;;
+    *) echo "netns_hosts: no loss on $(hosts_link) links" >&2; return 2 ;;
+  esac
+}
+hosts_cut() {
+  case $(hosts_link) in
+    wire) _hosts_wire_ctl "cut $1" ;;
+    *) ip link set ${HOSTS_TAG}v$1 down ;;
+  esac
+}
+hosts_heal() {
+  case $(hosts_link) in
+    wire) _hosts_wire_ctl "heal $1" ;;
+    *) local i; for i in $( [ "$1" = -1 ] && seq 0 $((HOSTS_N - 1)) || echo $1); do
+         ip link set ${HOSTS_TAG}v$i up; done ;;
+  esac
 }
 
 hosts_unshape() {

@@ -88,11 +88,14 @@ if [ -n "$(echo "${DELAYS//,/ }" | tr ' ' '\n' | grep -v '^0\(ms\|us\)\?$')" ]; 
   hosts_down
 fi
 # calibrate N DELAY RATE: the links checked before any run over them (refused: exit 1)
+# (a setting whose links fail every attempt is refused: not swept, named in the report, exit 1 at
+# the end; the other settings go on)
 calibrate() {
   local f=$WORK/calib.n$1.d$2.r$3.json
-  PYTHONPATH=$ROOT "$PY" -m studies.lib.calibrate --tag $HOSTS_TAG --hosts $1 --out "$f" | sed 's/^/# /' ||
-    { echo "netns_algorithms.sh: the links ($1 hosts, $3, $2) failed their calibration: sweep refused" >&2; exit 1; }
   echo "$f" >>"$WORK/calibs.txt"
+  PYTHONPATH=$ROOT "$PY" -m studies.lib.calibrate --tag $HOSTS_TAG --hosts $1 --out "$f" | sed 's/^/# /' ||
+    { echo "netns_algorithms.sh: the links ($1 hosts, $3, $2) failed their calibration: setting refused" >&2
+      echo "$1 $2 $3" >>"$WORK/refused.txt"; return 1; }
 }
 
 # delay in microseconds (0.25ms -> 250)
@@ -149,6 +152,7 @@ PYPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"  # the studies package, for provenance
 PYTHONPATH=$PYPATH "$PY" -m studies.lib.provenance start --binary "$PERF" >"$WORK/provenance.json" || exit 1
 : >"$WORK/runs.txt"
 : >"$WORK/calibs.txt"
+: >"$WORK/refused.txt"
 T0=$(date +%s)
 for n in ${WORLDS//,/ }; do
   hosts_up $n || exit 1
@@ -164,8 +168,7 @@ for n in ${WORLDS//,/ }; do
     for delay in ${DELAYS//,/ }; do
       hosts_delay $delay || exit 1
       echo "# $n hosts, $rate, one-way delay $delay, link $(hosts_link) ($(($(date +%s) - T0)) s so far)"
-      calibrate $n $delay $rate
-      sweep $n $delay $rate $ALGOS
+      calibrate $n $delay $rate && sweep $n $delay $rate $ALGOS
     done
   done
   hosts_down
@@ -177,4 +180,8 @@ PYTHONPATH=$PYPATH "$PY" -m studies.netns.algorithms_report "$WORK/runs.txt" "$O
 rc=$?
 PYTHONPATH=$PYPATH "$PY" -c 'import sys; from studies.lib.calibrate import attach; attach(sys.argv[1], sys.argv[2:])' \
   "$OUT.json" $(cat "$WORK/calibs.txt") || exit 1
+if [ -s "$WORK/refused.txt" ]; then
+  echo "netns_algorithms.sh: settings refused by their calibration (not swept): $(paste -sd';' "$WORK/refused.txt")" | tee -a "$OUT.md" >&2
+  exit 1
+fi
 exit $rc

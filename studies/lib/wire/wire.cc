@@ -34,7 +34,10 @@
 //     ready, then switches until SIGTERM/SIGINT (the TAPs go with the process). A line
 //     "gen G [rate BPS] [delay_ns NS]" written to FIFO sets the link and rewrites FILE with
 //     "gen G rate .. delay_ns .. fifo .. frames .. late_p50_ns .. late_p99_ns .. late_max_ns ..
-//     lead_ns .. dropped ..": the counters since the previous line (how late releases were).
+//     lead_ns .. dropped .. loss .. lost .. cut .. cut_dropped ..": the counters since the previous
+//     line (how late releases were; frames lost and dropped at cut ports). Faults (issue 42):
+//     "loss P" loses each frame toward a port with probability P (0 <= P < 1; "seed S" reseeds the
+//     draws), "cut I" cuts host I's link (nothing in or out), "heal I" mends it (-1: all).
 //     The TAPs are made with IFF_NAPI unless --no-napi (see open_tap_in). --trace FILE writes
 //     "A port arrival_ns sent_ns bytes" per frame taken in and "R port due_ns released_ns bytes"
 //     per frame released (CLOCK_MONOTONIC, as time.monotonic()): where a message's time went.
@@ -65,6 +68,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <random>
 #include <sstream>
 #include <string>
 #include <unordered_map>
@@ -155,6 +159,7 @@ class Switch {
         status_(std::move(status)), ctl_(ctl), fifo_(fifo) {
     model_.rate_bps = rate;
     model_.delay_ns = delay;
+    cut_.assign(taps_.size(), false);
   }
   int run();
 
@@ -164,6 +169,7 @@ class Switch {
   void release_due(int64_t now);
   int64_t next_due() const;
   void write_status();
+  std::string cut_ports() const;
 
   std::vector<int> taps_;
   Model model_;
@@ -176,6 +182,15 @@ class Switch {
   int64_t lead_ns_ = 50000;  // how early to wake before a release (the wake-ups' lateness)
   size_t queued_bytes_ = 0;
   uint64_t frames_ = 0, dropped_ = 0;
+  // Faults (issue 42): each copy toward a port is lost with probability loss_ (drawn from rng_,
+  // seeded by the control word "seed", so a run's losses repeat with its arrivals); a cut port
+  // ("cut P") neither sends nor receives: its frames, and those queued toward it, are dropped
+  // until "heal P" (-1: every port).
+  double loss_ = 0;
+  std::mt19937_64 rng_{1};
+  std::vector<bool> cut_;
+  uint64_t lost_ = 0, cut_dropped_ = 0;
+  bool lose() { return loss_ > 0 && std::uniform_real_distribution<double>(0, 1)(rng_) < loss_; }
   Lateness late_;
   int live_ports_;
   static constexpr int64_t kWindowNs = 20000000;
@@ -197,15 +212,25 @@ void Switch::write_status() {
   if (!f) die("cannot write " + tmp);
   std::fprintf(f,
                "gen %ld rate %.0f delay_ns %lld fifo %d frames %llu late_p50_ns %lld "
-               "late_p99_ns %lld late_max_ns %lld lead_ns %lld dropped %llu\n",
+               "late_p99_ns %lld late_max_ns %lld lead_ns %lld dropped %llu loss %g lost %llu "
+               "cut %s cut_dropped %llu\n",
                gen_, model_.rate_bps, static_cast<long long>(model_.delay_ns), fifo_ ? 1 : 0,
                static_cast<unsigned long long>(frames_),
                static_cast<long long>(late_.quantile_ns(0.5)),
                static_cast<long long>(late_.quantile_ns(0.99)),
                static_cast<long long>(late_.max_ns), static_cast<long long>(lead_ns_),
-               static_cast<unsigned long long>(dropped_));
+               static_cast<unsigned long long>(dropped_), loss_,
+               static_cast<unsigned long long>(lost_), cut_ports().c_str(),
+               static_cast<unsigned long long>(cut_dropped_));
   std::fclose(f);
   if (std::rename(tmp.c_str(), status_.c_str()) != 0) die("cannot rename " + tmp);
+}
+
+std::string Switch::cut_ports() const {
+  std::string s;
+  for (size_t q = 0; q < cut_.size(); ++q)
+    if (cut_[q]) s += (s.empty() ? "" : ",") + std::to_string(q);
+  return s.empty() ? "-" : s;
 }
 
 uint64_t mac_key(const uint8_t* m) {
@@ -236,12 +261,20 @@ void Switch::on_tap(int p) {
       if (it != mac_port_.end()) to = it->second;
     }
     if (to == p) continue;
+    if (cut_[size_t(p)]) {  // a cut link carries nothing from its host
+      ++cut_dropped_;
+      continue;
+    }
     int64_t s = model_.sent(p, t, len);
     if (trace_)
       std::fprintf(trace_, "A %d %lld %lld %zu\n", p, static_cast<long long>(t),
                    static_cast<long long>(s), len);
     for (int q = 0; q < static_cast<int>(taps_.size()); ++q) {
       if (q == p || (to != -1 && q != to)) continue;
+      if (lose()) {  // lost on the way: it took its sender's wire time, never reaches q
+        ++lost_;
+        continue;
+      }
       if (queued_bytes_ + len > kCapBytes) {
         ++dropped_;
         continue;
@@ -266,11 +299,16 @@ void Switch::on_ctl() {
       if (key == "gen") gen_ = static_cast<long>(v);
       else if (key == "rate") model_.rate_bps = v;
       else if (key == "delay_ns") model_.delay_ns = static_cast<int64_t>(v);
+      else if (key == "loss" && v >= 0 && v < 1) loss_ = v;
+      else if (key == "seed") rng_.seed(static_cast<uint64_t>(v));
+      else if (key == "cut" && v >= 0 && v < static_cast<double>(cut_.size())) cut_[size_t(v)] = true;
+      else if (key == "heal" && v >= -1 && v < static_cast<double>(cut_.size()))
+        v < 0 ? cut_.assign(cut_.size(), false) : void(cut_[size_t(v)] = false);
       else std::fprintf(stderr, "wire: unknown control word %s\n", key.c_str());
     }
     write_status();
     late_ = Lateness{};
-    frames_ = dropped_ = 0;
+    frames_ = dropped_ = lost_ = cut_dropped_ = 0;
   }
 }
 
@@ -279,6 +317,12 @@ void Switch::release_due(int64_t now) {
     auto& dq = queues_[q];
     while (!dq.empty() && dq.front().due <= now) {
       Frame& f = dq.front();
+      if (cut_[q]) {  // queued toward a host whose link was cut since
+        ++cut_dropped_;
+        queued_bytes_ -= f.bytes.size();
+        dq.pop_front();
+        continue;
+      }
       late_.add(now_ns() - f.due);  // before the write: the host receives the frame inside it
       if (trace_)
         std::fprintf(trace_, "R %zu %lld %lld %zu\n", q, static_cast<long long>(f.due),
