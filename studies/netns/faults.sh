@@ -71,14 +71,22 @@ sleep $CUT_AFTER
 t_cut=$(date +%s.%N)
 hosts_cut 3 || exit 1
 : >"$WORK/cut.txt"
-for i in $(seq 0 $((N - 1))); do
-  ( wait_rc=0; wait ${PIDS[$i]} || wait_rc=$?; echo "$i $wait_rc $(date +%s.%N)" >>"$WORK/cut.txt" ) &
+# each process's end, polled every 0.1 s (its status by wait, once it is gone); one still running
+# T + 60 s after the cut is a hang
+declare -A ENDED=()
+deadline=$(( $(date +%s) + T + 60 ))
+while [ ${#ENDED[@]} -lt $N ] && [ "$(date +%s)" -lt $deadline ]; do
+  for i in $(seq 0 $((N - 1))); do
+    [ -n "${ENDED[$i]:-}" ] && continue
+    if ! kill -0 ${PIDS[$i]} 2>/dev/null; then
+      t=$(date +%s.%N); rc=0; wait ${PIDS[$i]} || rc=$?
+      ENDED[$i]=1; echo "$i $rc $t" >>"$WORK/cut.txt"
+    fi
+  done
+  sleep 0.1
 done
-# wait (bounded): a process still running at T + 60 s is a hang
-for s in $(seq $((T + 60))); do [ "$(wc -l <"$WORK/cut.txt")" -ge $N ] && break; sleep 1; done
-sleep 0.5
 for i in $(seq 0 $((N - 1))); do
-  grep -q "^$i " "$WORK/cut.txt" || { echo "$i hang $(date +%s.%N)" >>"$WORK/cut.txt"; kill ${PIDS[$i]} 2>/dev/null; }
+  [ -n "${ENDED[$i]:-}" ] || { echo "$i hang $(date +%s.%N)" >>"$WORK/cut.txt"; kill ${PIDS[$i]} 2>/dev/null; }
 done
 hosts_heal 3 || exit 1
 sleep 1
@@ -98,7 +106,7 @@ for line in open(f"{work}/runs.txt"):
     digests.setdefault(l, []).append(sorted(x for x in open(prefix + ".o0") if x.startswith("# digest")))
     rows = [json.load(open(f))["results"] for f in sorted(glob.glob(prefix + ".r*.json"))]
     for rs in zip(*rows):
-        key = f"{rs[0]['mode']} {rs[0]['size']}"
+        key = f"{rs[0]['lowrank']['mode']} {rs[0]['size']}"
         times.setdefault(l, {}).setdefault(key, []).append(max(r["out_of_place"]["time"] for r in rs))
 clean, lossy = "0", loss
 same = all(d == digests[clean][0] for k in digests for d in digests[k]) and bool(digests[clean][0])
