@@ -526,6 +526,7 @@ lowrankResult_t lowrankGetStats(lowrankComm_t comm, lowrankStats_t* stats);
  *    "alpha_us": A, "overhead_us": O, "beta_ns_per_byte": B,   the cost model's constants in use
  *    "probe": {"partner", "small_rtt_us", "burst_us", "large1_us", "large2_us", "seconds"},
  *                                       this comm rank's link measurement, when one was made
+ *                                       (zeros on the upper rank of each pair: its partner timed)
  *    "algorithms": {"<c>": "ring" | "halving_doubling" | "recursive_doubling" | "direct", ...}}
  *                                       per size class c = floor(log2(bytes)) of the allreduces
  *                                       run so far, the last algorithm used (tuning trials aside)

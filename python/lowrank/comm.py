@@ -341,7 +341,8 @@ class Communicator:
         model's constants in use), probe (this comm rank's link timings, when measured) and
         algorithms ({size class floor(log2(bytes)) as a string: algorithm last used}). Over NCCL:
         {"transport": "nccl"}. Raises LowrankError lowrankInvalidUsage for a library older than
-        this function. Thread safety: any thread."""
+        this function. Thread safety: as every call (the communicator's lock: it waits for a call
+        in progress on another thread)."""
         fn = "lowrankCommGetTransportInfo"
         if not hasattr(self._lib, fn):
             raise LowrankError(5, f"{self._lib.lowrank_path} is older than this package: no {fn}",
@@ -354,6 +355,7 @@ class Communicator:
             if needed.value <= len(buf):
                 return json.loads(buf.value.decode())
         raise LowrankError(5, "the transport's record kept growing while it was read", fn)
+
     def memory(self, buffer):
         """lowrankBufferGetMemory as a dict, bytes the buffer's state holds now: planned,
         device (1: device memory), supplied (1: from set_allocator's alloc), residualBytes,

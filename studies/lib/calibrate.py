@@ -226,12 +226,12 @@ def with_retries(hosts, attempts=ATTEMPTS, pause_s=PAUSE_S, **kw):
     the machine (the previous run's processes still exiting, another program's burst) is measured
     again, never excused. Returns the last attempt's dict, with "earlier_attempts": the failed
     ones before it (each whole), so a run records every attempt."""
-    earlier = []
-    for i in range(max(1, attempts)):
+    earlier, n = [], max(1, attempts)
+    for i in range(n):
         if i:
             time.sleep(pause_s)
         cal = calibrate(hosts, **kw)
-        if cal["passed"] or i == attempts - 1:
+        if cal["passed"] or i == n - 1:
             cal["earlier_attempts"] = earlier
             return cal
         earlier.append(cal)

@@ -151,15 +151,12 @@ hosts_delay() {
 # Faults (issue 42). The wire draws its losses from a seeded generator (hosts_loss resets it to
 # HOSTS_LOSS_SEED, default 1), so a run's losses repeat with its arrivals; netem's are random.
 hosts_loss() {
-  case $1 in (0|0.*|.*) ;; (*) echo "netns_hosts: loss $1: want a probability in [0, 1)" >&2; return 2 ;; esac
+  "${HOSTS_PY:-python3}" -c "import sys; p = float(sys.argv[1]); sys.exit(not 0 <= p < 1)" "$1" 2>/dev/null ||
+    { echo "netns_hosts: loss $1: want a probability in [0, 1)" >&2; return 2; }
+  echo "$1" >"$HOSTS_STATE/loss" || return 1
   case $(hosts_link) in
     wire) _hosts_wire_ctl "loss $1 seed ${HOSTS_LOSS_SEED:-1}" ;;
-    netem) local i pct
-      pct=$("${HOSTS_PY:-python3}" -c "print(100 * $1)")
-      for i in $(seq 0 $((HOSTS_N - 1))); do  # on the bridge port's netem (the delay's)
-        tc qdisc change dev ${HOSTS_TAG}v$i root netem loss ${pct}% 2>/dev/null ||
-          tc qdisc add dev ${HOSTS_TAG}v$i root netem loss ${pct}% limit 100000 || return 1
-      done ;;
+    netem) _hosts_apply ;;  # rebuilt with the rate and delay kept
     *) echo "netns_hosts: no loss on $(hosts_link) links" >&2; return 2 ;;
   esac
 }
@@ -282,7 +279,7 @@ _hosts_wire_ctl() {
 
 # (re)applies the kind's link settings from the state's rate and delay
 _hosts_apply() {
-  local kind rate delay bits=0 ns=0 i v gen
+  local kind rate delay bits=0 ns=0 i v gen loss
   kind=$(hosts_link) || return 1
   rate=$(cat "$HOSTS_STATE/rate")
   delay=$(cat "$HOSTS_STATE/delay")
@@ -305,8 +302,11 @@ _hosts_apply() {
         if [ -n "$rate" ]; then
           ip netns exec ${HOSTS_TAG}h$i tc qdisc add dev eth0 root netem rate $rate limit 100000 || return 1
         fi
-        if [ -n "$rate$delay" ]; then
-          tc qdisc add dev $v root netem ${delay:+delay $delay} ${rate:+rate $rate} limit 100000 || return 1
+        loss=$(cat "$HOSTS_STATE/loss" 2>/dev/null)
+        [ "${loss:-0}" = 0 ] && loss= || loss=$("${HOSTS_PY:-python3}" -c "print(100 * $loss)")
+        if [ -n "$rate$delay$loss" ]; then
+          tc qdisc add dev $v root netem ${delay:+delay $delay} ${rate:+rate $rate} \
+            ${loss:+loss ${loss}%} limit 100000 || return 1
         fi
       done ;;
     tbf-legacy) _hosts_tbf_legacy "$rate" "$delay" ;;

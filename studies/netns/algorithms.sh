@@ -91,9 +91,10 @@ fi
 # (a setting whose links fail every attempt is refused: not swept, named in the report, exit 1 at
 # the end; the other settings go on)
 calibrate() {
-  local f=$WORK/calib.n$1.d$2.r$3.json
-  echo "$f" >>"$WORK/calibs.txt"
-  PYTHONPATH=$ROOT "$PY" -m studies.lib.calibrate --tag $HOSTS_TAG --hosts $1 --out "$f" | sed 's/^/# /' ||
+  local f=$WORK/calib.n$1.d$2.r$3.json rc=0
+  PYTHONPATH=$ROOT "$PY" -m studies.lib.calibrate --tag $HOSTS_TAG --hosts $1 --out "$f" | sed 's/^/# /' || rc=1
+  [ -f "$f" ] && echo "$f" >>"$WORK/calibs.txt"  # none when a helper could not even start
+  [ $rc = 0 ] ||
     { echo "netns_algorithms.sh: the links ($1 hosts, $3, $2) failed their calibration: setting refused" >&2
       echo "$1 $2 $3" >>"$WORK/refused.txt"; return 1; }
 }
@@ -107,7 +108,7 @@ run() {
   local port=$((20000 + RANDOM % 12000)) pids=() i rc=0 pin model=()
   # auto: the default, the links measured when the communicator is made (LOWRANK_UCX_PROBE=1);
   # MODEL_AUTO=1: the model at the link's own figures instead (the sweep before issue 40's probe)
-  [ "$algo" = auto ] && [ "${MODEL_AUTO:-0}" = 1 ] && model=(LOWRANK_UCX_ALPHA_US=$alpha LOWRANK_UCX_BETA_NS=$beta)
+  [ "$algo" = auto ] && [ "${MODEL_AUTO:-0}" = 1 ] && model=(LOWRANK_UCX_ALPHA_US=$alpha LOWRANK_UCX_BETA_NS=$beta LOWRANK_UCX_OVERHEAD_US=0)
   for i in $(seq 0 $((n - 1))); do
     pin=(); [ "$PIN" = 1 ] && pin=(taskset -c $((i % CORES)))
     hosts_exec $i "${pin[@]}" env RANK=$i WORLD_SIZE=$n MASTER_ADDR=10.77.0.1 MASTER_PORT=$port \

@@ -86,7 +86,8 @@ while [ ${#ENDED[@]} -lt $N ] && [ "$(date +%s)" -lt $deadline ]; do
   sleep 0.1
 done
 for i in $(seq 0 $((N - 1))); do
-  [ -n "${ENDED[$i]:-}" ] || { echo "$i hang $(date +%s.%N)" >>"$WORK/cut.txt"; kill ${PIDS[$i]} 2>/dev/null; }
+  [ -n "${ENDED[$i]:-}" ] || { echo "$i hang $(date +%s.%N)" >>"$WORK/cut.txt"
+    ip netns pids ${HOSTS_TAG}h$i | xargs -r kill -9 2>/dev/null; }  # the perf process itself
 done
 hosts_heal 3 || exit 1
 sleep 1

@@ -1,6 +1,6 @@
 // The links measured when a communicator is made (issue 40), so that the cost model (cost_model.h)
-// chooses from the network it runs on, not from guessed constants: each comm rank of a pair
-// (2i, 2i+1) times, with its partner, a ping-pong of a small message, a burst of small messages
+// chooses from the network it runs on, not from guessed constants: the lower comm rank of each
+// pair (2i, 2i+1) times, with its partner, a ping-pong of a small message, a burst of small messages
 // answered once, and two large messages answered once; the fit gives
 //   alpha = the small round trip / 2                       (one hop: latency and both overheads)
 //   o     = (burst - small round trip) / (burst count - 1) (LogP's per-message overhead or gap)
