@@ -249,6 +249,8 @@ def test_each_cuda_device_has_a_communicator_of_its_own_made_on_it(hook_state, m
 
     monkeypatch.setattr(torch.cuda, "device", device)
     monkeypatch.setattr(hook, "communicator_from_process_group", make)
+    # torch's memory for the stand-ins: tested in test_hook_memory.py, not the point here
+    monkeypatch.setattr(hook, "use_torch_memory", lambda comm, device: None)
     params = list(torch.nn.Sequential(torch.nn.Linear(8, 6), torch.nn.Linear(6, 4)).parameters())
     powerSGD_hook(state, _GradBucket(0, params[2:], last=False, cuda=1)).wait()
     powerSGD_hook(state, _GradBucket(1, params[:2], last=True, cuda=True)).wait()

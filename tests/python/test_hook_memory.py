@@ -183,6 +183,9 @@ def test_the_hooks_cuda_communicator_takes_torchs_memory(one_rank_group, monkeyp
         return made[device]
 
     monkeypatch.setattr(hook, "communicator_from_process_group", communicator)
+    # no CUDA here: "cuda" is the current device, 0; making its communicator on it a no-op
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
     state = hook.PowerSGDState(None, matrix_approximation_rank=1, start_powerSGD_iter=1,
                                device="cpu")
     try:
@@ -190,7 +193,7 @@ def test_the_hooks_cuda_communicator_takes_torchs_memory(one_rank_group, monkeyp
         assert made["cpu"].allocators == [], "host buffers take no device allocator"
         (alloc, free), = made["cuda"].allocators
         assert isinstance(alloc.__self__, memory.TorchAllocator) and free.__self__ is alloc.__self__
-        assert alloc.__self__.device == torch.device("cuda")
+        assert alloc.__self__.device == torch.device("cuda:0")
     finally:
         state.close()
 

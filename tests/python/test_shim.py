@@ -24,7 +24,7 @@ def run(preload):
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("LOWRANK_") or k in ("LOWRANK_LIBRARY", "LOWRANK_TEST_INSTALLED")}
     env.update(LD_LIBRARY_PATH=DOUBLE, LOWRANK_DEBUG="INFO", LOWRANK_MIN_BYTES="65536",
-               LOWRANK_APPROX_RANK="4", LOWRANK_TIMEOUT="30")
+               LOWRANK_APPROX_RANK="4", LOWRANK_TIMEOUT="30", LOWRANK_UCX_PROBE="0")
     if preload:
         env["LD_PRELOAD"] = SHIM
     p = subprocess.run([sys.executable, os.path.join(HERE, "shim_worker.py")], env=env,

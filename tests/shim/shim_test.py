@@ -68,7 +68,9 @@ from testlib import SKIP, check, log  # noqa: E402
 def base_env(**extra):
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("LOWRANK_") and k not in ("LD_PRELOAD", "LD_LIBRARY_PATH")}
-    env.update(LOWRANK_MIN_BYTES="65536", LOWRANK_TIMEOUT="30", LOWRANK_DEBUG="INFO")
+    # LOWRANK_UCX_PROBE=0: outputs compared bit for bit across runs never depend on timing
+    env.update(LOWRANK_MIN_BYTES="65536", LOWRANK_TIMEOUT="30", LOWRANK_DEBUG="INFO",
+               LOWRANK_UCX_PROBE="0")
     for k, v in extra.items():
         if v is None:
             env.pop(k, None)
