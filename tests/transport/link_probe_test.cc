@@ -41,10 +41,17 @@ TEST(LinkProbe, FitOfKnownTimings) {
   EXPECT_EQ(none.betaSecPerByte, 0);
 }
 
+// Collects each rank's ProbeResult (onProbed runs on the rank's thread).
 struct Probed {
   std::mutex m;
   std::vector<ProbeResult> byRank;
   explicit Probed(int n) : byRank(size_t(n)) {}
+  std::function<void(const ProbeResult&)> sink(int r) {
+    return [this, r](const ProbeResult& x) {
+      std::lock_guard<std::mutex> lk(m);
+      byRank[size_t(r)] = x;
+    };
+  }
 };
 
 // Small probe messages: the test is about agreement, not about this machine's links.
@@ -54,19 +61,6 @@ ProbeOptions quick() {
   o.large2Bytes = 16384;
   o.repeats = 2;
   return o;
-}
-
-void checkCall(std::vector<std::unique_ptr<Transport>>& g, size_t count, uint32_t seed) {
-  const int n = int(g.size());
-  std::vector<std::vector<uint8_t>> in(static_cast<size_t>(n)), bufs;
-  for (int r = 0; r < n; ++r) in[size_t(r)] = exactData(lowrankFloat32, lowrankSum, r, count, seed);
-  const auto ref = referenceReduce(in, count, lowrankFloat32, lowrankSum);
-  bufs = in;
-  const auto sts = allreduceAll(g, bufs, count, lowrankFloat32, lowrankSum);
-  for (int r = 0; r < n; ++r) {
-    ASSERT_TRUE(sts[size_t(r)].ok()) << "comm rank " << r << ": " << sts[size_t(r)].msg;
-    ASSERT_EQ(firstDiff(bufs[size_t(r)], ref, 4), -1) << "comm rank " << r;
-  }
 }
 
 TEST(ProbedTransport, RanksFedDifferentTimingsAgreeOnTheMax) {
@@ -98,10 +92,7 @@ TEST(ProbedTransport, RanksFedDifferentTimingsAgreeOnTheMax) {
       o.probeAdjust = [r, &fed](ProbeTimings* t) {
         if (t->smallRtt > 0) *t = fed(r);  // the ranks that timed something
       };
-      o.onProbed = [r, &res](const ProbeResult& x) {
-        std::lock_guard<std::mutex> lk(res.m);
-        res.byRank[size_t(r)] = x;
-      };
+      o.onProbed = res.sink(r);
       return o;
     });
     ASSERT_EQ(g.size(), size_t(n));
@@ -118,7 +109,7 @@ TEST(ProbedTransport, RanksFedDifferentTimingsAgreeOnTheMax) {
       EXPECT_NE(info.find(alpha), std::string::npos) << info;
     }
     for (int call = 0; call < 3; ++call) {
-      checkCall(g, size_t(1) << (4 * call + 2), uint32_t(call));
+      checkExactFloatSum(g, size_t(1) << (4 * call + 2), uint32_t(call));
       if (HasFatalFailure()) return;
     }
     EXPECT_NE(g[0]->info().find("\"algorithms\": {\""), std::string::npos) << g[0]->info();
@@ -134,10 +125,7 @@ TEST(ProbedTransport, MeasuresRealLinksAndKeepsPinnedConstants) {
     o.probeOptions = quick();
     o.cost.betaSecPerByte = 0.5e-9;
     o.betaPinned = true;
-    o.onProbed = [r, &res](const ProbeResult& x) {
-      std::lock_guard<std::mutex> lk(res.m);
-      res.byRank[size_t(r)] = x;
-    };
+    o.onProbed = res.sink(r);
     return o;
   });
   ASSERT_EQ(g.size(), size_t(n));
@@ -156,7 +144,7 @@ TEST(ProbedTransport, MeasuresRealLinksAndKeepsPinnedConstants) {
     EXPECT_NE(info.find("\"beta_ns_per_byte\": 0.5,"), std::string::npos) << info;  // pinned
     EXPECT_NE(info.find("\"probe\": {"), std::string::npos) << info;
   }
-  checkCall(g, 1000, 7);
+  checkExactFloatSum(g, 1000, 7);
 }
 
 TEST(ProbedTransport, NoProbeWhereTheModelDoesNotChoose) {

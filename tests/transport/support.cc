@@ -184,4 +184,17 @@ uint64_t elementsSent(const std::vector<std::unique_ptr<Transport>>& group) {
   return s;
 }
 
+void checkExactFloatSum(std::vector<std::unique_ptr<Transport>>& g, size_t count, uint32_t seed) {
+  const int n = int(g.size());
+  std::vector<std::vector<uint8_t>> in(static_cast<size_t>(n)), bufs;
+  for (int r = 0; r < n; ++r) in[size_t(r)] = exactData(lowrankFloat32, lowrankSum, r, count, seed);
+  const auto ref = referenceReduce(in, count, lowrankFloat32, lowrankSum);
+  bufs = in;
+  const auto sts = allreduceAll(g, bufs, count, lowrankFloat32, lowrankSum);
+  for (int r = 0; r < n; ++r) {
+    ASSERT_TRUE(sts[size_t(r)].ok()) << "comm rank " << r << ": " << sts[size_t(r)].msg;
+    ASSERT_EQ(firstDiff(bufs[size_t(r)], ref, 4), -1) << "comm rank " << r << ", count " << count;
+  }
+}
+
 }  // namespace lowrank::test

@@ -43,4 +43,8 @@ long firstDiff(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b, siz
 
 uint64_t elementsSent(const std::vector<std::unique_ptr<Transport>>& group);
 
+// One allreduce (sum) of exactData float32 on every rank of the group at once, checked on every
+// rank bit for bit against referenceReduce (gtest assertions; returns at the first failure).
+void checkExactFloatSum(std::vector<std::unique_ptr<Transport>>& group, size_t count, uint32_t seed);
+
 }  // namespace lowrank::test

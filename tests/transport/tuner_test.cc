@@ -68,20 +68,6 @@ struct Results {
   }
 };
 
-// One allreduce of exact float data on the group, checked on every rank against the reference.
-void checkCall(std::vector<std::unique_ptr<Transport>>& g, size_t count, uint32_t seed) {
-  const int n = int(g.size());
-  std::vector<std::vector<uint8_t>> in(static_cast<size_t>(n)), bufs;
-  for (int r = 0; r < n; ++r) in[size_t(r)] = exactData(lowrankFloat32, lowrankSum, r, count, seed);
-  const auto ref = referenceReduce(in, count, lowrankFloat32, lowrankSum);
-  bufs = in;
-  const auto sts = allreduceAll(g, bufs, count, lowrankFloat32, lowrankSum);
-  for (int r = 0; r < n; ++r) {
-    ASSERT_TRUE(sts[size_t(r)].ok()) << "comm rank " << r << ": " << sts[size_t(r)].msg;
-    ASSERT_EQ(firstDiff(bufs[size_t(r)], ref, 4), -1) << "comm rank " << r << ", count " << count;
-  }
-}
-
 // Each rank is fed its own timings, so the ranks' local argmins differ; every rank must still
 // freeze the same algorithm, the argmin of the max over ranks, and keep giving correct sums (a rank
 // that chose alone would run another algorithm than its peers: its calls fail at the timeout).
@@ -113,7 +99,7 @@ TEST(TunedTransport, RanksFedDifferentTimingsChooseTheSame) {
     ASSERT_EQ(g.size(), size_t(n));
     const int trials = kCandidates * 2;
     for (int call = 0; call < trials + 3; ++call) {
-      checkCall(g, 1001, uint32_t(call));
+      checkExactFloatSum(g, 1001, uint32_t(call));
       if (HasFatalFailure()) return;
     }
     std::vector<Algorithm> roundRobin;  // every candidate twice, in enum order
@@ -152,7 +138,7 @@ TEST(TunedTransport, CorrectAllreducesDuringAndAfterTuning) {
     uint32_t seed = 1;
     for (int call = 0; call < calls; ++call)
       for (size_t c : counts) {
-        checkCall(g, c, seed++);
+        checkExactFloatSum(g, c, seed++);
         if (HasFatalFailure()) return;
       }
     for (int r = 0; r < n; ++r) {
@@ -179,7 +165,7 @@ TEST(TunedTransport, ForcedAlgorithmIsNotTuned) {
     return o;
   });
   ASSERT_EQ(g.size(), 2u);
-  for (int call = 0; call < 10; ++call) checkCall(g, 100, uint32_t(call));
+  for (int call = 0; call < 10; ++call) checkExactFloatSum(g, 100, uint32_t(call));
   EXPECT_TRUE(res.byRank[0].empty());
   // Ring only: 2(N-1) * count elements over the group per call, no agreement's messages.
   EXPECT_EQ(elementsSent(g), uint64_t(10) * 2 * 100);
