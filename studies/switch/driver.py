@@ -83,6 +83,12 @@ def _bytes_delta(a, b):
     return {k: sockbytes.diff(a[k], b[k]) for k in a}
 
 
+def _lowrank_bytes(states):
+    """bytesSent summed over the lowrank reducers' states (one is used per block, so a block's
+    difference is that reducer's)."""
+    return sum(st.stats()["bytesSent"] for st in states.values())
+
+
 def _model_bytes(name, shapes, rank, world):
     """Modelled bytes one worker sends per measured step (train.model_bits_per_step, which knows
     these names; every measured PowerSGD step is compressed, the warm-up having run the exact
@@ -116,13 +122,13 @@ def run(args):
         print(f"switch run {args.run_index}: {world} workers, order {' '.join(order)}, "
               f"{total} steps; torch {torch.__version__}", flush=True)
     batches, step, blocks = _steps(task), 0, []
-    lowrank_state = switch.lowrank_state()
+    lowrank_states = switch.lowrank_states()
     t_run = time.perf_counter()
     for index, (name, nsteps, warmup) in enumerate(plan):
         switch.use(name)
         dist.barrier()
         b0 = _bytes_snapshot(args)
-        lr0 = lowrank_state.stats()["bytesSent"] if lowrank_state is not None else 0
+        lr0 = _lowrank_bytes(lowrank_states)
         rec = dict(index=index, reducer=name, warmup=warmup, steps=nsteps, batch_ms=[],
                    hook_ms=[], tail_ms=[], cpu_ms=[], run_delay_ms=[], loss=[])
         for _ in range(nsteps):
@@ -149,8 +155,8 @@ def run(args):
             step += 1
         dist.barrier()  # every rank's sends of the block received, so sent
         rec["bytes"] = _bytes_delta(b0, _bytes_snapshot(args))
-        if lowrank_state is not None:
-            rec["lowrank_bytes_sent"] = lowrank_state.stats()["bytesSent"] - lr0
+        if lowrank_states:
+            rec["lowrank_bytes_sent"] = _lowrank_bytes(lowrank_states) - lr0
         rec["model_bytes_per_step"] = _model_bytes(name, shapes, args.rank, world)
         blocks.append(rec)
         _sync_replicas(model, opt)
@@ -172,8 +178,10 @@ def run(args):
                       provenance=provenance.finish(record), wall_s=wall_s,
                       replicas_identical=all(torch.equal(digests[0], d) for d in digests[1:]),
                       ranks=[dict(rank=r, blocks=bl) for r, bl in enumerate(everyone)])
-        if lowrank_state is not None:
-            result["lowrank_stats"] = lowrank_state.stats()
+        for name, st in lowrank_states.items():  # lowrank_stats, lowrank_ring_stats, ...
+            key = name.replace("-", "_")
+            result[key + "_stats"] = st.stats()
+            result[key + "_transport"] = st.communicator("cpu").transport_info()
         if args.out:
             os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
             with open(args.out + ".tmp", "w") as f:

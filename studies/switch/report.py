@@ -91,7 +91,7 @@ def report(files, allow_dirty=False):
             over = _ci(row["overhead_ms"]) if "overhead_ms" in row else "—"
             med = f"{row['overhead_median_ms']:.1f}" if "overhead_median_ms" in row else "—"
             worst = max(row.get("bytes_vs_model") or [0.0], key=abs)
-            flag = " (over 5%)" if abs(worst) > sa.BYTES_TOLERANCE else ""
+            flag = f" (over {sa.BYTES_TOLERANCE:.0%})" if abs(worst) > sa.BYTES_TOLERANCE else ""
             lines.append(f"| {name} | {row['runs']} | {_ci(row['mean_ms'])} | {row['median_ms']:.1f} "
                          f"| {ratio} | {over} | {med} | {row['run_delay_ms']:.1f} | "
                          f"{row['bytes_per_step']:.0f} | {row['model_bytes_per_step']:.0f} | "
@@ -121,6 +121,14 @@ def report(files, allow_dirty=False):
                          f"{t['median_per_run']:.3f}; contrast {a} - {t['target']:.3g} x {b}: "
                          f"{_ci(t['contrast_ms'])} ms; time ratio {a}/{b} "
                          f"{_ci(t['time_ratio'], '{:.3f}')}: **{t['verdict']}** ({t['reason']})")
+        if is_target:
+            for name in ("lowrank", "lowrank-ring"):
+                dev = (table.get(name) or {}).get("bytes_vs_model")
+                if dev:
+                    worst = max(dev, key=abs)
+                    lines.append(f"- {name}'s socket bytes vs the ring's model, target within "
+                                 f"{sa.BYTES_TOLERANCE:.0%} in every run: worst {100 * worst:+.1f}%: "
+                                 f"**{'MET' if abs(worst) <= sa.BYTES_TOLERANCE else 'MISSED'}**")
         lines.append("")
     return lines, summary
 

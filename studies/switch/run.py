@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Issue 27's time study: switching runs (studies/switch/driver.py) over every setting, the run as the
 unit. Settings "HOSTS:RATE": HOSTS workers, one per network namespace of studies/lib/netns_hosts.sh on
-links shaped to RATE (tc's syntax), or RATE "loopback" (plain processes over lo). With as many
+links shaped to RATE (tc's syntax) with the plan's one-way delay, or RATE "loopback" (plain processes over lo). With as many
 hosts as cores, worker i is pinned to core i. Run i of every setting takes Latin-square row i
 (--run-index i); runs go round the settings (run 0 of each, then run 1 of each, ...), the order of
 settings rotated from one round to the next, so a slow change of the machine spreads over them.
@@ -17,7 +17,7 @@ The plan (settings, runs, guards, each run's blocks, the decision rule) is plan.
   sudo /usr/bin/python3 -m studies.switch.run --python /work/venv2/bin/python
   /usr/bin/python3 -m studies.switch.run --dry-run               # the plan, nothing run
 
-Writes studies/switch/results/main/<hosts>h_<rate>/run<i>.json (and .log, rank 0's output). Needs
+Writes studies/switch/results/<plan's results>/<hosts>h_<rate>/run<i>.json (and .log, rank 0's output). Needs
 root (namespaces, tc, nice -20) unless every setting is loopback.
 """
 import argparse
@@ -32,7 +32,7 @@ from studies.lib.hosts import Hosts, Servers, add_run_args, may_start
 from studies.lib.launch import ROOT
 
 PLAN = planfile.load(__file__)
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "main")
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", PLAN["results"])
 DRIVER = "studies.switch.driver"
 NAME = "studies.switch.run"
 
@@ -69,6 +69,8 @@ def main():
     ap.add_argument("--settings", default=",".join(PLAN["settings"]))
     ap.add_argument("--runs", type=int, default=PLAN["runs"], help="runs per setting (the issue: at least 6)")
     ap.add_argument("--switch-args", default="", help="more arguments for every driver.py run")
+    ap.add_argument("--delay", default=PLAN["delay"],
+                    help="one-way delay on every link (250us, 1ms, 0), the rate kept")
     add_run_args(ap, PLAN, RESULTS)
     args = ap.parse_args()
     settings = parse_settings(args.settings)
@@ -99,6 +101,7 @@ def main():
                 h.make()
             if net == "hosts" and shaped.get(n) != rate:
                 h.shape(rate)
+                h.delay(args.delay)
                 # refused if the links fail; calibrations.jsonl beside the runs it covers
                 h.calibrate(os.path.dirname(out_path(args.results, i, n, rate)))
                 shaped[n] = rate

@@ -5,9 +5,12 @@ reducer's previous block. A step is reduced by one reducer only: `use()` is call
 (DDP has waited every bucket's future when backward returns), so no two reducers' collectives
 are ever in flight together.
 """
+import os
+
 from studies.train import torch_baseline
 
-NAMES = ["local", "allreduce", "fp16", "torch-powersgd", "lowrank"]
+NAMES = ["local", "allreduce", "fp16", "torch-powersgd", "lowrank", "lowrank-ring"]
+LOWRANK = ("lowrank", "lowrank-ring")  # lowrank's hook: the measured choice; the ring forced
 
 
 def _local(_state, bucket):
@@ -32,12 +35,9 @@ class Switch:
                 self.reducers[name] = (None, default_hooks.fp16_compress_hook)
             elif name == "torch-powersgd":
                 self.reducers[name] = torch_baseline.make("chained", None, rank, start_iter, seed)
-            elif name == "lowrank":
-                from lowrank.torch import PowerSGDState, powerSGD_hook
-                self.reducers[name] = (PowerSGDState(process_group=None,
-                                                     matrix_approximation_rank=rank,
-                                                     start_powerSGD_iter=start_iter,
-                                                     random_seed=seed), powerSGD_hook)
+            elif name in LOWRANK:
+                self.reducers[name] = _lowrank(rank, start_iter, seed,
+                                               "ring" if name == "lowrank-ring" else None)
             else:
                 raise ValueError(f"unknown reducer {name!r}; known: {', '.join(NAMES)}")
         self.current = names[0]
@@ -52,10 +52,28 @@ class Switch:
         state, fn = self.reducers[self.current]
         return fn(state, bucket)
 
-    def lowrank_state(self):
-        return self.reducers.get("lowrank", (None,))[0]
+    def lowrank_states(self):
+        """{name: PowerSGDState} of the lowrank reducers made."""
+        return {n: self.reducers[n][0] for n in LOWRANK if n in self.reducers}
 
     def close(self):
-        st = self.lowrank_state()
-        if st is not None:
+        for st in self.lowrank_states().values():
             st.close()
+
+
+def _lowrank(rank, start_iter, seed, algo):
+    """lowrank's (state, hook); algo: LOWRANK_UCX_ALGO while its communicator is made (read at
+    creation, docs/environment.md), None for the library's measured choice."""
+    from lowrank.torch import PowerSGDState, powerSGD_hook
+    old = os.environ.pop("LOWRANK_UCX_ALGO", None)
+    try:
+        if algo:
+            os.environ["LOWRANK_UCX_ALGO"] = algo
+        state = PowerSGDState(process_group=None, matrix_approximation_rank=rank,
+                              start_powerSGD_iter=start_iter, random_seed=seed)
+        state.communicator("cpu")  # made now, under this environment
+    finally:
+        os.environ.pop("LOWRANK_UCX_ALGO", None)
+        if old is not None:
+            os.environ["LOWRANK_UCX_ALGO"] = old
+    return state, powerSGD_hook

@@ -247,7 +247,7 @@ def model_bits_per_step(reducer, shapes, k, world, compressed_step):
         return 0.0
     if reducer == "fp16":
         return 16.0 * grad * r
-    if reducer in TORCH_POWERSGD + ("lowrank",) and compressed_step:
+    if reducer in TORCH_POWERSGD + ("lowrank", "lowrank-ring") and compressed_step:
         pq, exact, _, _ = powersgd_split(shapes, k)
         return 32.0 * (pq + exact) * r
     return 32.0 * grad * r

@@ -1,5 +1,5 @@
 """Smoke runs of the switching driver (studies/switch/driver.py, issue 27 item 2): 2 ranks over gloo,
-the five reducers, 3 steps a block. Checks what a switching run must get right whatever the
+the six reducers (lowrank twice: the measured choice of algorithm and the ring forced), 3 steps a block. Checks what a switching run must get right whatever the
 machine's load (no time is judged): the blocks in switch_design's order on every rank, replicas
 identical at the end, each step's records, and the socket payload of each reducer's measured
 blocks (bytes sent less TCP's retransmissions, which a loaded loopback does make) within 5% of its
@@ -93,7 +93,7 @@ def test_socket_bytes_match_models(result):
                 continue
             model = b["model_bytes_per_step"]
             assert abs(per_step - model) <= 0.05 * model, (r["rank"], b["reducer"], per_step, model)
-            if b["reducer"] == "lowrank":  # lowrank's own counter, against the sockets
+            if b["reducer"] in switch_hook.LOWRANK:  # lowrank's own counter, against the sockets
                 assert abs(b["lowrank_bytes_sent"] / BLOCK - per_step) <= 0.05 * per_step
             else:
                 assert b.get("lowrank_bytes_sent", 0) == 0
@@ -125,12 +125,24 @@ def test_socket_bytes_at_4_ranks(result4):
         assert excess["fp16"] == pytest.approx(excess["allreduce"], rel=0.25), excess
         assert excess["torch-powersgd"] == pytest.approx(3 * excess["allreduce"], rel=0.25), excess
         for b, _ in payloads(r):
-            if b["reducer"] != "lowrank":
+            if b["reducer"] not in switch_hook.LOWRANK:
                 continue
+            red = b["reducer"]
             counted = b["lowrank_bytes_sent"] / BLOCK
-            assert abs(counted - mean["lowrank"]) <= 0.05 * counted, (r["rank"], counted, mean["lowrank"])
-            ring = model["lowrank"]
-            assert 0.99 * ring <= counted <= 1.01 * ring * world / 2, (r["rank"], counted, ring)
+            assert abs(counted - mean[red]) <= 0.05 * counted, (r["rank"], red, counted, mean[red])
+            ring = model[red]
+            # the ring forced sends the ring's bytes to the byte but for the payload's check words
+            high = 1.01 * ring * (world / 2 if red == "lowrank" else 1)
+            assert 0.99 * ring <= counted <= high, (r["rank"], red, counted, ring)
+
+
+def test_transport_recorded(result):
+    """Each lowrank reducer's communicator's transport_info() in the run's JSON: the ring-forced
+    one says so, and ran the ring at every size it saw."""
+    ring, chosen = result["lowrank_ring_transport"], result["lowrank_transport"]
+    assert ring["choice"] == "forced" and chosen["choice"] != "forced", (ring, chosen)
+    assert ring["algorithms"] and set(ring["algorithms"].values()) == {"ring"}, ring
+    assert result["lowrank_ring_stats"]["compressedCalls"] > 0
 
 
 def test_provenance_of_the_worker(result):
