@@ -29,6 +29,10 @@ needs its own --lr), --start-frac F (compression from round(F x steps)), and for
 --exclude NAMES|embeddings-head (allreduced exactly) and --adaptive LOW:HIGH (an AdaptiveRank,
 window one epoch unless --adaptive-window; the JSON's rank_trace holds each change of the ks).
 lowrank's JSON also holds bits_after_warmup: its bytesSent from the first compressed step on.
+--evals-per-epoch E (issue 42's time to accuracy, studies/tta): the test set evaluated after each
+1/E of an epoch's steps; the JSON's `evals` lists every evaluation point (epoch, step, train_s: the
+training time so far with every evaluation left out, test_loss, test_accuracy for the CNN, eval_s),
+the epoch's last one also in `epochs` as before.
 """
 import argparse
 import datetime
@@ -331,6 +335,27 @@ def lr_at(step, total, lr):
     return lr * 0.5 * (1.0 + math.cos(math.pi * (step - warm) / max(1, total - warm)))
 
 
+def eval_ends(steps, per_epoch):
+    """The steps into an epoch after which run() evaluates: round(steps j / per_epoch) for
+    j = 1..per_epoch, the last the epoch's end. ValueError unless 1 <= per_epoch <= steps."""
+    if not 1 <= per_epoch <= steps:
+        raise ValueError(f"--evals-per-epoch {per_epoch}: between 1 and the epoch's {steps} steps")
+    return [round(steps * j / per_epoch) for j in range(1, per_epoch + 1)]
+
+
+def evaluate_all(model, task, extra=()):
+    """Rank 0's model on the whole test set: rank 0's buffers (BatchNorm statistics) on every rank,
+    each rank its part of the test set, the sums allreduced with `extra` (floats summed beside
+    them). Returns the allreduced float64 tensor [summed loss, correct, count, *extra]. A
+    collective: every rank calls it at the same point."""
+    for buf in model.module.buffers():
+        dist.broadcast(buf, 0)
+    loss_t, correct, n = task.evaluate(model.module)
+    agg = torch.tensor([loss_t, correct, n, *extra], dtype=torch.float64)
+    dist.all_reduce(agg)
+    return agg
+
+
 def machine_info():
     info = dict(hostname=socket.gethostname(), platform=platform.platform(),
                 python=platform.python_version(), executable=sys.executable,
@@ -437,12 +462,29 @@ def run(args):
               + f": {world} workers, {task.steps} steps of {args.batch} per epoch, "
               f"{grad} parameters; torch {torch.__version__}", flush=True)
     epochs, step, bits_total, prev_sent = [], 0, 0.0, 0
+    # The evaluation points (--evals-per-epoch): after these steps of each epoch; `evals` holds one
+    # record per point, its train_s the run's training time so far with every evaluation left out.
+    try:
+        ends = eval_ends(task.steps, args.evals_per_epoch)
+    except ValueError as e:
+        raise SystemExit(str(e))
+    evals, train_before = [], 0.0  # train_before: the finished epochs' train_s summed
+
+    def eval_point(epoch, in_epoch, train_s, agg, eval_s):
+        rec = dict(epoch=epoch, step=step, epoch_steps=in_epoch, train_s=train_before + train_s,
+                   test_loss=agg[0].item() / agg[2].item(), eval_s=eval_s)
+        if args.model == "cnn":
+            rec["test_accuracy"] = agg[1].item() / agg[2].item()
+        evals.append(rec)
+        return rec
+
     sent_before_compression = None  # lowrank's bytesSent when step start_iter begins
     rank_trace = []  # adaptive: [step, {name: k}] after each step whose ks differ from the last
     signal_trace = []  # adaptive: [measured step, {name: [gradient norm, compression error]}]
     t_run = time.perf_counter()
     for epoch in range(1, args.epochs + 1):
-        t_epoch = time.perf_counter()
+        t_epoch = t_segment = time.perf_counter()
+        train_s, in_epoch = 0.0, 0  # the epoch's training time so far, evaluations left out
         model.train()
         batch_ms, hook_ms, tail_ms, loss_sum = [], [], [], 0.0
         hook_s0 = timer.seconds if timer else 0.0
@@ -477,7 +519,18 @@ def run(args):
                 if measured is not None and (not signal_trace or signal_trace[-1][0] != measured):
                     signal_trace.append([measured, {n: list(v) for n, v in signals.items()}])
             step += 1
-        train_s = time.perf_counter() - t_epoch
+            in_epoch += 1
+            if in_epoch in ends[:-1]:  # a point inside the epoch: its clock stops for the evaluation
+                train_s += time.perf_counter() - t_segment
+                t_eval = time.perf_counter()
+                agg = evaluate_all(model, task)
+                rec = eval_point(epoch, in_epoch, train_s, agg, time.perf_counter() - t_eval)
+                if rank == 0:
+                    print(f"  step {step} (epoch {epoch}, {in_epoch}/{task.steps}): "
+                          + (f"test accuracy {rec['test_accuracy']:.4f}" if args.model == "cnn"
+                             else f"test loss {rec['test_loss']:.4f}"), flush=True)
+                t_segment = time.perf_counter()
+        train_s += time.perf_counter() - t_segment
 
         # Measured bits: lowrank's own counter, the warm-up steps included (lowrank's hook does
         # them as its own exact allreduces).
@@ -491,14 +544,11 @@ def run(args):
             bits, bits_source = bits_model, "model"
         bits_total += bits
 
-        # Evaluation: rank 0's buffers (BatchNorm statistics) on every rank, each rank its part of
-        # the test set, sums allreduced, so the result is rank 0's model on the whole test set.
-        for buf in model.module.buffers():
-            dist.broadcast(buf, 0)
-        loss_t, correct, n = task.evaluate(model.module)
-        agg = torch.tensor([loss_t, correct, n, loss_sum / task.steps, float(np.mean(batch_ms))],
-                           dtype=torch.float64)
-        dist.all_reduce(agg)
+        # The epoch's last evaluation point, the train loss and time per batch beside it.
+        t_eval = time.perf_counter()
+        agg = evaluate_all(model, task, (loss_sum / task.steps, float(np.mean(batch_ms))))
+        eval_point(epoch, in_epoch, train_s, agg, time.perf_counter() - t_eval)
+        train_before += train_s
         rec = dict(epoch=epoch, steps=task.steps, train_loss=agg[3].item() / world,
                    test_loss=agg[0].item() / agg[2].item(),
                    batch_ms_mean=float(np.mean(batch_ms)), batch_ms_mean_all_ranks=agg[4].item() / world,
@@ -522,7 +572,8 @@ def run(args):
                   + (f", ratio {st['ratio']:.1f}" if st else "") + f" ({rec['epoch_s']:.1f} s)",
                   flush=True)
 
-    result = dict(config=config, machine=info, epochs=epochs, wall_s=time.perf_counter() - t_run)
+    result = dict(config=config, machine=info, epochs=epochs, evals=evals,
+                  wall_s=time.perf_counter() - t_run)
     if lowrank_state is not None:
         result["lowrank_stats"] = lowrank_state.stats()
         if sent_before_compression is not None:  # the bits of the compressed steps alone
@@ -626,6 +677,10 @@ def parse(argv=None):
                          "first study ran with 0.9)")
     ap.add_argument("--windows", type=int, default=charlm.WINDOWS_PER_EPOCH * 2,
                     help="transformer: windows per epoch, all workers together (default 2048)")
+    ap.add_argument("--evals-per-epoch", type=int, default=1, metavar="E",
+                    help="test evaluations per epoch, after each 1/E of its steps (default 1: at its "
+                         "end); the JSON's `evals` holds each with the training time so far, "
+                         "evaluations excluded")
     ap.add_argument("--bucket-cap-mb", type=float, help="DDP's bucket_cap_mb (default DDP's, 25)")
     ap.add_argument("--timeout", type=float, default=300, help="seconds for the process group's waits")
     ap.add_argument("--spawn", type=int, metavar="N", help="start N worker processes on this host")
@@ -642,6 +697,8 @@ def parse(argv=None):
     for key, val in DEFAULTS[args.model].items():
         if getattr(args, key) is None:
             setattr(args, key, val)
+    if args.evals_per_epoch < 1:
+        ap.error(f"--evals-per-epoch {args.evals_per_epoch}: at least 1")
     if args.start_frac is not None and not 0.0 <= args.start_frac < 1.0:
         ap.error(f"--start-frac {args.start_frac}: a fraction in [0, 1)")
     if args.start_frac is not None and args.start_iter is not None:

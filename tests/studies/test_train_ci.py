@@ -129,6 +129,29 @@ def test_powersgd_rule_matches_pytorch():
             assert (pq, exact, ncomp) == (want_pq, want_exact, want_n)
 
 
+def test_evaluations_every_quarter_epoch(runs, tmp_path):
+    """--evals-per-epoch 4 (the time-to-accuracy study's): a point after each quarter of every
+    epoch, its train_s the training time so far with every evaluation left out, the epoch's last
+    point its record's; the same training as the run evaluated once per epoch (the fixture's)."""
+    res = drive(str(tmp_path), "quarters", *COMMON, "--reducer", "allreduce",
+                "--evals-per-epoch", "4")
+    once, steps = runs["allreduce"], res["config"]["steps_per_epoch"]
+    assert len(once["evals"]) == EPOCHS and len(res["evals"]) == 4 * EPOCHS
+    assert [e["step"] for e in res["evals"]] == [(ep - 1) * steps + round(steps * j / 4)
+                                                for ep in range(1, EPOCHS + 1) for j in range(1, 5)]
+    total = 0.0
+    for ep, rec in enumerate(res["epochs"], 1):
+        points = [e for e in res["evals"] if e["epoch"] == ep]
+        total += rec["train_s"]
+        assert points[-1]["train_s"] == pytest.approx(total)
+        assert points[-1]["test_accuracy"] == rec["test_accuracy"]
+        # the epoch's wall time holds its 4 evaluations; its training time none of them
+        assert rec["epoch_s"] - rec["train_s"] >= sum(e["eval_s"] for e in points) > 0
+    assert all(a["train_s"] < b["train_s"] for a, b in zip(res["evals"], res["evals"][1:]))
+    assert [e["train_loss"] for e in res["epochs"]] == pytest.approx(
+        [e["train_loss"] for e in once["epochs"]], rel=1e-6)
+
+
 def test_torch_powersgd_wrapped_two_buckets(tmp_path):
     """PyTorch's hook through the driver's chained wrapper (torch_baseline.py), over gloo with the
     CNN's two buckets."""
