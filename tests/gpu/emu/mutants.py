@@ -144,6 +144,20 @@ MUTANTS = {
         "call (cudaGetDevice) instead of its NCCL communicator's (ncclCommCuDevice)",
         "  Err s = commDevice(*nccl, ncclComm, &dc.device);\n",
         "  Err s = fromCuda(cudaGetDevice(&dc.device), \"cudaGetDevice\");\n"),
+    # Issue 41 items 1 and 2: the application's memory, and the bytes reported.
+    "refusal_goes_exact": (
+        "device_state.cc",
+        "a refusal of the supplied allocator (lowrankCommSetAllocator) taken as any failed "
+        "allocation: the buffer silently goes exact-only (a WARN) instead of the call failing on "
+        "every comm rank with the allocator's error",
+        "      e.refused = true;\n",
+        ""),
+    "workspace_not_reported": (
+        "device_state.cc",
+        "memory under-reported: lowrankBufferGetMemory leaves out the orthonormalization and "
+        "block workspaces (workspaceBytes 0, the total short by them)",
+        "    memory.workspace = mem.workspace;\n",
+        ""),
 }
 
 # The check seen to catch each mutant, tried first so that the run does not wait through the whole
@@ -169,6 +183,8 @@ FIRST = {
     "restore_off_stream": "DeviceStreams.*",
     "plan_check_pageable": "DeviceEngine.ExactOnRankKInput",
     "device_from_current_thread": "DeviceEngineTwoDevices.*",
+    "refusal_goes_exact": "DeviceMemory.*",
+    "workspace_not_reported": "DeviceMemory.*",
 }
 
 
