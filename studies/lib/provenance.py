@@ -207,6 +207,13 @@ def revision_digest(revision, root=ROOT):
     return r.stdout.strip()
 
 
+def library_sha256(result):
+    """The sha256 of the liblowrank a run (its result JSON as a dict) loaded, as its record says, or
+    "unrecorded": what a report's summary lists of its runs' libraries."""
+    lib = (result.get("provenance") or {}).get("library")
+    return (lib.get("sha256") if isinstance(lib, dict) else None) or "unrecorded"
+
+
 def refusal(result):
     """Why a run (its result JSON as a dict) breaks the rule, in words, or None when it keeps it."""
     rec = result.get("provenance")

@@ -64,18 +64,20 @@ def report(files, allow_dirty=False):
             left_out.append((f, why))
             continue
         revs.add(d["machine"].get("git"))
-        groups.setdefault(sa.setting_key(d), []).append((f, sa.run_summary(d)))
+        groups.setdefault(sa.setting_key(d), []).append((f, sa.run_summary(d), provenance.library_sha256(d)))
     lines += [f"- {f}" for f in files]
     lines += [f"Left out: {f}: {why}" for f, why in left_out]
     lines += [f"Runs' revisions: {', '.join(sorted(r for r in revs if r))}", ""]
     summary = {}
     c = f"{sa.CONFIDENCE:.0%}"
     for (setting, world, rank), runs in sorted(groups.items()):
-        sums = [s for _, s in runs]
+        sums = [s for _, s, _ in runs]
         table = sa.compare(sums)
         is_target = setting in sa.TARGET_SETTINGS and rank == sa.TARGET_RANK
         tg = sa.targets(sums, is_target)
-        summary[f"{setting}/{world}hosts/r{rank}"] = dict(runs=[f for f, _ in runs], table=table, targets=tg)
+        summary[f"{setting}/{world}hosts/r{rank}"] = dict(runs=[f for f, _, _ in runs],
+                                                          libraries=sorted({h for _, _, h in runs}),
+                                                          table=table, targets=tg)
         lines += [f"### {setting}, {world} hosts, rank {rank}: {len(runs)} runs", "",
                   "Per run, each reducer's mean time per batch over its kept steps; over runs: the "
                   f"mean with its {c} t-interval, the median of the runs' medians, the ratio to "

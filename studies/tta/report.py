@@ -61,7 +61,7 @@ def label(reducer, k):
 def load(folder, allow_dirty=False):
     """({(reducer, k): {seed: run}}, [left-out file and why]). A run: dict(acc (final test
     accuracy), train_s (the schedule's), wall_s, curve=[(cumulative train s, test accuracy)] per
-    evaluation point (train.py's `evals`), git)."""
+    evaluation point (train.py's `evals`), git, library (provenance.library_sha256))."""
     runs, left = {}, []
     for path in sorted(glob.glob(os.path.join(folder, "*.json"))):
         name = os.path.basename(path)
@@ -87,7 +87,8 @@ def load(folder, allow_dirty=False):
             k = c["rank"] if runlabel.has_rank(reducer) else 0
             curve = [(e["train_s"], e["test_accuracy"]) for e in d["evals"]]
             run = dict(acc=curve[-1][1], train_s=sum(e["train_s"] for e in d["epochs"]),
-                       wall_s=d["wall_s"], curve=curve, git=git)
+                       wall_s=d["wall_s"], curve=curve, git=git,
+                       library=provenance.library_sha256(d))
         except (KeyError, IndexError, TypeError) as e:
             left.append((name, f"not a complete train.py run of the CNN (missing {e})"))
             continue
@@ -267,7 +268,8 @@ def report(folder, allow_dirty=False):
                  f"reaching the threshold, at every rank of {list(TARGET_RANKS)}): "
                  + ("MET" if met else "not met") + " ("
                  + "; ".join(f"rank {k}: {v}" for k, v in verdicts.items()) + ").")
-    return lines, dict(revision=revision(), runs_from=revs, left_out=left, threshold=level,
+    libs = sorted({r["library"] for v in runs.values() for r in v.values()})
+    return lines, dict(revision=revision(), runs_from=revs, libraries=libs, left_out=left, threshold=level,
                        evals_per_epoch=EVALS_PER_EPOCH, rows=rows, targets=tg,
                        target=dict(met=met, verdicts=verdicts))
 

@@ -155,6 +155,13 @@ def test_every_studys_plan_names_its_committed_runs():
             provenance.check_run({"config": {}}, {}, runs[0])
 
 
+def test_a_runs_library_sha256():
+    """library_sha256(): the sha256 its record gives, else "unrecorded" (what a summary lists)."""
+    assert provenance.library_sha256({"provenance": {"library": {"sha256": "ab" * 32}}}) == "ab" * 32
+    for result in ({}, {"provenance": {"library": None, "library_error": "x"}}, {"provenance": {"library": {}}}):
+        assert provenance.library_sha256(result) == "unrecorded"
+
+
 def test_a_perf_binarys_library():
     """binary_library(): the liblowrank the dynamic loader gives a perf binary (one built here)."""
     perf = os.path.join(ROOT, "build", "perf", "lowrank_allreduce_perf")

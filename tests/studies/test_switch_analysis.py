@@ -21,7 +21,7 @@ DROP = 2
 # a provenance record that studies/lib/provenance.py's check_run keeps: the library built from
 # the run's own revision, clean
 PROVENANCE = dict(revision="a" * 40, library=dict(revision="a" * 40, sources_dirty=False,
-                                                  sources_digest="d" * 64))
+                                                  sources_digest="d" * 64, sha256="5" * 64))
 
 
 def make_run(ms, rng, steps=12, git="0123abc", setting="100mbit", world=2, rank=4,
@@ -186,7 +186,7 @@ def test_report(tmp_path):
         assert f in text
     assert f"Left out: {files[6]}: uncommitted changes" in text
     (key, s), = summary.items()
-    assert len(s["runs"]) == 6
+    assert len(s["runs"]) == 6 and s["libraries"] == ["5" * 64]  # the runs' library, by its record
     verdicts = {t["pair"]: t["verdict"] for t in s["targets"]}
     # Overhead ratios built in: 3/30 = 0.1 against <= 1/3 (met); 3/200 = 0.015 against <= 1/10.
     # lowrank-ring is not in these runs: its pairs are undecided, never met

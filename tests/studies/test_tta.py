@@ -30,7 +30,7 @@ def test_bad_configs_refused(bad):
 # a provenance record that studies/lib/provenance.py's check_run keeps: the library built from
 # the run's own revision, clean
 PROVENANCE = dict(revision="a" * 40, library=dict(revision="a" * 40, sources_dirty=False,
-                                                  sources_digest="d" * 64))
+                                                  sources_digest="d" * 64, sha256="5" * 64))
 
 
 E = tta_report.EVALS_PER_EPOCH
@@ -115,6 +115,7 @@ def test_a_seed_that_never_reaches_it_fails_the_target(tmp_path):
     assert summary["rows"]["lowrank k=4"]["tta_per_seed"][1] is None
     assert any("never reach" in ln for ln in lines) and any("failing: seed [1]" in ln for ln in lines)
     assert not summary["target"]["met"]
+    assert summary["libraries"] == ["5" * 64]  # the runs' library, by its record
 
 
 def test_not_met_when_too_slow_or_every_seed_fails(tmp_path):
