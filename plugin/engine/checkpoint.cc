@@ -257,19 +257,46 @@ Status checkRestore(const SavedState& s, const EngineConfig& cfg, int rank, int 
   return Status::Ok();
 }
 
-Status checkPlan(const SavedState& s, const Plan& plan, const std::optional<Layout>& layout,
-                 bool errorFeedback) {
-  using std::to_string;
-  if (s.count != plan.count) return differs("count", to_string(s.count), to_string(plan.count));
-  if (s.dtype != plan.dtype) return differs("dtype", dtypeName(s.dtype), dtypeName(plan.dtype));
-  if (s.layout != layout) return differs("layout", shapes(s.layout), shapes(layout));
-  if (s.errorFeedback != errorFeedback)
-    return differs("error feedback", s.errorFeedback ? "on" : "off", errorFeedback ? "on" : "off");
-  if (s.qt.size() != plan.qElems)
-    // Same count, layout and k, but other tensors compressed: another min compression rate.
-    return differs("Q of", to_string(s.qt.size()) + " elements",
-                   to_string(plan.qElems) + " (another min compression rate?)");
+// Tensor t of a plan as a saved tensor: its slices of the plan's whole residual and Qt (host
+// copies; residual empty without error feedback), the one place a tensor's state is cut out.
+SavedTensor sliceOf(const TensorPlan& t, uint64_t id, const Shape& shape, uint64_t calls,
+                    bool haveQ, const std::vector<float>& residual, const std::vector<float>& qt) {
+  SavedTensor s;
+  s.id = id;
+  s.shape = shape;
+  s.k = t.compressed ? t.k : 0;
+  s.calls = calls;
+  s.haveQ = t.compressed && haveQ;
+  if (!residual.empty())
+    s.residual.assign(residual.begin() + long(t.offset), residual.begin() + long(t.offset + t.numel));
+  if (s.haveQ)
+    s.qt.assign(qt.begin() + long(t.qOffset),
+                qt.begin() + long(t.qOffset + size_t(t.k) * t.view.cols));
+  return s;
+}
+
+Status tensorsOf(const SavedState& s, const EngineConfig& cfg, SavedTensors* out) {
+  Plan pl;  // where the saved buffer kept each tensor's residual and Q
+  LR_RETURN_IF_ERROR(makePlan(s.count, s.dtype, lowrankSum, s.layout ? &*s.layout : nullptr, cfg,
+                              &pl));
+  if (s.qt.size() != pl.qElems)
+    return Status::Error(lowrankInvalidUsage,
+                         "lowrankBufferRestoreState: the state holds Q of %zu elements, this "
+                         "layout %zu (another min compression rate?)", s.qt.size(), pl.qElems);
+  const Layout shapes = s.layout ? *s.layout : Layout{Shape{s.count}};
+  out->seed = s.seed;
+  out->nranks = s.nranks;
+  out->rank = s.rank;
+  out->errorFeedback = s.errorFeedback;
+  out->byPosition = true;
+  for (size_t i = 0; i < pl.tensors.size(); ++i)
+    out->tensors.push_back(sliceOf(pl.tensors[i], i, shapes[i], s.calls, s.haveQ, s.residual, s.qt));
   return Status::Ok();
+}
+
+Status sameLayout(const Layout& saved, const std::optional<Layout>& now, size_t count) {
+  if (now ? saved == *now : saved == Layout{Shape{count}}) return Status::Ok();
+  return differs("layout", shapes(saved), shapes(now));
 }
 
 uint32_t formatVersion(const void* bytes, size_t size) {
@@ -281,10 +308,13 @@ uint32_t formatVersion(const void* bytes, size_t size) {
 }
 
 // Format 2: magic[8], version u32, headerBytes u32 (40), seed i64, nranks i32, rank i32, flags u32
-// (error feedback), ntensors u32; per tensor: id u64, ndims u32, sizes u64..., k i32, calls u64,
+// (error feedback, by position), ntensors u32; per tensor: id u64, ndims u32, sizes u64..., k i32, calls u64,
 // flags u32 (haveQ), residual elems u64, qt elems u64, the residual and Qt (float32); the CRC-32.
 namespace {
 constexpr size_t kFixed2 = 40;
+// Format 2's header flags beside kErrorFeedback. A reader refuses the flags it does not know, so
+// a flag (or a per-tensor one beside kHaveQ) extends the format without a new version.
+constexpr uint32_t kByPosition = 2, kKnownFlags2 = kErrorFeedback | kByPosition;
 size_t tensorBytes(const SavedTensor& t) {
   return 8 + 4 + 8 * t.shape.size() + 4 + 8 + 4 + 16 + 4 * (t.residual.size() + t.qt.size());
 }
@@ -304,7 +334,7 @@ void encode(const SavedTensors& s, uint8_t* out) {
   w.u64(uint64_t(s.seed));
   w.u32(uint32_t(s.nranks));
   w.u32(uint32_t(s.rank));
-  w.u32(s.errorFeedback ? kErrorFeedback : 0);
+  w.u32((s.errorFeedback ? kErrorFeedback : 0) | (s.byPosition ? kByPosition : 0));
   w.u32(uint32_t(s.tensors.size()));
   for (const SavedTensor& t : s.tensors) {
     w.u64(t.id);
@@ -339,13 +369,14 @@ Status decode(const void* bytes, size_t size, SavedTensors* out) {
   r.u32(&rank);
   r.u32(&flags);
   r.u32(&ntensors);
-  if (headerBytes != kFixed2 || (flags & ~kErrorFeedback) || int32_t(nranks) <= 0 ||
+  if (headerBytes != kFixed2 || (flags & ~kKnownFlags2) || int32_t(nranks) <= 0 ||
       int32_t(rank) < 0 || int32_t(rank) >= int32_t(nranks) || int64_t(seed) < 0)
     return bad("inconsistent (a header field out of its range)");
   s.seed = int64_t(seed);
   s.nranks = int32_t(nranks);
   s.rank = int32_t(rank);
   s.errorFeedback = flags & kErrorFeedback;
+  s.byPosition = flags & kByPosition;
   std::vector<uint64_t> seen;
   for (uint32_t i = 0; i < ntensors; ++i) {
     SavedTensor t;
@@ -365,10 +396,13 @@ Status decode(const void* bytes, size_t size, SavedTensors* out) {
       return bad("truncated (in a tensor)");
     t.k = int32_t(k);
     t.haveQ = tflags & kHaveQ;
-    const uint64_t cols = numel / t.shape[0];
+    // A 1-D tensor with Q: a batched buffer's one tensor (by position), Q of the batched view.
+    const bool batched = nd == 1 && s.byPosition && ntensors == 1;
+    const uint64_t cols = !t.haveQ ? 0 : batched ? batchedView(size_t(numel)).cols : numel / t.shape[0];
     if (t.k < 0 || t.k > 65536 || (tflags & ~kHaveQ) || t.calls > kMaxCalls ||
         nres != (s.errorFeedback ? numel : 0) ||
-        nq != (t.haveQ ? uint64_t(t.k) * cols : 0) || (t.haveQ && (t.k == 0 || nd < 2)))
+        nq != (t.haveQ ? uint64_t(t.k) * cols : 0) ||
+        (t.haveQ && (t.k == 0 || (nd < 2 && !batched))))
       return bad("inconsistent (a tensor's residual or Q does not fit its shape and rank)");
     if (nq > r.left() / 4 || nres > (r.left() / 4) - nq) return bad("truncated (in a tensor)");
     r.floats(size_t(nres), &t.residual);
@@ -398,13 +432,6 @@ Status checkRestore(const SavedTensors& s, const EngineConfig& cfg, int rank, in
 uint64_t agreementId(const SavedTensor& t) {
   uint64_t h = mix(mix(mix(0x746e7372ull, t.id), t.calls), t.haveQ);
   h = mix(h, crc(reinterpret_cast<const uint8_t*>(t.qt.data()), 4 * t.qt.size()));
-  return h ? h : 1;
-}
-
-uint64_t agreementId(const SavedState& s) {
-  uint64_t h = mix(mix(0x726573746f7265ull, s.calls), s.haveQ);
-  uint32_t c = crc(reinterpret_cast<const uint8_t*>(s.qt.data()), 4 * s.qt.size());
-  h = mix(h, c);
   return h ? h : 1;
 }
 

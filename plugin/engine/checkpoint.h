@@ -48,6 +48,10 @@ struct SavedTensors {
   int64_t seed = 0;
   int32_t nranks = 0, rank = 0;
   bool errorFeedback = false;
+  // Saved by a buffer without ids: each id is the tensor's position in that buffer's layout (a
+  // batched buffer: one tensor, shape {count}, its Q of the batched view), and the state restores
+  // into a buffer of that layout, by position.
+  bool byPosition = false;
   std::vector<SavedTensor> tensors;
 };
 
@@ -78,14 +82,16 @@ uint64_t agreementId(const SavedTensor& t);
 // naming what differs (saved value and this one).
 Status checkRestore(const SavedState& s, const EngineConfig& cfg, int rank, int nranks,
                     const std::optional<Layout>& layout);
-// The checks when the call plans the buffer: count, dtype, layout, and the sizes of the plan's state.
-// Errors: lowrankInvalidUsage naming what differs.
-Status checkPlan(const SavedState& s, const Plan& plan, const std::optional<Layout>& layout,
-                 bool errorFeedback);
-
-// What every comm rank's restore must agree on, for the plan check (PlanCheck): the call count, the
-// warm start and its Q (identical on every comm rank after a call; the residuals are each rank's
-// own). Never 0, which stands for "nothing restored".
-uint64_t agreementId(const SavedState& s);
+// Tensor t of a plan as a saved tensor: its slices of the plan's whole residual and Qt (host
+// copies; residual empty without error feedback), the one place a tensor's state is cut out.
+SavedTensor sliceOf(const TensorPlan& t, uint64_t id, const Shape& shape, uint64_t calls,
+                    bool haveQ, const std::vector<float>& residual, const std::vector<float>& qt);
+// A format-1 state as per-tensor states by position (SavedTensors::byPosition), cut where its
+// buffer's plan kept each tensor. Errors: lowrankInvalidUsage when its Q does not fit that plan
+// (another min compression rate).
+Status tensorsOf(const SavedState& s, const EngineConfig& cfg, SavedTensors* out);
+// A restore by position: the shapes saved (a batched buffer's: {count}) against a buffer's layout
+// (none: batched, of count elements). Errors: lowrankInvalidUsage naming both.
+Status sameLayout(const Layout& saved, const std::optional<Layout>& now, size_t count);
 
 }  // namespace lowrank

@@ -174,43 +174,44 @@ void Engine::setLayout(const void* buf, Layout layout) {
   Buffer& b = buffers_.get(buf);
   // A pending restore stays: restore and layout may come in either order before the first call,
   // which checks the restored state against this layout.
-  std::unique_ptr<const SavedState> restored = std::move(b.restored);
-  buffers_.reset(buf, b, counters_);
-  b.ids = TensorIds{};
+  buffers_.reset(buf, b, counters_, /*keepRestores=*/b.synthetic);
+  b.ids = positions(layout.size());
+  b.synthetic = true;
   b.declared = false;
   b.layout = std::move(layout);
-  b.restored = std::move(restored);
 }
 
 Status Engine::setTensors(const void* buf, Layout layout, TensorIds ids) {
   Buffer& b = buffers_.get(buf);
-  if (b.ids == ids && b.layout == layout) {  // every step's declaration: nothing to change
-    b.declared = true;                         // the next call may take these ids where they are
+  if (!b.synthetic && b.ids == ids && b.layout == layout) {  // every step's declaration
+    b.declared = true;  // the next call may take these ids where they are
     return Status::Ok();
   }
   // A buffer without ids goes on as its tensors: its state (a pending restore, or the state of
-  // its calls) is split into its new ids' states, staged for the next call; a layout that is not
-  // the declared one cannot be split, and drops nothing: refused.
-  if (b.ids.ids.empty() && (b.restored || (b.rec && b.rec->plan.perTensor))) {
-    platform::DeviceGuard guard(device());
-    SavedState saved;
-    Status s = saveBuffer(b, cfg_, rank_, nranks_, &saved);
+  // its calls) becomes its new ids' states, staged for the next call; a layout that is not the
+  // declared one cannot take it, and drops nothing: refused.
+  platform::DeviceGuard guard(device());
+  SavedTensors t;
+  if (b.synthetic && buffers_.save(buf, b, cfg_, rank_, nranks_, &t).ok() &&
+      (!b.rec || b.rec->plan.perTensor)) {
     Buffer declared;
     declared.layout = layout;
     declared.ids = ids;
-    SavedTensors t;
-    if (s.ok()) s = tensorsOfBuffer(saved, declared, cfg_, &t);
+    declared.synthetic = false;
+    Status s = byPosition(std::move(t), declared, &t);
     if (!s.ok())
       return Status::Error(s.code,
                            "lowrankBufferSetTensors: buffer %p holds state of its layout, which "
                            "these tensors cannot take (%s); lowrankBufferReset it first to start "
                            "them afresh", buf, s.msg.c_str());
     buffers_.reset(buf, b, counters_);
-    buffers_.stage(std::move(t));
+    buffers_.stage(nullptr, std::move(t));
+  } else if (b.synthetic) {
+    buffers_.reset(buf, b, counters_);  // a batched buffer's state fits no tensors: it goes
   }
-  b.restored.reset();
   b.layout = std::move(layout);
   b.ids = std::move(ids);
+  b.synthetic = false;
   b.declared = true;
   return Status::Ok();
 }
@@ -276,50 +277,41 @@ Status Engine::saveState(const void* buf, void* out, size_t* size) {
 Status Engine::saveStateOf(const void* buf, void* out, size_t* size) {
   const Buffer* b = buffers_.find(buf);
   platform::DeviceGuard guard(device());
-  if (b && !b->ids.ids.empty()) {  // the state of its tensor ids, wherever it is held
-    SavedTensors s;
-    LR_RETURN_IF_ERROR(buffers_.saveIds(*b, cfg_, rank_, nranks_, &s));
-    return writeSaved(s, buf, out, size);
-  }
-  if (!b || (!b->rec && !b->restored))
-    return Status::Error(lowrankInvalidUsage,
-                         "lowrankBufferSaveState: buffer %p has no state to save (no compressible "
-                         "call on this communicator since it was made, reset or released, or "
-                         "since a call fell back to exact on non-finite input)", buf);
-  SavedState s;
-  LR_RETURN_IF_ERROR(saveBuffer(*b, cfg_, rank_, nranks_, &s));
+  const Buffer none;  // never made: nothing to save, said as for a buffer without ids
+  SavedTensors s;
+  LR_RETURN_IF_ERROR(buffers_.save(buf, b ? *b : none, cfg_, rank_, nranks_, &s));
   return writeSaved(s, buf, out, size);
 }
 
 Status Engine::restoreState(const void* buf, const void* bytes, size_t size) {
   Buffer* b = buffers_.find(buf);
   platform::DeviceGuard guard(device());
-  if (formatVersion(bytes, size) == SavedTensors::kFormatVersion) {  // per id: any buffer
-    SavedTensors t;
+  SavedTensors t;
+  if (formatVersion(bytes, size) == SavedTensors::kFormatVersion) {
     LR_RETURN_IF_ERROR(decode(bytes, size, &t));
     LR_RETURN_IF_ERROR(checkRestore(t, cfg_, rank_, nranks_));
+  } else {  // format 1: a buffer without ids, its tensors by position
+    SavedState s;
+    LR_RETURN_IF_ERROR(decode(bytes, size, &s));
+    LR_RETURN_IF_ERROR(checkRestore(s, cfg_, rank_, nranks_, b ? b->layout : std::nullopt));
+    LR_RETURN_IF_ERROR(tensorsOf(s, cfg_, &t));
+  }
+  if (!t.byPosition) {  // per id: for whichever buffer next plans each id
     LR_INFO("state of %zu tensor ids staged for restore at their next call", t.tensors.size());
-    buffers_.stage(std::move(t));
+    buffers_.stage(nullptr, std::move(t));
     return Status::Ok();
   }
-  auto s = std::make_unique<SavedState>();
-  LR_RETURN_IF_ERROR(decode(bytes, size, s.get()));
-  LR_RETURN_IF_ERROR(checkRestore(*s, cfg_, rank_, nranks_, b ? b->layout : std::nullopt));
-  if (b && !b->ids.ids.empty()) {  // format 1 into a buffer with ids: each tensor's part
-    SavedTensors t;
-    LR_RETURN_IF_ERROR(tensorsOfBuffer(*s, *b, cfg_, &t));
-    LR_INFO("buffer %p: state of call %llu staged for its %zu tensor ids", buf,
-            (unsigned long long)s->calls, t.tensors.size());
-    buffers_.stage(std::move(t));
-    return Status::Ok();
-  }
-  if (b && b->rec)  // the checks a plan would make, now: a mismatch then changes nothing
-    LR_RETURN_IF_ERROR(checkPlan(*s, b->rec->plan, b->layout, cfg_.errorFeedback));
   Buffer& r = buffers_.get(buf);
-  buffers_.reset(buf, r, counters_);
-  r.restored = std::move(s);
+  LR_RETURN_IF_ERROR(byPosition(std::move(t), r, &t));
+  if (r.synthetic && (r.rec || r.layout)) {  // the check its next plan makes, now: a mismatch
+    Layout saved;                              // changes nothing
+    for (const SavedTensor& x : t.tensors) saved.push_back(x.shape);
+    LR_RETURN_IF_ERROR(sameLayout(saved, r.layout, r.rec ? r.rec->plan.count : 0));
+  }
+  if (r.synthetic) buffers_.reset(buf, r, counters_);
   LR_INFO("buffer %p: state of call %llu staged for restore at the next call", buf,
-          (unsigned long long)r.restored->calls);
+          (unsigned long long)(t.tensors.empty() ? 0 : t.tensors[0].calls));
+  buffers_.stage(BufferRegistry::space(buf, r), std::move(t));
   return Status::Ok();
 }
 

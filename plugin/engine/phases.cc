@@ -36,14 +36,14 @@ void drawQ(const TensorPlan& t, const EngineConfig& cfg, uint64_t stream, float*
 
 uint64_t idStream(uint64_t id, uint64_t calls) { return mix(mix(0x7465'6e73'6f72'6964ull, id), calls); }
 
-void initialQ(const Plan& pl, const EngineConfig& cfg, uint64_t calls, float* qt,
-              const uint64_t* tensorCalls) {
-  for (size_t i = 0; i < pl.tensors.size(); ++i) {
-    const TensorPlan& t = pl.tensors[i];
-    if (!t.compressed) continue;
-    drawQ(t, cfg, tensorCalls ? idStream(t.id, tensorCalls[i]) : (calls << 20) ^ i,
-          qt + t.qOffset);
-  }
+uint64_t qStream(const Plan& pl, size_t t, uint64_t calls) {
+  return pl.synthetic ? (calls << 20) ^ t : idStream(pl.tensors[t].id, calls);
+}
+
+void initialQ(const Plan& pl, const EngineConfig& cfg, const uint64_t* tensorCalls, float* qt) {
+  for (size_t i = 0; i < pl.tensors.size(); ++i)
+    if (pl.tensors[i].compressed)
+      drawQ(pl.tensors[i], cfg, qStream(pl, i, tensorCalls[i]), qt + pl.tensors[i].qOffset);
 }
 
 size_t packExact(const Plan& pl, const void* sendbuff, float* payload) {

@@ -26,15 +26,15 @@ CallBuffers callBuffers(const Plan& pl, HostState& st, const EngineConfig& cfg,
                         const void* sendbuff, void* recvbuff);
 
 // The fresh Qt of every compressed tensor (qt: plan.qElems floats, at each tensor's qOffset), for
-// host and device buffers alike: drawn from N(0, 1) with cfg.seed and a stream of (calls << 20) ^
-// tensor index, so every comm rank draws the same Q (and a reset buffer the same again), then
-// orthonormalized, which keeps P = M Q well scaled without changing its span. calls: the buffer's
-// calls since its plan, this one included. Without it the call warm-starts from the last Qbar.
-// A plan declared with ids draws each tensor's Qt from the stream idStream(id, its calls) instead
-// (tensorCalls[t]: tensor t's calls, this one included), so that a tensor draws the same Q
-// whatever buffer or position it is in.
-void initialQ(const Plan& pl, const EngineConfig& cfg, uint64_t calls, float* qt,
-              const uint64_t* tensorCalls = nullptr);
+// host and device buffers alike: drawn from N(0, 1) with cfg.seed and the tensor's stream
+// (qStream), so every comm rank draws the same Q (and a reset buffer the same again), then
+// orthonormalized, which keeps P = M Q well scaled without changing its span. tensorCalls[t]:
+// tensor t's calls, this one included. Without it the call warm-starts from the last Qbar.
+void initialQ(const Plan& pl, const EngineConfig& cfg, const uint64_t* tensorCalls, float* qt);
+// The stream of tensor t's fresh Q at its call number `calls`: from its id, so that a tensor draws
+// the same Q whatever buffer or position it is in; for a buffer without ids (synthetic ids: the
+// positions), (calls << 20) ^ position, the draw of buffers before tensor ids, kept bit for bit.
+uint64_t qStream(const Plan& pl, size_t t, uint64_t calls);
 uint64_t idStream(uint64_t id, uint64_t calls);
 // One compressed tensor's fresh Qt (k x cols at q) from the given stream: N(0, 1) (drawNormal), then
 // orthonormalized (drawQ).

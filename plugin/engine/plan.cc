@@ -217,6 +217,10 @@ bool shouldCompress(size_t n, size_t m, int k, double rate) {
   return double(n + m) * double(k) * rate < double(n) * double(m);
 }
 
+int declaredRank(int approxRank, const EngineConfig& cfg) {
+  return approxRank == LOWRANK_RANK_DEFAULT ? cfg.approxRank : approxRank;
+}
+
 Status makePlan(size_t count, lowrankDataType_t dtype, lowrankRedOp_t op, const Layout* layout,
                 const EngineConfig& cfg, Plan* out, const TensorIds* ids) {
   Plan p;
@@ -224,6 +228,14 @@ Status makePlan(size_t count, lowrankDataType_t dtype, lowrankRedOp_t op, const 
   p.dtype = dtype;
   uint64_t h = mix(mix(mix(0x6c6f7772616e6bull, count), uint64_t(dtype)), uint64_t(cfg.approxRank));
   h = mix(h, uint64_t(op == lowrankAvg ? lowrankSum : op));  // sum and avg share a plan
+  // Tensor i's k as declared, and who it is (the hash covers both).
+  auto declared = [&](TensorPlan& t, size_t i) {
+    if (!ids) return cfg.approxRank;
+    const int k = declaredRank(ids->ranks[i], cfg);
+    t.id = ids->ids[i];
+    h = mix(mix(h, t.id), uint64_t(int64_t(k)));
+    return k;
+  };
   if (layout) {
     size_t total = 0, offset = 0;
     for (const Shape& s : *layout) {
@@ -236,17 +248,10 @@ Status makePlan(size_t count, lowrankDataType_t dtype, lowrankRedOp_t op, const 
                            "the buffer's layout holds %zu elements but the call has count %zu",
                            total, count);
     p.perTensor = true;
-    p.withIds = ids != nullptr;
     for (size_t i = 0; i < layout->size(); ++i) {
       const Shape& s = (*layout)[i];
       TensorPlan t;
-      int k = cfg.approxRank;
-      if (ids) {  // each tensor's own treatment, and who it is
-        const int r = ids->ranks[i];
-        k = r == LOWRANK_RANK_DEFAULT ? cfg.approxRank : r;
-        t.id = ids->ids[i];
-        h = mix(mix(h, t.id), uint64_t(int64_t(k)));
-      }
+      const int k = declared(t, i);
       t.offset = offset;
       t.numel = 1;
       for (size_t d : s) t.numel *= d;
@@ -271,7 +276,7 @@ Status makePlan(size_t count, lowrankDataType_t dtype, lowrankRedOp_t op, const 
     p.rows = t.view.rows;
     p.cols = t.view.cols;
     p.padded = t.view.rows * t.view.cols - count;
-    addCompressed(p, t, cfg, cfg.approxRank);
+    addCompressed(p, t, cfg, declared(t, 0));
   }
   // Pipeline when there are at least two chunks' worth of compressed elements. The chunking
   // decides the allreduces, so it is part of what the ranks must agree on.

@@ -52,7 +52,7 @@ struct Plan {
   size_t count = 0;
   lowrankDataType_t dtype = lowrankFloat32;
   bool perTensor = false;
-  bool withIds = false;  // declared with ids (lowrankBufferSetTensors)
+  bool synthetic = false;  // a buffer without ids: its tensors' ids are their positions
   std::vector<TensorPlan> tensors;
   size_t pElems = 0, qElems = 0, exactElems = 0, compressedElems = 0;
   size_t rows = 0, cols = 0, padded = 0;  // batched view (0 in per-tensor mode)
@@ -153,9 +153,14 @@ uint64_t mix(uint64_t h, uint64_t v);
 // Fills view (lowrankBufferGetView) from a plan and the calls made since it was made.
 void describePlan(const Plan& p, uint64_t calls, lowrankBufferView_t* view);
 
-// Makes the plan. layout may be null (batched mode). ids (with a layout only; may be null): each
-// tensor's id and rank in force (its own, the default, or 0 for exact; the caller puts 0 for a
-// tensor still in its warm-up), all of which the hash covers. Errors: lowrankInvalidUsage when
+// The k a declared treatment asks for (LOWRANK_RANK_DEFAULT: the communicator's; 0: exact),
+// before the compression test and the clipping to min(n, m). Two declarations of a tensor change
+// its rank (lowrankStats_t.rankChanges) when these differ.
+int declaredRank(int approxRank, const EngineConfig& cfg);
+
+// Makes the plan. layout may be null (batched mode: one tensor). ids (may be null: the defaults):
+// each tensor's id and rank in force (its own, the default, or 0 for exact; the caller puts 0 for
+// a tensor still in its warm-up), all of which the hash covers. Errors: lowrankInvalidUsage when
 // the layout's elements do not add up to count.
 Status makePlan(size_t count, lowrankDataType_t dtype, lowrankRedOp_t op, const Layout* layout,
                 const EngineConfig& cfg, Plan* plan, const TensorIds* ids = nullptr);

@@ -14,8 +14,4 @@ void fitQ(const TensorPlan& t, const EngineConfig& cfg, uint64_t stream, const f
   std::copy(qt, qt + kept * cols, out);
 }
 
-int declaredRank(int approxRank, const EngineConfig& cfg) {
-  return approxRank == LOWRANK_RANK_DEFAULT ? cfg.approxRank : approxRank;
-}
-
 }  // namespace lowrank

@@ -20,9 +20,4 @@ namespace lowrank {
 void fitQ(const TensorPlan& t, const EngineConfig& cfg, uint64_t stream, const float* qt, int from,
           float* out);
 
-// The k a declared treatment asks for (LOWRANK_RANK_DEFAULT: the communicator's; 0: exact),
-// before the compression test and the clipping to min(n, m). Two declarations of a tensor change
-// its rank (lowrankStats_t.rankChanges) when these differ.
-int declaredRank(int approxRank, const EngineConfig& cfg);
-
 }  // namespace lowrank

@@ -147,7 +147,7 @@ std::vector<Bytes> savedRun(int N, int k) {
   return out;
 }
 
-TEST(Checkpoint, AnotherWorldSizeOrKIsRefusedNamingIt) {
+TEST(Checkpoint, AnotherWorldSizeIsRefusedNamingItAndAnotherKCarriesOver) {
   const std::vector<Bytes> two = savedRun(2, 3);
   withComms(3, [&](int r, lowrankComm_t comm) {
     std::vector<float> buf(kCount);
@@ -158,14 +158,20 @@ TEST(Checkpoint, AnotherWorldSizeOrKIsRefusedNamingIt) {
   }, cfgOf(Case{"", true, 1, 0}));
   withComms(2, [&](int r, lowrankComm_t comm) {
     std::vector<float> buf(kCount);
-    EXPECT_EQ(restore(comm, buf, two[r]), lowrankInvalidUsage);
-    EXPECT_NE(std::string(lowrankGetLastError(comm)).find("approximation rank k 3"),
-              std::string::npos) << lowrankGetLastError(comm);
-    // Another comm rank's bytes: refused too (each rank's residual is its own).
+    // Another comm rank's bytes: refused (each rank's residual is its own); nothing was staged.
     EXPECT_EQ(restore(comm, buf, two[1 - r]), lowrankInvalidUsage);
-    // Nothing was staged: the buffer has no state to save.
+    EXPECT_NE(std::string(lowrankGetLastError(comm)).find("comm rank"), std::string::npos);
     size_t size = 0;
     EXPECT_EQ(lowrankBufferSaveState(comm, buf.data(), nullptr, &size), lowrankInvalidUsage);
+    // Its own, saved at k = 3, into k = 2: every tensor goes on at the communicator's k, as a
+    // declared tensor restored at another rank does (rank_change.h: its Q's first 2 columns).
+    setLayout(comm, buf.data());
+    ASSERT_EQ(restore(comm, buf, two[r]), lowrankSuccess);
+    ASSERT_EQ(callOnce(comm, r, buf, 5), lowrankSuccess) << lowrankGetLastError(comm);
+    lowrankBufferView_t v;
+    ASSERT_EQ(lowrankBufferGetView(comm, buf.data(), &v), lowrankSuccess);
+    EXPECT_EQ(v.approxRank, 2);
+    EXPECT_EQ(v.calls, 6u);  // the saved 5, and this one
   }, cfgOf(Case{"", true, 1, 0}, 2));
 }
 
@@ -352,8 +358,9 @@ TEST(Checkpoint, SaveSizesAndErrors) {
     ASSERT_EQ(lowrankBufferSaveState(comm, buf.data(), nullptr, &size), lowrankSuccess);
     lowrankBufferView_t v;
     ASSERT_EQ(lowrankBufferGetView(comm, buf.data(), &v), lowrankSuccess);
-    // Header (80) + layout (3 tensors: 2 x (4 + 16) + (4 + 8)) + residual + Q + CRC.
-    EXPECT_EQ(size, 80 + 52 + 4 * (kCount + v.qElements) + 4);
+    // Format 2: header (40) + per tensor id, ndims, k, calls, flags, two sizes (44) and its
+    // sizes (2 x 16 + 8) + residual + Q + CRC.
+    EXPECT_EQ(size, 40 + 3 * 44 + 40 + 4 * (kCount + v.qElements) + 4);
     Bytes small(size - 1, 0xab);
     size_t have = small.size();
     EXPECT_EQ(lowrankBufferSaveState(comm, buf.data(), small.data(), &have), lowrankInvalidArgument);
