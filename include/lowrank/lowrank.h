@@ -420,11 +420,14 @@ lowrankResult_t lowrankBufferRelease(lowrankComm_t comm, const void* recvbuff);
  * the optimizer, on every comm rank (each rank's residual is its own), and restore them after a
  * restart, so that the next call goes on as if the job had never stopped. docs/checkpoint.md.
  *
- * The bytes, little-endian: a header (magic "LRSTATE\0", format version 1, header size, count,
- * dtype, layout (per-tensor shapes, or none: batched), k (lowrankConfig_t.approxRank), seed, comm
- * size, comm rank, calls made on the buffer, whether E and a warm-start Q are held), the residual
- * (count float32, when error feedback is on), Q (every compressed tensor's Qt, float32) and a
- * CRC-32 (zlib's) over all that precedes it. The size is fixed once the buffer is planned.
+ * The bytes, little-endian (format version 2; docs/checkpoint.md): a header (magic "LRSTATE\0",
+ * version, seed, comm size, comm rank, whether E is held, whether the tensors are by position),
+ * then per tensor its id (a buffer without ids: its position in the layout; one tensor of shape
+ * (count) for a batched buffer), shape, the rank its Q was made at, its calls, whether a
+ * warm-start Q is held, its residual (float32, when error feedback is on) and its Qt (float32);
+ * and a CRC-32 (zlib's) over all that precedes it. Bytes of format version 1 (written by lowrank
+ * before it wrote version 2 for every buffer) are read as well. The size is fixed once the buffer
+ * is planned and its warm-up is over.
  *
  * Save: *size in: bytes available at `bytes`; out: bytes needed (bytes NULL: only that), or written.
  * A buffer restored and not yet called saves what was restored. Local, not collective; it changes
@@ -441,14 +444,14 @@ lowrankResult_t lowrankBufferRelease(lowrankComm_t comm, const void* recvbuff);
 lowrankResult_t lowrankBufferSaveState(lowrankComm_t comm, const void* recvbuff, void* bytes,
                                        size_t* size);
 
-/* Tensors with ids (lowrankBufferSetTensors): a buffer declared with ids saves format 2 instead, one
- * entry per declared id (its shape, the rank its Q was made at, its call count, its residual and
+/* Tensors with ids (lowrankBufferSetTensors): a buffer declared with ids saves one entry per declared id (its shape, the rank its Q was made at, its call count, its residual and
  * Q), wherever each id's state is held now; ids without state are left out, and none with any is
  * lowrankInvalidUsage. Restoring format-2 bytes stages each id's state, whatever recvbuff is
  * given: the buffer that next declares and calls the id installs it (checked across comm ranks at
  * that call, as below), so a checkpoint of one bucketing restores into another. Format-1 bytes
  * restored into a buffer declared with ids whose shapes are the saved layout are split into its
- * ids' states likewise. docs/checkpoint.md, "Tensors with ids". */
+ * ids' states likewise, and so are format-2 bytes saved by a buffer without ids (by position).
+ * docs/checkpoint.md, "Tensors with ids". */
 
 /* Restores the state saved by lowrankBufferSaveState into recvbuff's record: call it on every comm
  * rank at the same point (as lowrankBufferReset), each with the bytes its own comm rank saved. The
@@ -468,9 +471,10 @@ lowrankResult_t lowrankBufferSaveState(lowrankComm_t comm, const void* recvbuff,
  *   lowrankInvalidArgument: null comm or buffer or bytes, bytes that are truncated, corrupt (CRC),
  *     not lowrank's, or of another format version;
  *   lowrankInvalidUsage, naming what differs: bytes saved with another comm size, comm rank,
- *     approximation rank k, seed or error feedback, or a layout other than the one set here (or
- *     the plan's, for a buffer already planned); and, at the next call (on every comm rank),
- *     another count, dtype or layout. */
+ *     seed or error feedback (format 1: or approximation rank k; format 2 carries each tensor's
+ *     k, and a tensor restored at another k goes on as after a change of k), or a layout other
+ *     than the one set here (or the plan's, for a buffer already planned); and, at the next call
+ *     (on every comm rank), another layout or count. */
 lowrankResult_t lowrankBufferRestoreState(lowrankComm_t comm, const void* recvbuff,
                                           const void* bytes, size_t size);
 
