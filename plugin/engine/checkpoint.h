@@ -58,7 +58,9 @@ struct SavedTensors {
 // The format version of saved bytes (0 when they are not lowrank's or too short to say).
 uint32_t formatVersion(const void* bytes, size_t size);
 
-// The bytes of s: encodedSize(s) of them written to out.
+// The bytes of s: encodedSize(s) of them written to out. The library writes format 2 only (every
+// buffer saves per tensor); format 1's encoder stays beside its decoder for the tests and the
+// fuzzer, which make format-1 bytes with it.
 size_t encodedSize(const SavedState& s);
 void encode(const SavedState& s, uint8_t* out);
 

@@ -244,8 +244,7 @@ std::vector<int> Engine::tensorRanks(const void* buf) const {
 namespace {
 
 // Writes the encoding of s to out (*size bytes there; null: the size needed only).
-template <typename Saved>
-Status writeSaved(const Saved& s, const void* buf, void* out, size_t* size) {
+Status writeSaved(const SavedTensors& s, const void* buf, void* out, size_t* size) {
   const size_t need = encodedSize(s);
   if (!out) {  // *size may hold anything: it is only written
     *size = need;

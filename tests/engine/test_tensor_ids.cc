@@ -3,7 +3,8 @@
 // at a new address every call, in another grouping, or restored into another bucketing give the
 // outputs of the run that never moved them, bit for bit at world 2 (a sum of two is exact in any
 // order); a moved id makes its old buffer's call lowrankInvalidUsage naming it; the first Q follows
-// the id; warm-up is counted per id; format-1 bytes restore into a buffer with ids.
+// the id; warm-up is counted per id; bytes saved by a buffer without ids (by position) restore into a
+// buffer with ids (format 1's: tests/engine/fixtures).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -112,6 +113,64 @@ void expectSame(const Outs& a, const Outs& b, const std::string& what) {
     EXPECT_EQ(0, std::memcmp(kv.second.data(), b.at(kv.first).data(), kv.second.size() * 4))
         << what << ", tensor id " << kv.first;
   }
+}
+
+// A buffer without ids has synthetic ids, its tensors' positions, in a key space of its own: a
+// caller's ids 0, 1, 2 on another buffer of the same shapes never meet them. Each buffer, called
+// side by side with the other (and with a restore of the caller's ids staged meanwhile), gives the
+// outputs it gives alone. If the key spaces were one, the declared buffer would take the anonymous
+// one's record (or refuse it as moved) and the outputs would differ.
+TEST(TensorIds, SyntheticIdsNeverMeetACallersIds) {
+  const int N = 2, calls = 5;
+  const std::vector<T> same = {{0, {24, 40}}, {1, {16, 30}}, {2, {16}}};  // ids = positions
+  size_t count = 0;
+  std::vector<int> nd;
+  std::vector<const size_t*> sh;
+  for (const T& t : same) {
+    nd.push_back(int(t.shape.size()));
+    sh.push_back(t.shape.data());
+    count += t.numel();
+  }
+  // Each buffer alone: the declared one's outputs by id, the anonymous one's whole.
+  std::vector<std::vector<Outs>> declared(N, std::vector<Outs>(calls));
+  std::vector<std::vector<std::vector<float>>> anon(N);
+  auto anonCall = [&](lowrankComm_t comm, int r, int t, std::vector<float>& a) {
+    std::vector<float> in;
+    for (const T& x : same) { auto v = grad(x, r, t + 50); in.insert(in.end(), v.begin(), v.end()); }
+    return lowrankAllReduce(in.data(), a.data(), count, lowrankFloat32, lowrankAvg, comm, nullptr);
+  };
+  withComms(N, [&](int r, lowrankComm_t comm) {
+    std::vector<float> buf;
+    for (int t = 0; t < calls; ++t)
+      ASSERT_EQ(callGroup(comm, r, t, same, buf, &declared[r][t]), lowrankSuccess);
+  }, cfg());
+  withComms(N, [&](int r, lowrankComm_t comm) {
+    std::vector<float> a(count);
+    ASSERT_EQ(lowrankBufferSetLayout(comm, a.data(), int(nd.size()), nd.data(), sh.data()), lowrankSuccess);
+    for (int t = 0; t < calls; ++t) {
+      ASSERT_EQ(anonCall(comm, r, t, a), lowrankSuccess);
+      anon[r].push_back(a);
+    }
+  }, cfg());
+  withComms(N, [&](int r, lowrankComm_t comm) {
+    std::vector<float> buf, a(count);
+    ASSERT_EQ(lowrankBufferSetLayout(comm, a.data(), int(nd.size()), nd.data(), sh.data()), lowrankSuccess);
+    for (int t = 0; t < calls; ++t) {
+      if (t == 3) {  // the caller's ids' state saved and staged again: the anonymous buffer's
+                     // next call must not take it
+        const Bytes b = save(comm, buf.data());
+        ASSERT_EQ(lowrankBufferRestoreState(comm, buf.data(), b.data(), b.size()), lowrankSuccess);
+      }
+      ASSERT_EQ(anonCall(comm, r, t, a), lowrankSuccess) << lowrankGetLastError(comm);
+      EXPECT_EQ(0, std::memcmp(a.data(), anon[r][t].data(), 4 * count)) << "anonymous, call " << t;
+      Outs got;
+      ASSERT_EQ(callGroup(comm, r, t, same, buf, &got), lowrankSuccess) << lowrankGetLastError(comm);
+      expectSame(got, declared[r][t], "declared, call " + std::to_string(t));
+    }
+    lowrankStats_t st;
+    ASSERT_EQ(lowrankGetStats(comm, &st), lowrankSuccess);
+    EXPECT_EQ(st.buffers, 2u);  // two records: neither took the other's tensors
+  }, cfg());
 }
 
 // FSDP's case: the same ids at a new address every call carry their state, as a stable buffer.
@@ -248,13 +307,13 @@ TEST(TensorIds, AnIdDeclaredWithAnotherShapeIsRefused) {
   }, cfg());
 }
 
-// A format-1 restore staged before the buffer is declared with ids is split into them, not lost;
+// A restore by position staged before the buffer is declared with ids is split into them, not lost;
 // a buffer with a layout and calls hands its state to its new ids likewise.
 TEST(TensorIds, AnAnonymousBuffersStateGoesToItsNewIds) {
   const int calls = 5, first = 2;
   auto straight = straightRun(1, calls);
   withComms(1, [&](int r, lowrankComm_t comm) {
-    // Anonymous for `first` calls (the ids' first Q would differ: so from a format-1 start, which
+    // Anonymous for `first` calls (the ids' first Q would differ: so from a start by position, which
     // carries its Q), then declared with ids: the outputs equal the anonymous buffer's own.
     std::vector<float> g, buf, anon;
     size_t count = 0;
@@ -481,9 +540,10 @@ TEST(TensorIds, ACheckpointRestoresIntoAnotherBucketing) {
   }, cfg());
 }
 
-// Bytes of format 1 (a buffer without ids) restore into a buffer declaring those tensors: the
+// Bytes saved by a buffer without ids (format 2 by position) restore into a buffer declaring those
+// tensors: the
 // calls after it equal the anonymous buffer's own (the warm start comes from the bytes).
-TEST(TensorIds, Format1BytesRestoreIntoABufferWithIds) {
+TEST(TensorIds, BytesByPositionRestoreIntoABufferWithIds) {
   const int N = 2, first = 3, calls = 6;
   std::vector<std::vector<std::vector<float>>> anon(N);
   std::vector<Bytes> saved(N);

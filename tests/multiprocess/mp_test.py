@@ -585,7 +585,7 @@ def case_checkpoint(args, tmp):
                           f"{name}, control: without the restore the outputs differ from the "
                           "resumed run's")
 
-    # -- refusals: another comm size, comm rank or k; each refused restore changes nothing.
+    # -- refusals: another comm size or comm rank; each refused restore changes nothing.
     state = os.path.join(d, "state_ws1.{r}.{b}")
     w2 = os.path.join(d, "w2_state.{r}.{b}")
     if ckpt_run(w, 2, [0, 2, f"save={w2}"], "world 2: 2 calls, save"):
@@ -613,16 +613,16 @@ def case_checkpoint(args, tmp):
                       got[r] == ref[r][:2 * CKPT_CALL_BYTES],
                       f"comm rank {r}: after the refused restores, the buffers are fresh (outputs == "
                       "the uninterrupted run's first calls)")
+    # Another k: accepted. The bytes (format 2) carry each tensor's k, and a tensor restored at
+    # another k goes on as after a change of k (docs/checkpoint.md); the calls after it succeed.
     res = ckpt_run(w, n, [0, 2, f"try={state}"], "LOWRANK_APPROX_RANK=2, restore of bytes saved at k 4",
                    LOWRANK_APPROX_RANK=2)
     if res:
         for r, (_, out, _) in enumerate(res):
             tries = tagged(out, "TRY").get(r, [])
-            ok = len(tries) == 2 and all(t.startswith(f"b{b} 5: ") and "approximation rank" in t
-                                         and "saved with approximation rank k 4" in t
-                                         for b, t in enumerate(tries))
-            if not check(ok, f"comm rank {r}: k differs: lowrankInvalidUsage naming the "
-                             "approximation rank"):
+            ok = len(tries) == 2 and all(t.startswith(f"b{b} 0: ") for b, t in enumerate(tries))
+            if not check(ok, f"comm rank {r}: k differs: the restore is taken (each tensor's k is "
+                             "in the bytes) and the calls after it succeed"):
                 log(f"    {tries}")
 
     # -- a restore on comm rank 0 only: the next call of each buffer fails on every comm rank
