@@ -11,22 +11,13 @@ namespace lowrank {
 namespace {
 
 lowrankCudaBlock_t block(const BlockSpan& s) {
-  lowrankCudaBlock_t b{};
-  b.tensor = s.tensor;
-  b.first = s.first;
-  b.offset = s.offset;
-  b.valid = s.valid;
-  b.ld = s.ld;
-  b.rows = s.rows;
-  b.cols = s.cols;
-  b.p = s.p;
-  b.qt = s.qt;
-  b.qld = s.qld;
-  b.k = s.k;
-  return b;
+  return {.tensor = s.tensor, .first = s.first, .offset = s.offset, .valid = s.valid, .ld = s.ld,
+          .rows = s.rows, .cols = s.cols, .p = s.p, .qt = s.qt, .qld = s.qld, .k = s.k, .pad_ = 0};
 }
 
-// A plan as the backend reads it (abi/cuda_backend.h): the description and the arrays it points to.
+// The plan as the backend reads it (abi/cuda_backend.h), the one translation of a Plan for the
+// device: the description and the arrays it points to, which the backend reads into its launch
+// tables at stateCreate (it keeps none of them).
 struct CudaPlan {
   std::vector<lowrankCudaTensor_t> tensors;
   std::vector<lowrankCudaBlock_t> rowBlocks, colBlocks;
@@ -35,10 +26,7 @@ struct CudaPlan {
 
   CudaPlan(const Plan& pl, const EngineConfig& cfg, int nranks) {
     for (const TensorPlan& t : pl.tensors) {
-      lowrankCudaTensor_t c{};
-      c.offset = t.offset;
-      c.numel = t.numel;
-      c.compressed = t.compressed;
+      lowrankCudaTensor_t c{.offset = t.offset, .numel = t.numel, .compressed = t.compressed};
       if (t.compressed) {
         c.rows = t.view.rows;
         c.cols = t.view.cols;
@@ -58,23 +46,13 @@ struct CudaPlan {
     for (const ColBlock& b : pl.colBlocks) colBlocks.push_back(block(colSpan(pl, b)));
     for (const Chunk& c : pl.pChunks) pChunks.push_back({c.first, c.last, c.offset, c.count});
     for (const Chunk& c : pl.qChunks) qChunks.push_back({c.first, c.last, c.offset, c.count});
-    desc.count = pl.count;
-    desc.dtype = pl.dtype;
-    desc.errorFeedback = cfg.errorFeedback;
-    desc.orthoEpsilon = cfg.orthoEpsilon;
-    desc.exactElems = pl.exactElems;
-    desc.pElems = pl.pElems;
-    desc.qElems = pl.qElems;
-    desc.tensors = tensors.data();
-    desc.nTensors = tensors.size();
-    desc.rowBlocks = rowBlocks.data();
-    desc.nRowBlocks = rowBlocks.size();
-    desc.colBlocks = colBlocks.data();
-    desc.nColBlocks = colBlocks.size();
-    desc.pChunks = pChunks.data();
-    desc.nPChunks = pChunks.size();
-    desc.qChunks = qChunks.data();
-    desc.nQChunks = qChunks.size();
+    desc = {.count = pl.count, .dtype = pl.dtype, .errorFeedback = cfg.errorFeedback,
+            .orthoEpsilon = cfg.orthoEpsilon, .exactElems = pl.exactElems, .pElems = pl.pElems,
+            .qElems = pl.qElems, .tensors = tensors.data(), .nTensors = tensors.size(),
+            .rowBlocks = rowBlocks.data(), .nRowBlocks = rowBlocks.size(),
+            .colBlocks = colBlocks.data(), .nColBlocks = colBlocks.size(),
+            .pChunks = pChunks.data(), .nPChunks = pChunks.size(),
+            .qChunks = qChunks.data(), .nQChunks = qChunks.size()};
   }
 };
 

@@ -92,8 +92,8 @@ MUTANTS = {
         "device_schedule.cc",
         "kernel on the wrong stream: decompress + error update (pass 3) launched on the "
         "communication stream instead of the buffer's compute stream",
-        "recv, pl.dtype, checks,\n                                     expectedOp, s));",
-        "recv, pl.dtype, checks,\n                                     expectedOp, dc.stream));"),
+        "recv, dtype, checks,\n                                     expectedOp, s));",
+        "recv, dtype, checks,\n                                     expectedOp, dc.stream));"),
     # Caught by the stress of test_cuda_streams_emulated.cc (calls alternating two non-blocking
     # streams, no host synchronization), test_cuda_tensor_ids.cc and two_rank_worker's tensorIds.
     "schedule_on_callers_stream": (
