@@ -1,5 +1,5 @@
 /* The table between liblowrank and its CUDA backend, liblowrank_cuda.so, which liblowrank loads
- * with dlopen the first time a device buffer appears (plugin/engine/device_backend.cc), so that a
+ * with dlopen the first time a device buffer appears (plugin/engine/cuda_loader.cc), so that a
  * CPU-only program loads no CUDA library. Plain C and versioned, as NCCL's plugin tables: the
  * backend exports `lowrankCudaBackendV7`; liblowrank refuses a table whose `version` is not the
  * one it was built with (naming the path and both versions).

@@ -1,6 +1,6 @@
 #include "engine/device_engine.h"
 
-#include "engine/device_backend.h"
+#include "engine/cuda_loader.h"
 #include "engine/phases.h"
 #include "platform/cuda_probe.h"
 #include "platform/nccl.h"
@@ -93,7 +93,7 @@ class DeviceState final : public BackendState {
 Status DeviceBackend::create(void* ncclComm, int nranks, const EngineConfig& cfg,
                              std::unique_ptr<DeviceBackend>* out) {
   const lowrankCudaBackend_t* backend = nullptr;
-  LR_RETURN_IF_ERROR(deviceBackend(&backend));
+  LR_RETURN_IF_ERROR(loadCudaBackend(&backend));
   std::unique_ptr<DeviceBackend> e(new DeviceBackend(nranks, cfg, backend));
   const nccl::Api* api = nullptr;
   LR_RETURN_IF_ERROR(nccl::realNccl(&api));

@@ -18,7 +18,7 @@ namespace lowrank {
 
 class DeviceBackend final : public BufferBackend {
  public:
-  // Loads the CUDA backend (device_backend.h) and makes the device side of the NCCL communicator
+  // Loads the CUDA library (cuda_loader.h) and makes the device side of the NCCL communicator
   // `ncclComm` (an ncclComm_t of nranks comm ranks) on that communicator's device
   // (ncclCommCuDevice: device()), which every later call then uses whatever the caller's current
   // device is (the backend makes it current around each of its entries).

@@ -1,6 +1,5 @@
-// liblowrank's side of the CUDA backend: loading liblowrank_cuda.so the first time a device
-// buffer appears.
-#include "engine/device_backend.h"
+// The loader of the CUDA library, liblowrank_cuda.so, the first time a device buffer appears.
+#include "engine/cuda_loader.h"
 
 #include <dlfcn.h>
 
@@ -16,7 +15,7 @@ namespace {
 std::string backendPath() {
   if (const char* env = getenv("LOWRANK_CUDA_BACKEND"); env && *env) return env;
   Dl_info info{};
-  if (dladdr(reinterpret_cast<void*>(&deviceBackend), &info) && info.dli_fname) {
+  if (dladdr(reinterpret_cast<void*>(&loadCudaBackend), &info) && info.dli_fname) {
     std::string self = info.dli_fname;
     const size_t slash = self.rfind('/');
     if (slash != std::string::npos) return self.substr(0, slash + 1) + "liblowrank_cuda.so";
@@ -39,7 +38,7 @@ int exportedVersion(void* h) {
 
 }  // namespace
 
-Status deviceBackend(const lowrankCudaBackend_t** out) {
+Status loadCudaBackend(const lowrankCudaBackend_t** out) {
   static const lowrankCudaBackend_t* backend = nullptr;
   static Status status;
   static std::once_flag once;

@@ -1,6 +1,7 @@
-// liblowrank's side of the CUDA backend's loading: liblowrank_cuda.so, opened the first time a
-// device buffer appears, so that a CPU-only program loads no CUDA library. The table between them
-// is plain C and versioned (abi/cuda_backend.h); the engine that drives it is device_engine.h.
+// The loader of the CUDA library, liblowrank_cuda.so: opened the first time a device buffer
+// appears, so that a CPU-only program loads no CUDA library. The table between them is plain C and
+// versioned (abi/cuda_backend.h); the backend of device buffers that drives it is
+// engine/device_backend.h.
 #pragma once
 #include "abi/cuda_backend.h"
 #include "util/status.h"
@@ -11,6 +12,6 @@ namespace lowrank {
 // the directory of liblowrank.so) and returns its table. Errors (the same at every call):
 // lowrankSystemError with dlerror()'s text, or naming the path and both versions when the library
 // has no table of this liblowrank's version.
-Status deviceBackend(const lowrankCudaBackend_t** out);
+Status loadCudaBackend(const lowrankCudaBackend_t** out);
 
 }  // namespace lowrank
