@@ -4,7 +4,7 @@
  * backend exports `lowrankCudaBackendV7`; liblowrank refuses a table whose `version` is not the
  * one it was built with (naming the path and both versions).
  *
- * Who does what. liblowrank keeps a device buffer's life (plugin/engine/device_engine.h): exact or
+ * Who does what. liblowrank keeps a device buffer's life (plugin/engine/device_backend.h): exact or
  * compressed, the plan and its cross-rank check, warm-up, resets, counters, the view, and the fresh
  * initial Q (drawn on the host, the same numbers as the host engine). The backend holds the device
  * side only: per communicator a CUDA stream for the collectives and a small device buffer for the

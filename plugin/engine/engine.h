@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/device_engine.h"
+#include "engine/device_backend.h"
 #include "engine/engine_config.h"
 #include "engine/host_backend.h"
 #include "engine/lifecycle.h"

@@ -1,4 +1,4 @@
-#include "engine/device_engine.h"
+#include "engine/device_backend.h"
 
 #include "engine/cuda_loader.h"
 #include "engine/phases.h"

@@ -1,5 +1,6 @@
-// Device buffers: their state in device memory and their compressed calls, held by the CUDA
-// backend, liblowrank_cuda.so, and driven through its plain-C table (abi/cuda_backend.h). The
+// Device buffers: the backend (BufferBackend, the twin of host_backend.h) whose state in device
+// memory and compressed calls are held by the CUDA library, liblowrank_cuda.so (plugin/cuda_backend,
+// loaded by cuda_loader.h), and driven through its plain-C table (abi/cuda_backend.h). The
 // buffer's life around it (plan, agreement, warm-up, resets, the first Q, counters) is
 // engine/lifecycle.h's, the same as for host buffers. Calls are serialized by the communicator
 // (lowrankComm::callMu); the caller makes device() current around them (platform::DeviceGuard).
