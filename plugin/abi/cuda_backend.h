@@ -22,7 +22,7 @@
  * caller may call from a thread with any device current. Calls on one comm and its states are serialized by the caller,
  * except commAbort (any thread, any time).
  * Waits: every host wait on the device is bounded by commCreate's timeoutSec and polls NCCL's
- * asynchronous error meanwhile (engine/cuda/device_wait.h); its failure is an error naming the
+ * asynchronous error meanwhile (cuda_backend/device_wait.h); its failure is an error naming the
  * phase ("waiting for the plan check: timed out after 30 s (LOWRANK_TIMEOUT)"). */
 #ifndef LOWRANK_ABI_CUDA_BACKEND_H_
 #define LOWRANK_ABI_CUDA_BACKEND_H_

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Mutants of the CUDA backend (plugin/engine/cuda: the schedule, the device state, and the entry
+"""Mutants of the CUDA backend (plugin/cuda_backend: the schedule, the device state, and the entry
 points of backend.cc): bugs a GPU would show, each one edit of a copy of one source file, built
 into its own emulated CUDA backend (tests/gpu/emu/meson.build). run_mutants.sh checks that the
 emulated engine tests fail on every one.

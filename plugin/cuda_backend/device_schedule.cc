@@ -1,8 +1,8 @@
-#include "engine/cuda/device_schedule.h"
+#include "cuda_backend/device_schedule.h"
 
 #include <cstring>
 
-#include "engine/cuda/device_wait.h"
+#include "cuda_backend/device_wait.h"
 
 namespace lowrank::cuda {
 namespace {

@@ -1,10 +1,10 @@
-#include "engine/cuda/device_state.h"
+#include "cuda_backend/device_state.h"
 
 #include <algorithm>
 #include <mutex>
 
 #include "abi/plugin_log.h"
-#include "engine/cuda/device_wait.h"
+#include "cuda_backend/device_wait.h"
 #include "kernels/cuda/dense_qr.h"
 
 namespace lowrank::cuda {

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "abi/cuda_backend.h"
-#include "engine/cuda/cuda_status.h"
+#include "cuda_backend/cuda_status.h"
 #include "kernels/cuda/powersgd_kernels.h"
 
 namespace lowrank::cuda {
