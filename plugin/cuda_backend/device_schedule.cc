@@ -54,7 +54,8 @@ Err runCompressedOnDevice(DeviceBuffer& b, const DeviceComm& dc, const void* sen
   LR_CUDA(cudaMemsetAsync(checks, 0, sizeof(float), s));
   LR_CUDA(setFloat(b.payload + at.op, opCode, s));
 
-  // The exact part travels first, under pass 1.
+  // The exact part travels first, under pass 1, in a call of its own (docs/design.md, "Host and
+  // device schedules").
   if (pl.exactElems) {
     LR_CUDA(packExact(b.exact, send, dtype, b.payload, checks, s));
     LR_CUDA(cudaEventRecord(b.done, s));  // reused as "exact part packed"
