@@ -33,7 +33,7 @@ LAYERS = {
     "api": ["plugin/api"],
     "abi": ["plugin/abi"],
     "shim": ["plugin/nccl_shim"],
-    "cuda_backend": ["plugin/engine/cuda"],
+    "cuda_backend": ["plugin/cuda_backend"],
     "cuda_kernels": ["kernels/cuda"],
     "public": ["include"],
 }
@@ -52,13 +52,13 @@ MAY_INCLUDE = {
     "api": ["util/", "engine/", "api/"],
     "abi": ["abi/"],
     "shim": ["abi/", "nccl_shim/"] + COMMON_HEADERS_ONLY,
-    "cuda_backend": ["abi/", "engine/cuda/", "kernels/cuda/"] + COMMON_HEADERS_ONLY,
+    "cuda_backend": ["abi/", "cuda_backend/", "kernels/cuda/"] + COMMON_HEADERS_ONLY,
     "cuda_kernels": ["kernels/cuda/"] + COMMON_HEADERS_ONLY,
     "public": ["lowrank/"],
 }
-# A namespace prefix -> the layer whose files it names (engine/cuda/ before engine/).
+# A namespace prefix -> the layer whose files it names (kernels/cuda/ before kernels/).
 NAMESPACES = [
-    ("engine/cuda/", "cuda_backend"), ("kernels/cuda/", "cuda_kernels"),
+    ("cuda_backend/", "cuda_backend"), ("kernels/cuda/", "cuda_kernels"),
     ("kernels/host/", "kernels"), ("util/", "common"), ("platform/", "platform"),
     ("transport/", "transport"), ("engine/", "engine"), ("api/", "api"), ("abi/", "abi"),
     ("nccl_shim/", "shim"), ("lowrank/", "public"),

@@ -1,6 +1,6 @@
 // The PowerSGD passes as CUDA kernels: the device twins of kernels/host (each is held equal to its
-// host twin by tests/gpu). Kernels know nothing of ranks or NCCL: the engine (plugin/engine/cuda)
-// allreduces P and Q between the launches.
+// host twin by tests/gpu). Kernels know nothing of ranks or NCCL: the CUDA library
+// (plugin/cuda_backend) allreduces P and Q between the launches.
 //
 // Batched: one launch covers many blocks of many tensors of different shapes, described by a
 // table uploaded once when a buffer's plan is made. A block is a piece of one compressed tensor's

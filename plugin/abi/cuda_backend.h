@@ -1,10 +1,10 @@
 /* The table between liblowrank and its CUDA backend, liblowrank_cuda.so, which liblowrank loads
- * with dlopen the first time a device buffer appears (plugin/engine/device_backend.cc), so that a
+ * with dlopen the first time a device buffer appears (plugin/engine/cuda_loader.cc), so that a
  * CPU-only program loads no CUDA library. Plain C and versioned, as NCCL's plugin tables: the
  * backend exports `lowrankCudaBackendV7`; liblowrank refuses a table whose `version` is not the
  * one it was built with (naming the path and both versions).
  *
- * Who does what. liblowrank keeps a device buffer's life (plugin/engine/device_engine.h): exact or
+ * Who does what. liblowrank keeps a device buffer's life (plugin/engine/device_backend.h): exact or
  * compressed, the plan and its cross-rank check, warm-up, resets, counters, the view, and the fresh
  * initial Q (drawn on the host, the same numbers as the host engine). The backend holds the device
  * side only: per communicator a CUDA stream for the collectives and a small device buffer for the
@@ -22,7 +22,7 @@
  * caller may call from a thread with any device current. Calls on one comm and its states are serialized by the caller,
  * except commAbort (any thread, any time).
  * Waits: every host wait on the device is bounded by commCreate's timeoutSec and polls NCCL's
- * asynchronous error meanwhile (engine/cuda/device_wait.h); its failure is an error naming the
+ * asynchronous error meanwhile (cuda_backend/device_wait.h); its failure is an error naming the
  * phase ("waiting for the plan check: timed out after 30 s (LOWRANK_TIMEOUT)"). */
 #ifndef LOWRANK_ABI_CUDA_BACKEND_H_
 #define LOWRANK_ABI_CUDA_BACKEND_H_
@@ -40,9 +40,22 @@ extern "C" {
 #define LOWRANK_CUDA_BACKEND_VERSION 7 /* 7: stateCreate takes an allocator and the call's stream,
                                           and reports its memory by kind */
 
-/* The code of a compressed call's op in the payload's op element (lowrankSum 0 -> 1, lowrankAvg 4
- * -> 2): allreduced with the factors, it sums to N times one code only if every comm rank used the
- * same op. The one definition, for liblowrank's host schedule (engine/phases.h) and the device's. */
+/* The payload of allreduce #1, host and device alike: [exact part (exactElems floats) | P of every
+ * compressed tensor (pElems) | non-finite count | op code]. The last two let every comm rank take
+ * the same decision: reject the call (non-finite or huge input on some rank) or refuse it (the
+ * ranks disagree on sum vs avg). The one definition of its layout and of the op code, for
+ * liblowrank's Plan (engine/plan.h) and host schedule and for the device's schedule. */
+typedef struct lowrankPayloadLayout {
+  uint64_t p, flag, op; /* where P, the non-finite count and the op code sit */
+  uint64_t elems;       /* its length */
+} lowrankPayloadLayout_t;
+static inline lowrankPayloadLayout_t lowrankPayload(uint64_t exactElems, uint64_t pElems) {
+  lowrankPayloadLayout_t l = {exactElems, exactElems + pElems, exactElems + pElems + 1,
+                              exactElems + pElems + 2};
+  return l;
+}
+/* The op code (lowrankSum 0 -> 1, lowrankAvg 4 -> 2): summed over N comm ranks it is N times one
+ * code only if every rank used the same op. */
 static inline float lowrankPayloadOpCode(int op) { return op == 0 ? 1.f : 2.f; }
 /* Words of the plan agreement (liblowrank's PlanCheck, engine/plan.h), max-allreduced as uint64. */
 #define LOWRANK_PLAN_CHECK_WORDS 5

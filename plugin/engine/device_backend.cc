@@ -1,76 +1,192 @@
-// liblowrank's side of the CUDA backend: loading liblowrank_cuda.so the first time a device
-// buffer appears.
 #include "engine/device_backend.h"
 
-#include <dlfcn.h>
-
-#include <cstdlib>
-#include <mutex>
-#include <string>
-
+#include "engine/cuda_loader.h"
+#include "engine/phases.h"
+#include "platform/cuda_probe.h"
+#include "platform/nccl.h"
+#include "util/dtype.h"
 #include "util/log.h"
 
 namespace lowrank {
 namespace {
 
-std::string backendPath() {
-  if (const char* env = getenv("LOWRANK_CUDA_BACKEND"); env && *env) return env;
-  Dl_info info{};
-  if (dladdr(reinterpret_cast<void*>(&deviceBackend), &info) && info.dli_fname) {
-    std::string self = info.dli_fname;
-    const size_t slash = self.rfind('/');
-    if (slash != std::string::npos) return self.substr(0, slash + 1) + "liblowrank_cuda.so";
-  }
-  return "liblowrank_cuda.so";
+lowrankCudaBlock_t block(const BlockSpan& s) {
+  return {.tensor = s.tensor, .first = s.first, .offset = s.offset, .valid = s.valid, .ld = s.ld,
+          .rows = s.rows, .cols = s.cols, .p = s.p, .qt = s.qt, .qld = s.qld, .k = s.k, .pad_ = 0};
 }
 
-// The version of the table a library exports, for the message: the newest of the symbols
-// lowrankCudaBackendV<n> it has (a table starts with its version), else that of the C++ table
-// of versions 1 and 2 (`lowrankCudaBackend`, an int first), or -1 for none.
-int exportedVersion(void* h) {
-  for (int v = LOWRANK_CUDA_BACKEND_VERSION + 8; v >= 1; --v) {
-    const std::string name = "lowrankCudaBackendV" + std::to_string(v);
-    if (const auto* t = static_cast<const lowrankCudaBackend_t*>(dlsym(h, name.c_str())))
-      return int(t->version);
+// The plan as the backend reads it (abi/cuda_backend.h), the one translation of a Plan for the
+// device: the description and the arrays it points to, which the backend reads into its launch
+// tables at stateCreate (it keeps none of them).
+struct CudaPlan {
+  std::vector<lowrankCudaTensor_t> tensors;
+  std::vector<lowrankCudaBlock_t> rowBlocks, colBlocks;
+  std::vector<lowrankCudaChunk_t> pChunks, qChunks;
+  lowrankCudaPlan_t desc{};
+
+  CudaPlan(const Plan& pl, const EngineConfig& cfg, int nranks) {
+    for (const TensorPlan& t : pl.tensors) {
+      lowrankCudaTensor_t c{.offset = t.offset, .numel = t.numel, .compressed = t.compressed};
+      if (t.compressed) {
+        c.rows = t.view.rows;
+        c.cols = t.view.cols;
+        c.ld = t.view.stride();
+        c.valid = t.view.valid;
+        c.k = t.k;
+        c.pOffset = t.pOffset;
+        c.qOffset = t.qOffset;
+        c.lastPChunk = t.lastPChunk;
+        c.limit = phases::overflowLimit(t, nranks);
+      } else {
+        c.exactOffset = t.exactOffset;
+      }
+      tensors.push_back(c);
+    }
+    for (const RowBlock& b : pl.rowBlocks) rowBlocks.push_back(block(rowSpan(pl, b)));
+    for (const ColBlock& b : pl.colBlocks) colBlocks.push_back(block(colSpan(pl, b)));
+    for (const Chunk& c : pl.pChunks) pChunks.push_back({c.first, c.last, c.offset, c.count});
+    for (const Chunk& c : pl.qChunks) qChunks.push_back({c.first, c.last, c.offset, c.count});
+    desc = {.count = pl.count, .dtype = pl.dtype, .errorFeedback = cfg.errorFeedback,
+            .orthoEpsilon = cfg.orthoEpsilon, .exactElems = pl.exactElems, .pElems = pl.pElems,
+            .qElems = pl.qElems, .tensors = tensors.data(), .nTensors = tensors.size(),
+            .rowBlocks = rowBlocks.data(), .nRowBlocks = rowBlocks.size(),
+            .colBlocks = colBlocks.data(), .nColBlocks = colBlocks.size(),
+            .pChunks = pChunks.data(), .nPChunks = pChunks.size(),
+            .qChunks = qChunks.data(), .nQChunks = qChunks.size()};
   }
-  if (const auto* legacy = static_cast<const int*>(dlsym(h, "lowrankCudaBackend"))) return *legacy;
-  return -1;
-}
+};
+
+// A device buffer's state in the backend: destroyed on the device it was made on.
+class DeviceState final : public BackendState {
+ public:
+  DeviceState(const lowrankCudaBackend_t* be, lowrankCudaState_t* s,
+              const lowrankCudaMemory_t& memory, bool supplied, int device)
+      : be_(be), s_(s), memory_(memory), supplied_(supplied), device_(device) {}
+  ~DeviceState() override {
+    platform::DeviceGuard guard(device_);
+    be_->stateDestroy(s_);
+  }
+  // lowrankStats_t.stateBytes: the residual, payload and Q twice, as the host's.
+  uint64_t bytes() const override { return memory_.residual + memory_.payload + memory_.factors; }
+  void memory(lowrankMemoryInfo_t* info) const override {
+    info->device = 1;
+    info->supplied = supplied_;
+    info->residualBytes = memory_.residual;
+    info->factorBytes = memory_.factors;
+    info->payloadBytes = memory_.payload;
+    info->workspaceBytes = memory_.workspace;
+    info->tableBytes = memory_.tables;
+    info->pinnedBytes = memory_.pinned;
+  }
+  lowrankCudaState_t* get() const { return s_; }
+
+ private:
+  const lowrankCudaBackend_t* be_;
+  lowrankCudaState_t* s_;
+  lowrankCudaMemory_t memory_;
+  bool supplied_;
+  int device_;
+};
 
 }  // namespace
 
-Status deviceBackend(const lowrankCudaBackend_t** out) {
-  static const lowrankCudaBackend_t* backend = nullptr;
-  static Status status;
-  static std::once_flag once;
-  std::call_once(once, [] {
-    const std::string path = backendPath();
-    void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (!h) {
-      status = Status::Error(lowrankSystemError,
-                             "device buffer, but the CUDA backend %s could not be loaded: %s "
-                             "(build with -Dcuda=enabled; LOWRANK_CUDA_BACKEND names another path)",
-                             path.c_str(), dlerror());
-      return;
-    }
-    const auto* b = static_cast<const lowrankCudaBackend_t*>(dlsym(h, LOWRANK_CUDA_BACKEND_SYMBOL));
-    if (!b || b->version != LOWRANK_CUDA_BACKEND_VERSION || b->size < sizeof(lowrankCudaBackend_t)) {
-      const int found = b ? int(b->version) : exportedVersion(h);
-      status = Status::Error(lowrankSystemError,
-                             "%s is not a lowrank CUDA backend of this version: it has table "
-                             "version %d%s, this liblowrank needs version %d (%s); use the "
-                             "liblowrank_cuda.so built with this liblowrank",
-                             path.c_str(), found, found < 0 ? " (none)" : "",
-                             LOWRANK_CUDA_BACKEND_VERSION, LOWRANK_CUDA_BACKEND_SYMBOL);
-      dlclose(h);
-      return;
-    }
-    LR_INFO("CUDA backend loaded: %s (table version %u)", path.c_str(), b->version);
-    backend = b;
-  });
-  if (!status.ok()) return status;
-  *out = backend;
+Status DeviceBackend::create(void* ncclComm, int nranks, const EngineConfig& cfg,
+                             std::unique_ptr<DeviceBackend>* out) {
+  const lowrankCudaBackend_t* backend = nullptr;
+  LR_RETURN_IF_ERROR(loadCudaBackend(&backend));
+  std::unique_ptr<DeviceBackend> e(new DeviceBackend(nranks, cfg, backend));
+  const nccl::Api* api = nullptr;
+  LR_RETURN_IF_ERROR(nccl::realNccl(&api));
+  e->nccl_ = api;
+  lowrankCudaError_t err{};
+  if (int r = backend->commCreate(api, ncclComm, nranks, cfg.timeoutSec, &e->comm_, &e->device_,
+                                  &err))
+    return e->fromBackend(r, err);
+  LR_INFO("CUDA engine for %d comm ranks on device %d", nranks, e->device_);
+  *out = std::move(e);
   return Status::Ok();
+}
+
+DeviceBackend::~DeviceBackend() {
+  if (!comm_) return;
+  // On the engine's device (the backend's streams and handles belong to it), whatever the caller's.
+  platform::DeviceGuard guard(device_);
+  be_->commDestroy(comm_);
+}
+
+void DeviceBackend::abort() { be_->commAbort(comm_); }
+
+Status DeviceBackend::fromBackend(int code, const lowrankCudaError_t& error) {
+  if (code == lowrankSuccess) return Status::Ok();
+  if (error.ncclResult) {
+    ncclFailed_ = true;
+    return nccl::fromNccl(*nccl_, error.ncclResult, error.message);
+  }
+  const lowrankResult_t c = code > lowrankSuccess && code < lowrankNumResults
+                                ? lowrankResult_t(code) : lowrankInternalError;
+  return Status::Error(c, "%s", error.message);
+}
+
+Status DeviceBackend::exact(const Call& c) {
+  lowrankCudaError_t err{};
+  return fromBackend(
+      be_->exactAllReduce(comm_, c.send, c.recv, c.count, c.dtype, c.op, c.stream, &err), err);
+}
+
+Status DeviceBackend::agree(uint64_t words[PlanCheck::kWords]) {
+  lowrankCudaError_t err{};
+  return fromBackend(be_->planCheck(comm_, words, &err), err);
+}
+
+std::unique_ptr<BackendState> DeviceBackend::allocate(const Plan& plan, const Call& c,
+                                                      const EngineConfig& cfg, std::string* why,
+                                                      bool* refused) {
+  const CudaPlan cp(plan, cfg_, nranks_);
+  const lowrankCudaAllocator_t a{cfg.allocator.alloc, cfg.allocator.free, cfg.allocator.userdata};
+  lowrankCudaError_t err{};
+  lowrankCudaState_t* s = nullptr;
+  lowrankCudaMemory_t memory{};
+  const Status st =
+      fromBackend(be_->stateCreate(comm_, &cp.desc, &a, c.stream, &s, &memory, &err), err);
+  *refused = err.refused != 0;
+  if (!st.ok()) {
+    *why = st.msg;
+    return nullptr;
+  }
+  return std::make_unique<DeviceState>(be_, s, memory, a.alloc != nullptr, device_);
+}
+
+Status DeviceBackend::compressed(BackendState& state, const Plan&, const Call& c,
+                                 const float* freshQ, bool* fellBack) {
+  *fellBack = false;  // a rejection arrives later, through collect()
+  lowrankCudaError_t err{};
+  return fromBackend(be_->runCompressed(comm_, static_cast<DeviceState&>(state).get(), c.send,
+                                        c.recv, c.op, freshQ, c.stream, &err),
+                     err);
+}
+
+Status DeviceBackend::save(BackendState& state, const Plan&, float* residual, float* qt) {
+  lowrankCudaError_t err{};
+  return fromBackend(be_->stateSave(static_cast<DeviceState&>(state).get(), residual, qt, &err), err);
+}
+
+Status DeviceBackend::load(BackendState& state, const Plan&, const float* residual,
+                           const float* qt) {
+  lowrankCudaError_t err{};
+  return fromBackend(be_->stateLoad(static_cast<DeviceState&>(state).get(), residual, qt, &err), err);
+}
+
+Status DeviceBackend::collect(BackendState& state, const void* buf, int wait, uint64_t* rejected) {
+  uint32_t n = 0, opMismatches = 0;
+  lowrankCudaError_t err{};
+  const Status s = fromBackend(
+      be_->collectChecks(static_cast<DeviceState&>(state).get(), wait, &n, &opMismatches, &err), err);
+  for (uint32_t i = 0; i < n; ++i)
+    LR_INFO("device buffer %p: a call was rejected on the device (%s); its output is NaN", buf,
+            i < opMismatches ? "comm ranks used different ops"
+                             : "non-finite or huge input on some comm rank");
+  *rejected = n;
+  return s;
 }
 
 }  // namespace lowrank

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/device_engine.h"
+#include "engine/device_backend.h"
 #include "engine/engine_config.h"
 #include "engine/host_backend.h"
 #include "engine/lifecycle.h"
@@ -50,7 +50,7 @@ class Engine {
   // planned here.
   void setLayout(const void* buf, Layout layout);
   // lowrankBufferSetTensors: declares buf's tensors with their ids (arguments checked); changes no
-  // state (the next call takes each id's state, engine/tensor_ids.cc), but a buffer that had no
+  // state (the next call takes each id's state, engine/registry.cc), but a buffer that had no
   // ids hands its state to them (staged). Errors: lowrankInvalidUsage when that state does not fit
   // the tensors (nothing changes then).
   Status setTensors(const void* buf, Layout layout, TensorIds ids);

@@ -1,4 +1,5 @@
 #include "engine/host_backend.h"
+#include "engine/host_schedule.h"
 
 #include <algorithm>
 #include <cstring>
@@ -49,7 +50,7 @@ std::unique_ptr<BackendState> HostBackend::allocate(const Plan& plan, const Call
   try {
     auto st = std::make_unique<HostState>();
     if (cfg_.errorFeedback) st->error.assign(plan.count, 0.f);
-    st->payload.assign(plan.payloadElems(), 0.f);
+    st->payload.assign(plan.payload().elems, 0.f);
     st->qt.assign(plan.qElems, 0.f);
     st->qwire.assign(plan.qElems, 0.f);
     return st;
@@ -61,8 +62,8 @@ std::unique_ptr<BackendState> HostBackend::allocate(const Plan& plan, const Call
 
 Status HostBackend::compressed(BackendState& state, const Plan& plan, const Call& c,
                                const float* freshQ, bool* fellBack) {
-  return runCompressed(static_cast<HostState&>(state), plan, cfg_, c.send, c.recv, c.op, freshQ,
-                       tr_, fellBack);
+  return runCompressedOnHost(static_cast<HostState&>(state), plan, cfg_, c.send, c.recv, c.op,
+                            freshQ, tr_, fellBack);
 }
 
 }  // namespace lowrank

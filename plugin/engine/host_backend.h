@@ -1,6 +1,6 @@
-// Host buffers: their state in host memory and the PowerSGD schedule that runs a compressed call
-// on the CPU (Vogels et al. 2019, Algorithm 1, with error feedback and warm start), over the
-// communicator's transport. The buffer's life around it is engine/lifecycle.h's.
+// Host buffers: their state in host memory, and the backend that runs their calls over the
+// communicator's transport (a compressed one: engine/host_schedule.h). The buffer's life around
+// it is engine/lifecycle.h's.
 #pragma once
 #include <memory>
 #include <vector>
@@ -26,19 +26,6 @@ struct HostState final : BackendState {
     info->payloadBytes = sizeof(float) * payload.capacity();
   }
 };
-
-// The one host schedule (plugin/engine/pipeline.cc), chunk by chunk as the plan says (a plan of
-// one P chunk and one Q chunk is the unpipelined case):
-//   exact part posted first; pass 1 (E += G, P = M Q) by row blocks, each P chunk posted as soon as
-//   computed; each tensor's P orthonormalized once its last P chunk is reduced; pass 2 (Q = M^T P)
-//   by column blocks, each Q chunk posted as soon as computed; then, chunk by chunk as Q arrives,
-//   Qbar = Q / N and pass 3 (out = s P Qbar^T, E = M - P Qbar^T).
-// The progress thread of `transport` reduces chunk c while the caller computes chunk c + 1. The
-// non-finite count and the op ride in the last P chunk, so every comm rank takes the same branch
-// (*fellBack: some rank's input was non-finite; nothing was written to recvbuff).
-Status runCompressed(HostState& st, const Plan& pl, const EngineConfig& cfg, const void* sendbuff,
-                     void* recvbuff, lowrankRedOp_t op, const float* freshQ, AsyncTransport& tr,
-                     bool* fellBack);
 
 class HostBackend final : public BufferBackend {
  public:

@@ -2,7 +2,7 @@
 // life"): whether a call is compressed, the reset on a change of count or dtype, the plan and its
 // agreement between comm ranks, warm-up and exact-only buffers, the seed of the first Q, and the
 // counters. Where the state lives and how a call runs is a backend's: the host engine
-// (host_backend.h) or the CUDA backend (device_engine.h), behind BufferBackend.
+// (host_backend.h) or the CUDA backend (device_backend.h), behind BufferBackend.
 // Not thread-safe: a communicator's calls are serialized (lowrankComm::callMu).
 #pragma once
 #include <memory>

@@ -64,7 +64,7 @@ void makeChunks(Plan& p, size_t target) {
       qElems = 0;
     }
   };
-  pc.offset = p.pBase();
+  pc.offset = p.payload().p;
   for (size_t t = 0; t < p.tensors.size(); ++t) {
     TensorPlan& tp = p.tensors[t];
     if (!tp.compressed) continue;

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "abi/cuda_backend.h"  // LOWRANK_PLAN_CHECK_WORDS
+#include "abi/cuda_backend.h"  // lowrankPayload, LOWRANK_PLAN_CHECK_WORDS
 #include "engine/engine_config.h"
 #include "kernels/host/powersgd_kernels.h"
 #include "lowrank/lowrank.h"
@@ -58,18 +58,13 @@ struct Plan {
   size_t rows = 0, cols = 0, padded = 0;  // batched view (0 in per-tensor mode)
   uint64_t hash = 0;  // of (count, dtype, op, layout, k): ranks compare it when the plan is made
 
-  // Payload of allreduce #1: [exact part | P of every compressed tensor | non-finite count | op].
-  // The last two let every rank take the same decision: fall back to exact (non-finite or huge
-  // input on some rank), or refuse the call (the ranks disagree on sum vs avg).
-  size_t pBase() const { return exactElems; }
-  size_t flagIndex() const { return exactElems + pElems; }
-  size_t opIndex() const { return flagIndex() + 1; }
-  size_t payloadElems() const { return exactElems + pElems + 2; }
+  // Payload of allreduce #1: lowrankPayload (abi/cuda_backend.h), the layout both schedules use.
+  lowrankPayloadLayout_t payload() const { return lowrankPayload(exactElems, pElems); }
   // Bytes of a buffer's state under this plan, host or device alike: the float32 residual (error
   // feedback), the payload, Qt and its wire copy (HostState, cuda's DeviceBuffer). What
   // lowrankStats_t.stateBytes counts for it, and what a failed allocation says it could not get.
   uint64_t stateBytes(bool errorFeedback) const {
-    return sizeof(float) * (uint64_t(errorFeedback ? count : 0) + payloadElems() + 2 * uint64_t(qElems));
+    return sizeof(float) * (uint64_t(errorFeedback ? count : 0) + payload().elems + 2 * uint64_t(qElems));
   }
 
   bool pipelined = false;

@@ -1,6 +1,6 @@
 // A tensor's state across a change of its approximation rank (lowrankBufferSetTensors declaring
 // an id again with another approxRank, or a checkpoint restored into a declaration of another k;
-// docs/design.md, "A tensor's life"). The residual is kept as it is (tensor_ids.cc copies it);
+// docs/design.md, "A tensor's life"). The residual is kept as it is (registry.cc copies it);
 // the warm-start Q keeps its columns: cut to the first k, or grown with fresh columns drawn as a
 // first Q is, from (seed, id, the tensor's calls), so that every comm rank grows it alike.
 #pragma once

@@ -125,13 +125,16 @@ def beside(library, name):
     return path if os.path.exists(path) else None
 
 
+# Where a build folder has the CUDA backend (meson's layout of plugin/cuda_backend).
+BUILT_BACKEND = os.path.join("plugin", "cuda_backend", "liblowrank_cuda.so")
+
+
 def build_backend(library):
-    """The CUDA backend of the build folder `library` sits in (plugin/engine/cuda/: an in-tree or
+    """The CUDA backend of the build folder `library` sits in (plugin/cuda_backend/: an in-tree or
     editable build, where liblowrank does not find it by itself), or None."""
     if os.sep not in library:
         return None
-    built = os.path.join(os.path.dirname(os.path.realpath(library)), "plugin", "engine", "cuda",
-                         "liblowrank_cuda.so")
+    built = os.path.join(os.path.dirname(os.path.realpath(library)), BUILT_BACKEND)
     return built if os.path.exists(built) else None
 
 

@@ -83,7 +83,7 @@ def _cuda(out, lib):
     missing = not path or not os.path.exists(path)
     # only where it is missing: why (a build folder's build.ninja is read)
     folder = [os.path.dirname(os.path.realpath(lib.lowrank_path))] if os.sep in lib.lowrank_path else []
-    unbuilt = missing and _not_built_yet(os.path.join("plugin", "engine", "cuda", "liblowrank_cuda.so"), folder)
+    unbuilt = missing and _not_built_yet(_paths.BUILT_BACKEND, folder)
     if unbuilt:
         out.append(f"CUDA backend: {unbuilt}; device buffers are refused")
     elif missing:

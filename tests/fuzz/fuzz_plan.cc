@@ -34,7 +34,7 @@ void checkPipeline(const Plan& p, size_t target) {
   CHECK(b == p.rowBlocks.size());
   // P chunks: consecutive runs of blocks whose P rows are consecutive in the payload.
   CHECK(!p.pChunks.empty());
-  size_t next = 0, off = p.pBase();
+  size_t next = 0, off = p.payload().p;
   for (size_t c = 0; c < p.pChunks.size(); ++c) {
     const Chunk& ch = p.pChunks[c];
     CHECK(ch.first == next && ch.last > ch.first && ch.offset == off);
@@ -42,7 +42,7 @@ void checkPipeline(const Plan& p, size_t target) {
     for (size_t i = ch.first; i < ch.last; ++i) {
       const RowBlock& rb = p.rowBlocks[i];
       const TensorPlan& tp = p.tensors[rb.tensor];
-      CHECK(p.pBase() + tp.pOffset + rb.r0 * size_t(tp.k) == off + count);
+      CHECK(p.payload().p + tp.pOffset + rb.r0 * size_t(tp.k) == off + count);
       count += (rb.r1 - rb.r0) * size_t(tp.k);
       if (rb.r1 == tp.view.rows) CHECK(tp.lastPChunk == c);
     }
@@ -51,7 +51,7 @@ void checkPipeline(const Plan& p, size_t target) {
     next = ch.last;
     off += ch.count;
   }
-  CHECK(next == p.rowBlocks.size() && off == p.payloadElems());
+  CHECK(next == p.rowBlocks.size() && off == p.payload().elems);
   // Column blocks and Q chunks: the wire holds every block's Qt in block order.
   size_t wire = 0;
   b = 0;

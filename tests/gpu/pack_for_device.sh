@@ -14,7 +14,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 B=${1:-${LOWRANK_BUILD_DIR:-build}}
 P=${2:-build-device}
-FILES="liblowrank.so liblowrank.so.0 plugin/engine/cuda/liblowrank_cuda.so
+FILES="liblowrank.so liblowrank.so.0 plugin/cuda_backend/liblowrank_cuda.so
   plugin/nccl_shim/liblowrank_nccl.so tests/gpu/test_cuda_kernels tests/gpu/test_cuda_engine
   tests/gpu/two_rank_worker perf/cuda/lowrank_cuda_kernel_perf"
 if [ ! -f "$B/build.ninja" ]; then

@@ -144,7 +144,7 @@ else
   CUSOLVER=$(probe find "$CUDA_LIB" $SITE -maxdepth 5 -name libcusolver.so.12 2>/dev/null | head -1)
   export LOWRANK_CUSOLVER_LIBRARY="${CUSOLVER:-/nonexistent/libcusolver.so.12}"
   export LD_LIBRARY_PATH="$B/device-libs:$B:$NCCL_DIR:$CUDA_LIB:${LD_LIBRARY_PATH:-}"
-  export LOWRANK_CUDA_BACKEND="$B/plugin/engine/cuda/liblowrank_cuda.so"
+  export LOWRANK_CUDA_BACKEND="$B/plugin/cuda_backend/liblowrank_cuda.so"
   export UCX_TLS=tcp,self UCX_WARN_UNUSED_ENV_VARS=n
   PYPATH="python:${PYTHONPATH:-}:$B/device-py/site"
   TORCH=$(PYTHONPATH="$PYPATH" probe python3 -c 'import torch, pytest; print(torch.cuda.is_available())' 2>/dev/null)

@@ -638,9 +638,9 @@ TEST_P(DeviceVsHostWithIds, AgreeCallAfterCallThroughMovesAndRegrouping) {
 
 // Bugs found by these tests, each a failing test kept  (run them with
 // --gtest_also_run_disabled_tests) until the engine is fixed; they fail the same way on host buffers
-// (the rules are plugin/engine/tensor_ids.cc's, for both backends).
+// (the rules are plugin/engine/registry.cc's, for both backends).
 
-// Was a bug (plugin/engine/tensor_ids.cc, BufferRegistry::takeIds, the `if (!b.declared)` branch): a buffer declared with ids, called in float32, then called in bfloat16 with the same
+// Was a bug (then in plugin/engine/tensor_ids.cc, BufferRegistry::takeIds, the `if (!b.declared)` branch): a buffer declared with ids, called in float32, then called in bfloat16 with the same
 // count and no new declaration, is refused with lowrankInvalidUsage "tensor id 101 was taken by
 // another buffer since this buffer was declared", though no other buffer exists: idsFit() fails
 // on the dtype (r->plan.dtype != c.dtype) while owners_ still maps every id to the buffer's own

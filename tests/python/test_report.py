@@ -27,7 +27,7 @@ def test_report_names_the_library_and_the_backend_that_goes_with_it():
     lib = re.search(r"^  library: (\S+) \(version code (\d+)\)", r.stdout, re.M)
     assert lib and int(lib.group(2)) == lowrank.library_version(), r.stdout
     beside = os.path.join(os.path.dirname(os.path.realpath(lib.group(1))), "liblowrank_cuda.so")
-    built = os.path.join(os.path.dirname(os.path.realpath(lib.group(1))), "plugin", "engine", "cuda",
+    built = os.path.join(os.path.dirname(os.path.realpath(lib.group(1))), "plugin", "cuda_backend",
                          "liblowrank_cuda.so")
     backend = re.search(r"^CUDA backend: (\S+)$", r.stdout, re.M)
     if os.path.exists(beside):

@@ -1,4 +1,4 @@
-// CPU emulation of the CUDA runtime API subset that kernels/cuda, plugin/engine/cuda and their
+// CPU emulation of the CUDA runtime API subset that kernels/cuda, plugin/cuda_backend and their
 // tests use (see emu.h for the kernels). Implemented by libcuda.so.1 of this directory
 // (runtime.h says how work is queued and when it runs). Names, signatures and error numbers
 // are CUDA's, so that code built against this header behaves as against the real one.

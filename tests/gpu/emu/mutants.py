@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Mutants of the CUDA backend (plugin/engine/cuda: the schedule, the device state, and the entry
+"""Mutants of the CUDA backend (plugin/cuda_backend: the schedule, the device state, and the entry
 points of backend.cc): bugs a GPU would show, each one edit of a copy of one source file, built
 into its own emulated CUDA backend (tests/gpu/emu/meson.build). run_mutants.sh checks that the
 emulated engine tests fail on every one.
@@ -92,8 +92,8 @@ MUTANTS = {
         "device_schedule.cc",
         "kernel on the wrong stream: decompress + error update (pass 3) launched on the "
         "communication stream instead of the buffer's compute stream",
-        "recv, pl.dtype, checks,\n                                     expectedOp, s));",
-        "recv, pl.dtype, checks,\n                                     expectedOp, dc.stream));"),
+        "recv, dtype, checks,\n                                     expectedOp, s));",
+        "recv, dtype, checks,\n                                     expectedOp, dc.stream));"),
     # Caught by the stress of test_cuda_streams_emulated.cc (calls alternating two non-blocking
     # streams, no host synchronization), test_cuda_tensor_ids.cc and two_rank_worker's tensorIds.
     "schedule_on_callers_stream": (

@@ -5,7 +5,7 @@
 #pragma once
 #include <cuda_runtime_api.h>
 
-#include "engine/cuda/cuda_status.h"
+#include "cuda_backend/cuda_status.h"
 
 namespace lowrank::cuda {
 

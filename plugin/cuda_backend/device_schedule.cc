@@ -1,8 +1,8 @@
-#include "engine/cuda/device_schedule.h"
+#include "cuda_backend/device_schedule.h"
 
 #include <cstring>
 
-#include "engine/cuda/device_wait.h"
+#include "cuda_backend/device_wait.h"
 
 namespace lowrank::cuda {
 namespace {
@@ -23,7 +23,7 @@ Err reduceOn(const DeviceComm& dc, float* x, size_t count, cudaEvent_t ready, cu
 // copied; the block goes back to the pool, reusable once the copy has run) or the last call's
 // Qbar orthonormalized on the device (warm start).
 Err prepareQ(DeviceBuffer& b, const DeviceComm& dc, const float* freshQ, cudaStream_t s) {
-  const DevicePlan& pl = b.plan;
+  const lowrankCudaPlan_t& pl = b.plan;
   if (!freshQ) {
     LR_CUDA(orthonormalize(b.orthoQ, b.qt, pl.orthoEpsilon, s));
     return Err::Ok();
@@ -42,44 +42,43 @@ Err prepareQ(DeviceBuffer& b, const DeviceComm& dc, const float* freshQ, cudaStr
 
 Err runCompressedOnDevice(DeviceBuffer& b, const DeviceComm& dc, const void* send, void* recv,
                           lowrankRedOp_t op, const float* freshQ, cudaStream_t s) {
-  const DevicePlan& pl = b.plan;
+  const lowrankCudaPlan_t& pl = b.plan;
+  const auto dtype = lowrankDataType_t(pl.dtype);
   const int N = dc.nranks;
-  float* p = b.payload + pl.pBase();
-  float* checks = b.payload + pl.flagIndex();
+  const lowrankPayloadLayout_t at = lowrankPayload(pl.exactElems, pl.pElems);
+  float* p = b.payload + at.p;
+  float* checks = b.payload + at.flag;  // the non-finite count, then the op code
   const float opCode = lowrankPayloadOpCode(op);
 
   LR_TRY(prepareQ(b, dc, freshQ, s));
   LR_CUDA(cudaMemsetAsync(checks, 0, sizeof(float), s));
-  LR_CUDA(setFloat(checks + 1, opCode, s));
+  LR_CUDA(setFloat(b.payload + at.op, opCode, s));
 
-  // The exact part travels first, under pass 1.
+  // The exact part travels first, under pass 1, in a call of its own (docs/design.md, "Host and
+  // device schedules").
   if (pl.exactElems) {
-    LR_CUDA(packExact(b.exact, send, pl.dtype, b.payload, checks, s));
+    LR_CUDA(packExact(b.exact, send, dtype, b.payload, checks, s));
     LR_CUDA(cudaEventRecord(b.done, s));  // reused as "exact part packed"
     LR_TRY(reduceOn(dc, b.payload, pl.exactElems, b.done, b.exactReduced));
   }
 
   // Pass 1 by row blocks; each P chunk is reduced as soon as it is computed. The last carries
   // the two checks.
-  for (size_t c = 0; c < pl.pChunks.size(); ++c) {
-    PChunkState& ch = b.pChunks[c];
-    LR_CUDA(errorFeedbackAndP(ch.blocks, send, pl.dtype, b.e, b.qt, p, checks, s));
+  for (PChunkState& ch : b.pChunks) {
+    LR_CUDA(errorFeedbackAndP(ch.blocks, send, dtype, b.e, b.qt, p, checks, s));
     LR_CUDA(cudaEventRecord(ch.computed, s));
-    LR_TRY(reduceOn(dc, b.payload + pl.pChunks[c].offset, pl.pChunks[c].count,
-                                ch.computed, ch.reduced));
+    LR_TRY(reduceOn(dc, b.payload + ch.offset, ch.count, ch.computed, ch.reduced));
   }
 
   // Pass 2 by column blocks; a tensor's P is orthonormalized once its last P chunk is reduced.
-  for (size_t c = 0; c < pl.qChunks.size(); ++c) {
-    QChunkState& ch = b.qChunks[c];
+  for (QChunkState& ch : b.qChunks) {
     if (ch.ortho) {
       LR_CUDA(cudaStreamWaitEvent(s, b.pChunks[ch.waitPChunk].reduced, 0));
       LR_CUDA(orthonormalize(ch.ortho, p, pl.orthoEpsilon, s));
     }
-    LR_CUDA(computeQ(ch.blocks, send, pl.dtype, b.e, p, b.wire, s));
+    LR_CUDA(computeQ(ch.blocks, send, dtype, b.e, p, b.wire, s));
     LR_CUDA(cudaEventRecord(ch.computed, s));
-    LR_TRY(reduceOn(dc, b.wire + pl.qChunks[c].offset, pl.qChunks[c].count,
-                                ch.computed, ch.reduced));
+    LR_TRY(reduceOn(dc, b.wire + ch.offset, ch.count, ch.computed, ch.reduced));
   }
 
   // The checks are in once the last P chunk is reduced: copy them for the engine's counters,
@@ -94,18 +93,17 @@ Err runCompressedOnDevice(DeviceBuffer& b, const DeviceComm& dc, const void* sen
 
   if (pl.exactElems) {
     LR_CUDA(cudaStreamWaitEvent(s, b.exactReduced, 0));
-    LR_CUDA(unpackExact(b.exact, b.payload, op == lowrankAvg ? 1.f / float(N) : 1.f, recv,
-                        pl.dtype, s));
+    LR_CUDA(unpackExact(b.exact, b.payload, op == lowrankAvg ? 1.f / float(N) : 1.f, recv, dtype,
+                        s));
   }
 
   // Pass 3 chunk by chunk as Q arrives; then Qbar back to the whole-tensor layout (warm start),
   // unless the checks reject the call.
   const float outScale = op == lowrankSum ? float(N) : 1.f;
-  for (size_t c = 0; c < pl.qChunks.size(); ++c) {
-    QChunkState& ch = b.qChunks[c];
+  for (QChunkState& ch : b.qChunks) {
     LR_CUDA(cudaStreamWaitEvent(s, ch.reduced, 0));
-    LR_CUDA(scale(b.wire + pl.qChunks[c].offset, pl.qChunks[c].count, 1.f / float(N), s));
-    LR_CUDA(decompressAndUpdateError(ch.blocks, b.e, p, b.wire, outScale, recv, pl.dtype, checks,
+    LR_CUDA(scale(b.wire + ch.offset, ch.count, 1.f / float(N), s));
+    LR_CUDA(decompressAndUpdateError(ch.blocks, b.e, p, b.wire, outScale, recv, dtype, checks,
                                      expectedOp, s));
   }
   LR_CUDA(scatterQ(b.scatter, b.wire, b.qt, checks, expectedOp, s));

@@ -1,10 +1,10 @@
-#include "engine/cuda/device_state.h"
+#include "cuda_backend/device_state.h"
 
 #include <algorithm>
 #include <mutex>
 
 #include "abi/plugin_log.h"
-#include "engine/cuda/device_wait.h"
+#include "cuda_backend/device_wait.h"
 #include "kernels/cuda/dense_qr.h"
 
 namespace lowrank::cuda {
@@ -101,14 +101,11 @@ Err DeviceBuffer::allocate(const lowrankCudaPlan_t& pl, const DeviceComm& dc,
   allocator.free = a.alloc ? a.free : nullptr;
   allocator.userdata = a.userdata;
   allocator.stream = callStream;
-  plan.count = pl.count;
-  plan.dtype = lowrankDataType_t(pl.dtype);
-  plan.orthoEpsilon = pl.orthoEpsilon;
-  plan.exactElems = pl.exactElems;
-  plan.pElems = pl.pElems;
-  plan.qElems = pl.qElems;
-  plan.pChunks.assign(pl.pChunks, pl.pChunks + pl.nPChunks);
-  plan.qChunks.assign(pl.qChunks, pl.qChunks + pl.nQChunks);
+  plan = pl;  // the arrays may go after stateCreate
+  plan.tensors = nullptr;
+  plan.rowBlocks = plan.colBlocks = nullptr;
+  plan.pChunks = plan.qChunks = nullptr;
+  const uint64_t payloadElems = lowrankPayload(pl.exactElems, pl.pElems).elems;
   Err s = [&]() -> Err {
     // The stream first: the memory and the tables are allocated and uploaded in its order.
     LR_CUDA(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking));
@@ -122,7 +119,7 @@ Err DeviceBuffer::allocate(const lowrankCudaPlan_t& pl, const DeviceComm& dc,
     }
     size_t residual = 0, factors = 0, payloadBytes = 0;
     if (pl.errorFeedback) LR_TRY(deviceAlloc(&e, pl.count, &residual, on, allocator));
-    LR_TRY(deviceAlloc(&payload, plan.payloadElems(), &payloadBytes, on, allocator));
+    LR_TRY(deviceAlloc(&payload, payloadElems, &payloadBytes, on, allocator));
     LR_TRY(deviceAlloc(&qt, pl.qElems, &factors, on, allocator));
     LR_TRY(deviceAlloc(&wire, pl.qElems, &factors, on, allocator));
     bytes = residual + payloadBytes + factors;
@@ -160,6 +157,8 @@ Err DeviceBuffer::allocate(const lowrankCudaPlan_t& pl, const DeviceComm& dc,
       }
       LR_TRY(tableMade(createBlockTable(blocks.data(), blocks.size(), &pChunks[c].blocks, on, &mem),
                         mem, "block table of a P chunk"));
+      pChunks[c].offset = pl.pChunks[c].offset;
+      pChunks[c].count = pl.pChunks[c].count;
       LR_TRY(event(&pChunks[c].computed));
       LR_TRY(event(&pChunks[c].reduced));
     }
@@ -171,6 +170,8 @@ Err DeviceBuffer::allocate(const lowrankCudaPlan_t& pl, const DeviceComm& dc,
     qChunks.resize(pl.nQChunks);
     for (size_t c = 0; c < pl.nQChunks; ++c) {
       QChunkState& q = qChunks[c];
+      q.offset = pl.qChunks[c].offset;
+      q.count = pl.qChunks[c].count;
       std::vector<BlockDesc> blocks;
       std::vector<OrthoDesc> first;
       for (size_t b = pl.qChunks[c].first; b < pl.qChunks[c].last; ++b) {
@@ -208,7 +209,7 @@ Err DeviceBuffer::allocate(const lowrankCudaPlan_t& pl, const DeviceComm& dc,
       LR_CUDA(cudaStreamWaitEvent(compute, forked, 0));
     }
     // The factor buffers start at zero, as on the host (padding of P is never written by pass 1).
-    LR_CUDA(cudaMemsetAsync(payload, 0, plan.payloadElems() * sizeof(float), compute));
+    LR_CUDA(cudaMemsetAsync(payload, 0, payloadElems * sizeof(float), compute));
     if (e) LR_CUDA(cudaMemsetAsync(e, 0, pl.count * sizeof(float), compute));
     LR_CUDA(cudaEventRecord(done, compute));
     return Err::Ok();

@@ -1,4 +1,4 @@
-#include "engine/cuda/device_wait.h"
+#include "cuda_backend/device_wait.h"
 
 #include <chrono>
 #include <cstdio>

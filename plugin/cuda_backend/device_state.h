@@ -9,41 +9,32 @@
 #include <vector>
 
 #include "abi/cuda_backend.h"
-#include "engine/cuda/cuda_status.h"
+#include "cuda_backend/cuda_status.h"
 #include "kernels/cuda/powersgd_kernels.h"
 
 namespace lowrank::cuda {
 
 struct DeviceComm;  // device_schedule.h
 
-// The plan's numbers that the calls use (the tensors and blocks serve only to build the tables).
-struct DevicePlan {
-  size_t count = 0;
-  lowrankDataType_t dtype = lowrankFloat32;
-  double orthoEpsilon = 0;
-  size_t exactElems = 0, pElems = 0, qElems = 0;
-  std::vector<lowrankCudaChunk_t> pChunks, qChunks;
-
-  // payload = [exact part | P | non-finite count | op], as liblowrank's Plan.
-  size_t pBase() const { return exactElems; }
-  size_t flagIndex() const { return exactElems + pElems; }
-  size_t payloadElems() const { return exactElems + pElems + 2; }
-};
-
-// Per P chunk and per Q chunk: the blocks of one launch, and the events around its allreduce.
+// Per P chunk and per Q chunk: the blocks of one launch, the floats allreduced (payload or wire
+// [offset, offset + count)), and the events around its allreduce.
 struct PChunkState {
   BlockTable* blocks = nullptr;
+  size_t offset = 0, count = 0;
   cudaEvent_t computed = nullptr, reduced = nullptr;
 };
 struct QChunkState {
   BlockTable* blocks = nullptr;
+  size_t offset = 0, count = 0;
   OrthoTable* ortho = nullptr;   // tensors whose P is first needed here (null: none)
   size_t waitPChunk = SIZE_MAX;  // the last P chunk those tensors need reduced
   cudaEvent_t computed = nullptr, reduced = nullptr;
 };
 
 struct DeviceBuffer {
-  DevicePlan plan;
+  // The plan as liblowrank described it, the one translation of its Plan (its numbers; the arrays
+  // it pointed to were read into the launch tables below and are not kept).
+  lowrankCudaPlan_t plan{};
   const DeviceComm* comm = nullptr;  // whose waits bound this buffer's (device_wait.h)
 
   // The buffer's own stream for the passes (non-blocking): a call forks it from the caller's

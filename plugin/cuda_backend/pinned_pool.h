@@ -10,7 +10,7 @@
 #include <cstddef>
 #include <vector>
 
-#include "engine/cuda/cuda_status.h"
+#include "cuda_backend/cuda_status.h"
 
 namespace lowrank::cuda {
 

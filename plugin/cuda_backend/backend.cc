@@ -11,12 +11,12 @@
 #include "abi/cuda_backend.h"
 #include "abi/plugin_log.h"
 #include "abi/services.h"
-#include "engine/cuda/capture_mode.h"
-#include "engine/cuda/cuda_status.h"
-#include "engine/cuda/device_scope.h"
-#include "engine/cuda/device_schedule.h"
-#include "engine/cuda/device_state.h"
-#include "engine/cuda/device_wait.h"
+#include "cuda_backend/capture_mode.h"
+#include "cuda_backend/cuda_status.h"
+#include "cuda_backend/device_scope.h"
+#include "cuda_backend/device_schedule.h"
+#include "cuda_backend/device_state.h"
+#include "cuda_backend/device_wait.h"
 
 struct lowrankCudaComm {
   lowrank::cuda::DeviceComm dc;

@@ -1,21 +1,63 @@
+#include "engine/host_schedule.h"
+
 #include <algorithm>
 #include <vector>
 
-#include "engine/host_backend.h"
 #include "engine/phases.h"
 #include "kernels/host/orthonormalize.h"
 #include "kernels/host/powersgd_kernels.h"
 #include "util/dtype.h"
 
 namespace lowrank {
+namespace {
 
-Status runCompressed(HostState& st, const Plan& plan, const EngineConfig& cfg, const void* sendbuff,
-                     void* recvbuff, lowrankRedOp_t op, const float* freshQ, AsyncTransport& tr,
-                     bool* fellBack) {
+// Packs the exact tensors of G into payload[0, exactElems) as float32; returns their non-finite count.
+size_t packExact(const Plan& pl, const void* sendbuff, float* payload) {
+  const size_t es = dtypeSize(pl.dtype);
+  size_t bad = 0;
+  for (const TensorPlan& t : pl.tensors) {
+    if (t.compressed) continue;
+    float* dst = payload + t.exactOffset;
+    host::toFloat32(static_cast<const char*>(sendbuff) + t.offset * es, pl.dtype, t.numel, dst);
+    bad += host::countNonFinite(dst, t.numel, lowrankFloat32);
+  }
+  return bad;
+}
+
+// Writes the reduced exact part to recvbuff (divided by N for avg), in the buffer's dtype.
+void unpackExact(const Plan& pl, const float* payload, void* recvbuff, lowrankRedOp_t op, int N) {
+  const size_t es = dtypeSize(pl.dtype);
+  for (const TensorPlan& t : pl.tensors)
+    if (!t.compressed)
+      host::fromFloat32(payload + t.exactOffset, t.numel, op == lowrankAvg ? 1.f / float(N) : 1.f,
+                        static_cast<char*>(recvbuff) + t.offset * es, pl.dtype);
+}
+
+// After allreduce #1: Ok, fellBack (some rank's input was non-finite or huge), or
+// lowrankInvalidUsage when the ranks called with different ops (every rank sees the same sums).
+Status readChecks(const Plan& pl, const float* payload, lowrankRedOp_t op, int N, bool* fellBack) {
+  if (payload[pl.payload().op] != lowrankPayloadOpCode(op) * float(N))
+    return Status::Error(lowrankInvalidUsage,
+                         "the comm ranks called this buffer with different ops (sum and avg); this "
+                         "rank used %s", op == lowrankSum ? "sum" : "avg");
+  *fellBack = payload[pl.payload().flag] != 0.f;
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status runCompressedOnHost(HostState& st, const Plan& pl, const EngineConfig& cfg,
+                           const void* sendbuff, void* recvbuff, lowrankRedOp_t op,
+                           const float* freshQ, AsyncTransport& tr, bool* fellBack) {
   using Ticket = AsyncTransport::Ticket;
   const int N = tr.size();
-  const auto [pl, es, send, recv, e, pay, p, qt] =
-      phases::callBuffers(plan, st, cfg, sendbuff, recvbuff);
+  const size_t es = dtypeSize(pl.dtype);
+  const char* send = static_cast<const char*>(sendbuff);
+  char* recv = static_cast<char*>(recvbuff);
+  float* e = cfg.errorFeedback ? st.error.data() : nullptr;  // E (holds M after pass 1)
+  float* pay = st.payload.data();  // allreduce #1 (abi/cuda_backend.h: lowrankPayload)
+  float* p = pay + pl.payload().p;
+  float* qt = st.qt.data();        // Qt of every compressed tensor, whole-tensor layout
   float* wire = st.qwire.data();
   // Posted slices must stay untouched until reduced: on any error, let the queue drain first.
   auto failed = [&](Status s) {
@@ -34,7 +76,7 @@ Status runCompressed(HostState& st, const Plan& plan, const EngineConfig& cfg, c
 
   // The exact part travels first, under pass 1. With one P chunk there is nothing to overlap: it
   // rides with that chunk, one allreduce of [exact part | P | checks] (a call fewer per buffer).
-  size_t bad = phases::packExact(pl, sendbuff, pay);
+  size_t bad = packExact(pl, sendbuff, pay);
   const bool exactApart = pl.exactElems && pl.pChunks.size() > 1;
   if (exactApart) tr.post(pay, pl.exactElems, lowrankFloat32, lowrankSum);
 
@@ -48,7 +90,10 @@ Status runCompressed(HostState& st, const Plan& plan, const EngineConfig& cfg, c
                                      s.view(), qt + s.qt, s.k, p + s.p,
                                      phases::overflowLimit(pl.tensors[s.tensor], N));
     }
-    if (c + 1 == pl.pChunks.size()) phases::setChecks(pl, pay, bad, op);
+    if (c + 1 == pl.pChunks.size()) {  // the checks: the non-finite count (exact in float), the op
+      pay[pl.payload().flag] = float(std::min<size_t>(bad, size_t(1) << 20));
+      pay[pl.payload().op] = lowrankPayloadOpCode(op);
+    }
     const size_t from = c == 0 && !exactApart ? 0 : ch.offset;  // the exact part before chunk 0
     pTicket[c] = tr.post(pay + from, ch.offset + ch.count - from, lowrankFloat32, lowrankSum);
   }
@@ -76,9 +121,9 @@ Status runCompressed(HostState& st, const Plan& plan, const EngineConfig& cfg, c
   }
 
   Status s = tr.wait(pTicket.back());
-  if (s.ok()) s = phases::readChecks(pl, pay, op, N, fellBack);
+  if (s.ok()) s = readChecks(pl, pay, op, N, fellBack);
   if (!s.ok() || *fellBack) return failed(s);
-  phases::unpackExact(pl, pay, recvbuff, op, N);  // posted before (or with) the first P chunk
+  unpackExact(pl, pay, recvbuff, op, N);  // posted before (or with) the first P chunk
 
   // Pass 3 chunk by chunk as Q arrives; Qbar goes back to the whole-tensor layout for warm start.
   const float outScale = op == lowrankSum ? float(N) : 1.f;

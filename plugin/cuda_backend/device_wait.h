@@ -8,8 +8,8 @@
 #include <cstdint>
 #include <functional>
 
-#include "engine/cuda/cuda_status.h"
-#include "engine/cuda/device_schedule.h"
+#include "cuda_backend/cuda_status.h"
+#include "cuda_backend/device_schedule.h"
 
 namespace lowrank::cuda {
 

@@ -12,8 +12,8 @@
 
 #include "abi/nccl_settle.h"
 #include "abi/real_nccl.h"
-#include "engine/cuda/device_state.h"
-#include "engine/cuda/pinned_pool.h"
+#include "cuda_backend/device_state.h"
+#include "cuda_backend/pinned_pool.h"
 
 namespace lowrank::cuda {
 

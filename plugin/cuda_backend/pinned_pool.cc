@@ -1,4 +1,4 @@
-#include "engine/cuda/pinned_pool.h"
+#include "cuda_backend/pinned_pool.h"
 
 #include <algorithm>
 
