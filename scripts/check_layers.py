@@ -12,8 +12,9 @@ this script refuses both:
     in a second library; or that gives a library the tests' wide include root `inc`.
 It also holds every include of lowrank's headers to the layer graph below (a quoted include must
 name an allowed layer's root, or a file beside the includer), so a new root given by mistake in a
-meson.build is caught too. Directives are read as the preprocessor reads them: continued lines
-joined, block comments before the '#' skipped.
+meson.build is caught too. And nothing but plugin/util/env.cc's table reads the environment
+(getenv, secure_getenv, environ). Directives are read as the preprocessor reads them: continued
+lines joined, block comments before the '#' skipped.
 
 Usage: check_layers.py [SOURCE_ROOT]   (default: the repository holding this script)
 Prints one line per violation ("FILE:LINE: ...") and exits 1 if there is any; else prints a summary
@@ -68,6 +69,10 @@ SOURCE_EXT = (".cc", ".cpp", ".cxx", ".c", ".h", ".hh", ".hpp", ".inl", ".ipp", 
 DIRECTIVE = re.compile(r'^\s*(?:/\*.*?\*/\s*)*#\s*include\b(.*)$')
 TARGET = re.compile(r'^\s*(?:"([^"]+)"|<([^>]+)>)')
 MESON_FILE = re.compile(r"'([^']+)'")
+ENV_READ = re.compile(r"\b(?:secure_getenv|getenv|environ)\b")
+# The readers of the environment: the table, and the cuSOLVER loader of the CUDA kernels, whose
+# layer sees no compiled common part (LOWRANK_CUSOLVER_LIBRARY is in the table all the same).
+ENV_READERS = ("plugin/util/env.cc", "kernels/cuda/dense_qr.cc")
 
 
 def layer_of(rel):
@@ -219,6 +224,10 @@ def main():
             check_meson(root, rel, layer, out, source_vars)
             continue
         for lineno, line in logical_lines(os.path.join(root, rel)):
+            code = line.split("//", 1)[0]
+            if rel not in ENV_READERS and ENV_READ.search(code) and not code.lstrip().startswith("*"):
+                out.append(f"{rel}:{lineno}: reads the environment; read it through "
+                           f"plugin/util/env.cc's table (env::get, lowrankServices_t.env)")
             d = DIRECTIVE.match(line)
             if not d:
                 continue

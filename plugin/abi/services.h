@@ -16,7 +16,7 @@
 extern "C" {
 #endif
 
-#define LOWRANK_SERVICES_VERSION 2 /* 2: lowrankShimSettings_t lost startIter */
+#define LOWRANK_SERVICES_VERSION 3 /* 2: lowrankShimSettings_t lost startIter; 3: env */
 
 /* Log levels, as LOWRANK_DEBUG names them. */
 enum { lowrankLogNone = 0, lowrankLogWarn = 1, lowrankLogInfo = 2, lowrankLogTrace = 3 };
@@ -60,6 +60,10 @@ typedef struct lowrankServices {
   size_t (*dtypeSize)(int dtype);
   const char* (*dtypeName)(int dtype);
   const char* (*opName)(int op);
+
+  /* The value of a variable of liblowrank's table of the environment (plugin/util/env.h), NULL
+   * when unset or empty. */
+  const char* (*env)(const char* name);
 } lowrankServices_t;
 
 /* The table of this liblowrank, or NULL when it cannot serve `version` (a plugin built from

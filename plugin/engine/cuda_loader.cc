@@ -7,13 +7,14 @@
 #include <mutex>
 #include <string>
 
+#include "util/env.h"
 #include "util/log.h"
 
 namespace lowrank {
 namespace {
 
 std::string backendPath() {
-  if (const char* env = getenv("LOWRANK_CUDA_BACKEND"); env && *env) return env;
+  if (const char* v = env::get("LOWRANK_CUDA_BACKEND")) return v;
   Dl_info info{};
   if (dladdr(reinterpret_cast<void*>(&loadCudaBackend), &info) && info.dli_fname) {
     std::string self = info.dli_fname;

@@ -1,7 +1,6 @@
 #include "nccl_shim/real_nccl.h"
 
 #include <atomic>
-#include <cstdlib>
 #include <string>
 
 #include "abi/plugin_log.h"
@@ -23,8 +22,7 @@ struct Loaded {
 
 Loaded load() {
   Loaded l;
-  const char* env = getenv("LOWRANK_NCCL_LIBRARY");
-  if (kDropIn && !(env && *env)) {
+  if (kDropIn && !plugin::pluginServices().env("LOWRANK_NCCL_LIBRARY")) {
     l.error = "LOWRANK_NCCL_LIBRARY is not set: the drop-in libnccl.so.2 needs the path of the real "
               "NCCL library (e.g. LOWRANK_NCCL_LIBRARY=/usr/lib/x86_64-linux-gnu/libnccl.so.2)";
     return l;

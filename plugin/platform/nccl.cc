@@ -5,18 +5,15 @@
 
 #include <unistd.h>
 
-#include <cstdlib>
 #include <mutex>
 
+#include "util/env.h"
 #include "util/log.h"
 
 namespace lowrank::nccl {
 namespace {
 
-const char* libraryEnv() {
-  const char* env = getenv("LOWRANK_NCCL_LIBRARY");
-  return env && *env ? env : nullptr;
-}
+const char* libraryEnv() { return env::get("LOWRANK_NCCL_LIBRARY"); }
 
 Status missingSymbol(const char* path, const char* name) {
   return Status::Error(lowrankSystemError, "the NCCL library %s%s has no symbol %s", path,
@@ -63,9 +60,9 @@ void* findLoadedNccl(std::string* path) {
 // Step 4: nvidia/nccl/lib/libnccl.so.2 under the folders of LOWRANK_NCCL_WHEEL_PATH, the first
 // that loads. A file there that does not load is noted in *tried and passed over.
 void* openFromWheel(std::string* path, std::string* tried) {
-  const char* env = getenv("LOWRANK_NCCL_WHEEL_PATH");
-  if (!env || !*env) return nullptr;
-  std::string dirs = env;
+  const char* v = env::get("LOWRANK_NCCL_WHEEL_PATH");
+  if (!v) return nullptr;
+  std::string dirs = v;
   for (size_t start = 0; start <= dirs.size();) {
     size_t end = dirs.find(':', start);
     if (end == std::string::npos) end = dirs.size();

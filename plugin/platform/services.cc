@@ -61,6 +61,7 @@ constexpr lowrankServices_t kServices = {
     &realNccl,
     &isDevicePointer, &streamCapturing, &deviceEnter, &deviceLeave,
     &sizeOf, &nameOf, &opNameOf,
+    &env::get,
 };
 
 }  // namespace

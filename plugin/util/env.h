@@ -1,14 +1,32 @@
-// Parsers of LOWRANK_* environment variables, the one place their syntax is defined (docs/
-// environment.md): a malformed value is lowrankInvalidUsage naming the variable, its value and
-// what was expected. Each parser leaves *out alone when the variable is unset or empty.
+// The environment lowrank reads, in one table (env.cc), and the parsers of its LOWRANK_* variables,
+// the one place their syntax is defined: a malformed value is lowrankInvalidUsage naming the
+// variable, its value and what was expected. Each parser leaves *out alone when the variable is
+// unset or empty. Nothing else in plugin/ reads the environment (scripts/check_layers.py); the
+// plugins ask through lowrankServices_t.env. docs/environment.md's tables are made from the table
+// (tests/env_doc: the test env_doc fails when they differ).
 // Thread safety: reads the environment (getenv); callers parse once per process or per call.
 #pragma once
 #include <climits>
 #include <cstdint>
+#include <span>
 
 #include "util/status.h"
 
 namespace lowrank::env {
+
+// A variable and its row of docs/environment.md: the table `section` names ("": read but
+// documented in another's row: the launchers' own variables).
+struct Variable {
+  const char* name;
+  const char* section = "";
+  const char* values = "";
+  const char* byDefault = "";
+  const char* meaning = "";
+};
+std::span<const Variable> table();
+// The value of `name`, null when unset or empty. A name not in the table aborts the process (a
+// variable read but not documented).
+const char* get(const char* name);
 
 Status integer(const char* name, long lo, long hi, int* out);  // decimal, in [lo, hi]
 // A finite number >= lo (> lo when loOpen).

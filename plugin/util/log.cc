@@ -5,10 +5,11 @@
 
 #include <cstdarg>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <string>
+
+#include "util/env.h"
 
 namespace lowrank {
 namespace {
@@ -23,8 +24,7 @@ struct Sink {
   Sink() {
     gethostname(host, sizeof host - 1);
     if (char* dot = strchr(host, '.')) *dot = 0;
-    const char* v = getenv("LOWRANK_DEBUG");
-    if (v && *v) {
+    if (const char* v = env::get("LOWRANK_DEBUG")) {
       if (!strcasecmp(v, "WARN")) level = LogLevel::Warn;
       else if (!strcasecmp(v, "INFO")) level = LogLevel::Info;
       else if (!strcasecmp(v, "TRACE")) level = LogLevel::Trace;
@@ -39,8 +39,8 @@ struct Sink {
       }
     }
     if (level != LogLevel::None) version = true;
-    const char* f = getenv("LOWRANK_DEBUG_FILE");
-    if (version && f && *f) {
+    const char* f = env::get("LOWRANK_DEBUG_FILE");
+    if (version && f) {
       std::string path;
       for (const char* c = f; *c; ++c) {
         if (c[0] == '%' && c[1] == 'h') { path += host; ++c; }

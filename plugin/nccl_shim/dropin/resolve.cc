@@ -26,7 +26,7 @@ extern "C" __attribute__((visibility("hidden"))) void* lowrank_dropin_resolve(in
   void* f = dlsym(h, name);
   if (!f) {
     SHIM_ERROR("drop-in libnccl.so.2: the NCCL library %s has no symbol %s; aborting",
-               getenv("LOWRANK_NCCL_LIBRARY"), name);
+               lowrank::plugin::pluginServices().env("LOWRANK_NCCL_LIBRARY"), name);
     abort();
   }
   __atomic_store_n(&lowrank_dropin_table[i], f, __ATOMIC_RELEASE);

@@ -13,15 +13,11 @@
 #include <cstring>
 
 #include "transport/bootstrap/socket.h"
+#include "util/env.h"
 #include "util/log.h"
 
 namespace lowrank::bootstrap {
 namespace {
-
-const char* env(const char* name) {
-  const char* v = std::getenv(name);
-  return v && *v ? v : nullptr;
-}
 
 // A decimal integer in [lo, hi], the whole string (surrounding blanks are not accepted).
 bool parseInt(const char* v, long lo, long hi, long* out) {
@@ -49,8 +45,8 @@ constexpr Pair kPairs[] = {
 Status readRankSize(LauncherEnv* out) {
   std::string partial;  // launcher pairs of which only one variable is set: skipped, reported
   for (const Pair& p : kPairs) {
-    const char* r = env(p.rank);
-    const char* s = env(p.size);
+    const char* r = env::get(p.rank);
+    const char* s = env::get(p.size);
     if (!r && !s) continue;
     bool explicitPair = std::strncmp(p.rank, "LOWRANK_", 8) == 0;
     if (!r || !s) {
@@ -89,7 +85,7 @@ Status readRankSize(LauncherEnv* out) {
 
 // host:port of the root's bootstrap server.
 Status readRootAddress(LauncherEnv* out) {
-  if (const char* v = env("LOWRANK_ROOT_ADDR")) {
+  if (const char* v = env::get("LOWRANK_ROOT_ADDR")) {
     std::string s(v);
     size_t colon = s.rfind(':');
     long port;
@@ -103,8 +99,8 @@ Status readRootAddress(LauncherEnv* out) {
     out->rootSource = "LOWRANK_ROOT_ADDR";
     return Status::Ok();
   }
-  const char* host = env("MASTER_ADDR");
-  const char* portStr = env("MASTER_PORT");
+  const char* host = env::get("MASTER_ADDR");
+  const char* portStr = env::get("MASTER_PORT");
   if (!host)
     return Status::Error(lowrankInvalidUsage, "lowrankCommInitFromEnv: no root address in the "
                          "environment: set LOWRANK_ROOT_ADDR=host:port, or MASTER_ADDR and "
@@ -144,7 +140,7 @@ Status resolve(const std::string& host, const char* var, in_addr* out) {
 }
 
 Status readSecret(LauncherEnv* out) {
-  const char* v = env("LOWRANK_SECRET");
+  const char* v = env::get("LOWRANK_SECRET");
   if (!v) {
     deriveSecret(out->rootHost, out->rootPort, out->size, out->root.secret);
     out->secretGiven = false;
@@ -246,14 +242,14 @@ Status uniqueIdFromLauncherEnv(const LauncherEnv& env, double timeoutSec, lowran
   bind.sin_family = AF_INET;
   bind.sin_port = env.root.addr.sin_port;
   in_addr a = env.root.addr.sin_addr;
-  const char* ifname = std::getenv("LOWRANK_SOCKET_IFNAME");
+  const char* ifname = env::get("LOWRANK_SOCKET_IFNAME");
   std::string where;
   if (a.s_addr != htonl(INADDR_ANY) && isLocalAddress(a) &&
       (!isLoopback(a) || isIpv4Literal(env.rootHost) || env.rootHost == "localhost" ||
        env.size == 1)) {
     bind.sin_addr = a;
     where = "the root address";
-  } else if (ifname && *ifname) {
+  } else if (ifname) {
     std::string name;
     LR_RETURN_IF_ERROR(socketInterfaceAddress(&bind.sin_addr, &name));
     where = "LOWRANK_SOCKET_IFNAME=" + name;

@@ -16,6 +16,7 @@
 #include "transport/bootstrap/server.h"
 #include "transport/bootstrap/socket.h"
 #include "transport/bootstrap/wire.h"
+#include "util/env.h"
 #include "util/log.h"
 
 namespace lowrank::bootstrap {
@@ -53,8 +54,7 @@ bool secretEqual(const uint8_t* a, const uint8_t* b) {
 // The address to listen on: LOWRANK_SOCKET_IFNAME's interface, else the first non-loopback IPv4
 // interface that is up, else 127.0.0.1.
 static Status chooseAddress(in_addr* out, std::string* ifname) {
-  const char* want = std::getenv("LOWRANK_SOCKET_IFNAME");
-  if (want && !*want) want = nullptr;
+  const char* want = env::get("LOWRANK_SOCKET_IFNAME");
   ifaddrs* list = nullptr;
   if (getifaddrs(&list) != 0)
     return Status::Error(lowrankSystemError, "bootstrap: getifaddrs: %s", strerror(errno));
