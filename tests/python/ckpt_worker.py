@@ -15,8 +15,8 @@ in every run. Prints one line "RESULT <json>" at the end; parameters go to files
                                            DDP's rebuild), each rank reloading its own state
 Variables: CKPT_START (start_powerSGD_iter, default 1), CKPT_CAP (DDP's bucket_cap_mb, default
 0.02), CKPT_TAG (appended to the names of the files resume writes), CKPT_MODEL=small (fc layers
-of 8 and 16, head of 16 classes: the model of tests/python/fixtures), CKPT_HOOK=v1 (the hook of
-lowrank before tensor ids, tests/python/hook_v1.py at the fixtures' commit: version-1 checkpoints).
+of 8 and 16, head of 16 classes: the model of tests/python/fixtures, whose version-1 checkpoints
+the hook before tensor ids wrote with this worker; README.md there).
 full and resume also write DIR/canon_{name}_rank{r}.bin: every parameter's lowrank state at the
 end (format 2, in id order, whatever the buckets).
 """
@@ -44,16 +44,6 @@ CAP, TAG = float(os.environ.get("CKPT_CAP", "0.02")), os.environ.get("CKPT_TAG",
 # CKPT_MODEL=small: the model of the version-1 fixtures (tests/python/fixtures), a few kB of state
 SMALL = os.environ.get("CKPT_MODEL") == "small"
 IN, HID, OUT = (8, 16, 16) if SMALL else (32, 64, 4096)
-if os.environ.get("CKPT_HOOK") == "v1":  # the hook that wrote version-1 checkpoints
-    import importlib.util
-    import lowrank.torch  # noqa: F401 - the package the copy's relative imports resolve in
-    spec = importlib.util.spec_from_file_location(
-        "lowrank.torch._hook_v1", os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                               "hook_v1.py"))
-    _v1 = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = _v1
-    spec.loader.exec_module(_v1)
-    PowerSGDState, powerSGD_hook = _v1.PowerSGDState, _v1.powerSGD_hook  # noqa: F811
 
 
 def result(**kw):
@@ -138,9 +128,7 @@ def path(d, name, ext="pt"):
 
 def canonical(state, d, name):
     """Every parameter's lowrank state (format 2) in id order, whatever the buckets: a scratch
-    buffer declared with every id saves each one's state where it is held (today's hook only)."""
-    if os.environ.get("CKPT_HOOK") == "v1":
-        return
+    buffer declared with every id saves each one's state where it is held."""
     sd = state.state_dict()
     pairs = sorted({i: s for b in sd["buckets"] for i, s in zip(b["params"], b["shapes"])}.items())
     comm, scratch = state.communicator("cpu"), torch.empty(1)
