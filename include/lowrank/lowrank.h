@@ -478,6 +478,18 @@ lowrankResult_t lowrankBufferSaveState(lowrankComm_t comm, const void* recvbuff,
 lowrankResult_t lowrankBufferRestoreState(lowrankComm_t comm, const void* recvbuff,
                                           const void* bytes, size_t size);
 
+/* Adds `calls` to the call count of format-1 bytes (a buffer's state saved before tensor ids), in
+ * place, under a new CRC; every other byte stays as saved. For a caller that counted a warm-up of
+ * its own before the library counted calls: lowrank.torch's hook of format 1 did its warm-up
+ * without lowrank and saved only the calls made since, while lowrank's per-id warm-up
+ * (lowrankConfig_t.startIter) counts every call; that hook's checkpoints get its warm-up's steps
+ * added before they are restored. docs/checkpoint.md, "Tensors with ids". Needs no communicator;
+ * thread-safe (the last error is the calling thread's: lowrankGetLastError(NULL)).
+ * Errors, each leaving the bytes as they were: lowrankInvalidArgument (null bytes; bytes that are
+ * truncated, corrupt, not lowrank's or of another format version, as lowrankBufferRestoreState
+ * says; a count that would pass 2^62). */
+lowrankResult_t lowrankStateAddCalls(void* bytes, size_t size, uint64_t calls);
+
 /* ---- Statistics -------------------------------------------------------------------------------- */
 
 /* Counters of one communicator since its creation, for this comm rank. Fields are only ever

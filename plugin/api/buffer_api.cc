@@ -9,6 +9,7 @@
 
 #include "api/errors.h"
 #include "api/export.h"
+#include "engine/checkpoint.h"
 
 using lowrank::api::fail;
 
@@ -169,6 +170,12 @@ LOWRANK_API lowrankResult_t lowrankBufferRestoreState(lowrankComm_t comm, const 
     const lowrank::Status st = comm->engine->restoreState(recvbuff, bytes, size);
     return st.ok() ? lowrankSuccess : fail(comm, st);
   });
+}
+
+LOWRANK_API lowrankResult_t lowrankStateAddCalls(void* bytes, size_t size, uint64_t calls) {
+  if (!bytes) return fail(nullptr, lowrankInvalidArgument, "lowrankStateAddCalls: bytes is NULL");
+  const lowrank::Status st = lowrank::addCalls(bytes, size, calls);  // no comm: nothing to lock
+  return st.ok() ? lowrankSuccess : fail(nullptr, st);
 }
 
 LOWRANK_API lowrankResult_t lowrankCommGetTransportInfo(lowrankComm_t comm, char* json, size_t size,

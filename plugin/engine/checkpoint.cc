@@ -435,4 +435,29 @@ uint64_t agreementId(const SavedTensor& t) {
   return h ? h : 1;
 }
 
+Status addCalls(void* bytes, size_t size, uint64_t calls) {
+  static const char* fn = "lowrankStateAddCalls";
+  const uint32_t version = formatVersion(bytes, size);  // 0: not lowrank's (decode says why)
+  if (version != 0 && version != SavedState::kFormatVersion)
+    return Status::Error(lowrankInvalidArgument,
+                         "%s: the bytes are of format version %u; only format 1 holds a buffer's "
+                         "call count", fn, version);
+  SavedState s;
+  if (Status st = decode(bytes, size, &s); !st.ok()) {
+    const size_t colon = st.msg.find(": ");  // decode's messages name the restore
+    return Status::Error(lowrankInvalidArgument, "%s: %s", fn,
+                         colon == std::string::npos ? st.msg.c_str() : st.msg.c_str() + colon + 2);
+  }
+  if (calls > kMaxCalls - s.calls)
+    return Status::Error(lowrankInvalidArgument,
+                         "%s: %" PRIu64 " calls + %" PRIu64 " passes the largest count, 2^62", fn,
+                         s.calls, calls);
+  // Format 1's fixed header (above): the call count is the u64 at byte 48. Patched in place, so
+  // everything else stays the bytes as saved; the CRC-32 covers all that precedes it.
+  auto* p = static_cast<uint8_t*>(bytes);
+  Writer(p + 48).u64(s.calls + calls);
+  Writer(p + size - kCrc).u32(crc(p, size - kCrc));
+  return Status::Ok();
+}
+
 }  // namespace lowrank

@@ -96,4 +96,11 @@ Status tensorsOf(const SavedState& s, const EngineConfig& cfg, SavedTensors* out
 // (none: batched, of count elements). Errors: lowrankInvalidUsage naming both.
 Status sameLayout(const Layout& saved, const std::optional<Layout>& now, size_t count);
 
+// Format-1 bytes (a buffer's state, saved before tensor ids) with `calls` added to their call count,
+// in place, under a new CRC-32; every other byte stays as saved. What a caller whose warm-up did
+// not go through the library adds (lowrank.torch's hook of format 1 counted its warm-up steps
+// itself: lowrankStateAddCalls). Errors: lowrankInvalidArgument, nothing changed: bytes that are
+// not whole format-1 bytes (decode's checks), a count that would pass 2^62.
+Status addCalls(void* bytes, size_t size, uint64_t calls);
+
 }  // namespace lowrank

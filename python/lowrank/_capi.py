@@ -151,7 +151,8 @@ _PROTOTYPES = {
 # tensor ids, after 0.1.0; lowrankBufferGetTensorRanks: per-tensor ranks, after that;
 # lowrankGetBuildInfo: the revision built from, after that; lowrankBufferGetMemory,
 # lowrankCommSetAllocator and lowrankCommGetTransportInfo: the memory report, the application's
-# device memory and the links measured, after that).
+# device memory and the links measured, after that; lowrankStateAddCalls: the conversion of the
+# hook's version-1 checkpoints, after that).
 _OPTIONAL = {
     "lowrankCommGetTransportInfo": (_R, [_P, ctypes.c_char_p, ctypes.c_size_t,
                                          ctypes.POINTER(ctypes.c_size_t)]),
@@ -160,6 +161,7 @@ _OPTIONAL = {
     "lowrankBufferSetTensors": (_R, [_P, _P, _I, ctypes.POINTER(Tensor)]),
     "lowrankBufferGetTensorRanks": (_R, [_P, _P, ctypes.POINTER(_I), ctypes.POINTER(_I)]),
     "lowrankBufferGetMemory": (_R, [_P, _P, ctypes.POINTER(MemoryInfo)]),
+    "lowrankStateAddCalls": (_R, [_P, _Z, ctypes.c_uint64]),
     "lowrankCommSetAllocator": (_R, [_P, ALLOC_FN, FREE_FN, _P]),
     "lowrankGetNcclLibrary": (_R, [ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(ctypes.c_char_p),
                                    ctypes.POINTER(_I)]),

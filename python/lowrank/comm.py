@@ -73,6 +73,22 @@ def nccl_unique_id():
     return _make_id(_capi.NcclUniqueId, "lowrankNcclGetUniqueId")
 
 
+def state_add_calls(data, calls):
+    """lowrankStateAddCalls: format-1 bytes (save_state of a buffer without tensor ids, saved
+    before them) with `calls` added to their call count, under a new CRC (a copy; every other
+    byte as saved). Raises InvalidArgumentError for bytes that are not whole format-1 bytes, or a
+    count past 2^62; LowrankError for a library older than the entry."""
+    lib = _capi.load()
+    if not hasattr(lib, "lowrankStateAddCalls"):
+        raise LowrankError(5, f"{lib.lowrank_path} has no lowrankStateAddCalls (older than this "
+                              "package)", "lowrankStateAddCalls")
+    out = ctypes.create_string_buffer(bytes(data), len(data))
+    rc = lib.lowrankStateAddCalls(out, len(data), as_int(calls))
+    if rc:
+        raise _fail(lib, rc, "lowrankStateAddCalls")
+    return out.raw
+
+
 def _entry(lib, fn, name):
     """lib's C function fn; LowrankError (lowrankInvalidUsage) for the NCCL entry points of a
     library built without NCCL's header."""

@@ -375,4 +375,76 @@ TEST(Checkpoint, SaveSizesAndErrors) {
   });
 }
 
+uint64_t u64At(const Bytes& b, size_t at) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v |= uint64_t(b[at + i]) << (8 * i);
+  return v;
+}
+
+// lowrankStateAddCalls (the conversion of lowrank.torch's version-1 checkpoints): format-1 bytes
+// with more calls counted, every other byte as saved, a CRC that holds; restored into a
+// communicator whose warm-up (startIter) is those calls, the buffer goes on compressed exactly as
+// the run without a warm-up did (the old hook's warm-up was its own). Bad bytes change nothing.
+TEST(Checkpoint, AddCallsToFormat1) {
+  const int N = 2, warmup = 7;
+  const lowrankConfig_t cfg = cfgOf(Case{"", true, 1, 0});
+  lowrankConfig_t later = cfg;  // the restart's warm-up, counted by the library
+  later.startIter = warmup;
+  std::vector<std::vector<std::vector<float>>> straight(N), resumed(N), unconverted(N);
+  withComms(N, [&](int r, lowrankComm_t comm) {
+    std::vector<float> buf(kCount);
+    setLayout(comm, buf.data());
+    calls(comm, r, buf, 0, 8, &straight[r]);
+  }, cfg);
+  const std::vector<Bytes> saved = savedRun(N, 3);  // after 5 calls, as cfg
+  std::vector<Bytes> converted = saved;
+  for (int r = 0; r < N; ++r) {
+    Bytes& c = converted[r];
+    ASSERT_EQ(lowrankStateAddCalls(c.data(), c.size(), warmup), lowrankSuccess)
+        << lowrankGetLastError(nullptr);
+    ASSERT_EQ(c.size(), saved[r].size());
+    EXPECT_EQ(u64At(saved[r], 48), 5u);
+    EXPECT_EQ(u64At(c, 48), 5u + warmup);
+    EXPECT_TRUE(std::equal(c.begin(), c.begin() + 48, saved[r].begin()));
+    EXPECT_TRUE(std::equal(c.begin() + 56, c.end() - 4, saved[r].begin() + 56));
+    const uint32_t crc = uint32_t(crc32(0L, c.data(), uInt(c.size() - 4)));
+    for (int i = 0; i < 4; ++i) EXPECT_EQ(c[c.size() - 4 + i], uint8_t(crc >> (8 * i)));
+  }
+  for (auto* out : {&resumed, &unconverted})
+    withComms(N, [&](int r, lowrankComm_t comm) {
+      std::vector<float> buf(kCount);
+      setLayout(comm, buf.data());
+      ASSERT_EQ(restore(comm, buf, out == &resumed ? converted[r] : saved[r]), lowrankSuccess)
+          << lowrankGetLastError(comm);
+      calls(comm, r, buf, 5, 8, &(*out)[r]);
+    }, later);
+  for (int r = 0; r < N; ++r)
+    for (int t = 5; t < 8; ++t)
+      ASSERT_EQ(resumed[r][t - 5], straight[r][t]) << "rank " << r << " call " << t;
+  // Without the conversion the buffer is in its warm-up again: call 5 is exact.
+  EXPECT_NE(unconverted[0][0], straight[0][5]);
+
+  auto refused = [](Bytes b, uint64_t calls, const char* why) {
+    const Bytes before = b;
+    EXPECT_EQ(lowrankStateAddCalls(b.data(), b.size(), calls), lowrankInvalidArgument) << why;
+    EXPECT_NE(std::string(lowrankGetLastError(nullptr)).find(why), std::string::npos)
+        << lowrankGetLastError(nullptr);
+    EXPECT_EQ(b, before) << why;
+  };
+  const Bytes& good = saved[0];
+  refused(Bytes(good.begin(), good.end() - 1), 1, "CRC");
+  refused(Bytes(good.begin(), good.begin() + 40), 1, "truncated");
+  refused(Bytes(good.size(), 'x'), 1, "not lowrank's");
+  Bytes flipped = good;
+  flipped[good.size() / 2] ^= 4;
+  refused(flipped, 1, "CRC");
+  Bytes v2 = good;  // whole bytes of another format version
+  v2[8] = 2;
+  const uint32_t c = uint32_t(crc32(0L, v2.data(), uInt(v2.size() - 4)));
+  for (int i = 0; i < 4; ++i) v2[v2.size() - 4 + i] = uint8_t(c >> (8 * i));
+  refused(v2, 1, "format version 2");
+  refused(good, uint64_t(1) << 62, "2^62");
+  EXPECT_EQ(lowrankStateAddCalls(nullptr, 10, 1), lowrankInvalidArgument);
+}
+
 }  // namespace

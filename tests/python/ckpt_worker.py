@@ -14,8 +14,9 @@ in every run. Prints one line "RESULT <json>" at the end; parameters go to files
                                            step after loading; "live": two steps later (after
                                            DDP's rebuild), each rank reloading its own state
 Variables: CKPT_START (start_powerSGD_iter, default 1), CKPT_CAP (DDP's bucket_cap_mb, default
-0.02), CKPT_TAG (appended to the names of the files resume writes), CKPT_HOOK=v1 (full and first
-with the hook of lowrank before tensor ids, tests/python/hook_v1.py: a version-1 checkpoint).
+0.02), CKPT_TAG (appended to the names of the files resume writes), CKPT_MODEL=small (fc layers
+of 8 and 16, head of 16 classes: the model of tests/python/fixtures, whose version-1 checkpoints
+the hook before tensor ids wrote with this worker; README.md there).
 full and resume also write DIR/canon_{name}_rank{r}.bin: every parameter's lowrank state at the
 end (format 2, in id order, whatever the buckets).
 """
@@ -40,16 +41,9 @@ RANK, WORLD = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 # CKPT_START sets another, for a checkpoint taken when compression starts)
 K, START = 2, int(os.environ.get("CKPT_START", "1"))
 CAP, TAG = float(os.environ.get("CKPT_CAP", "0.02")), os.environ.get("CKPT_TAG", "")
-if os.environ.get("CKPT_HOOK") == "v1":  # the hook that wrote version-1 checkpoints
-    import importlib.util
-    import lowrank.torch  # noqa: F401 - the package the copy's relative imports resolve in
-    spec = importlib.util.spec_from_file_location(
-        "lowrank.torch._hook_v1", os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                               "hook_v1.py"))
-    _v1 = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = _v1
-    spec.loader.exec_module(_v1)
-    PowerSGDState, powerSGD_hook = _v1.PowerSGDState, _v1.powerSGD_hook  # noqa: F811
+# CKPT_MODEL=small: the model of the version-1 fixtures (tests/python/fixtures), a few kB of state
+SMALL = os.environ.get("CKPT_MODEL") == "small"
+IN, HID, OUT = (8, 16, 16) if SMALL else (32, 64, 4096)
 
 
 def result(**kw):
@@ -64,11 +58,11 @@ class Net(nn.Module):
 
     def __init__(self):
         super().__init__()
-        self.fc1 = nn.Linear(32, 64)
-        self.fc2 = nn.Linear(64, 64)
-        self.fc3 = nn.Linear(64, 64)
-        self.norm = nn.LayerNorm(64)
-        self.head = nn.Linear(64, 4096)
+        self.fc1 = nn.Linear(IN, HID)
+        self.fc2 = nn.Linear(HID, HID)
+        self.fc3 = nn.Linear(HID, HID)
+        self.norm = nn.LayerNorm(HID)
+        self.head = nn.Linear(HID, OUT)
 
     def forward(self, x):
         x = torch.relu(self.fc1(x))
@@ -93,6 +87,8 @@ class Logged(logging.Handler):
 
 def make(seed=1234):
     torch.manual_seed(seed)
+    if SMALL:  # several buckets of a few kB: torch 1.13's first is 1 MiB whatever the cap
+        dist._DEFAULT_FIRST_BUCKET_BYTES = int(CAP * 2**20)
     model = Net()
     ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=CAP)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
@@ -115,8 +111,8 @@ def spy(buckets):
 def train(ddp, opt, steps):
     for step in steps:
         g = torch.Generator().manual_seed(1000 * step + RANK)
-        x = torch.randn(16, 32, generator=g)
-        y = torch.randint(0, 4096, (16,), generator=g)
+        x = torch.randn(16, IN, generator=g)
+        y = torch.randint(0, OUT, (16,), generator=g)
         opt.zero_grad()
         nn.functional.cross_entropy(ddp(x), y).backward()
         opt.step()
@@ -132,9 +128,7 @@ def path(d, name, ext="pt"):
 
 def canonical(state, d, name):
     """Every parameter's lowrank state (format 2) in id order, whatever the buckets: a scratch
-    buffer declared with every id saves each one's state where it is held (today's hook only)."""
-    if os.environ.get("CKPT_HOOK") == "v1":
-        return
+    buffer declared with every id saves each one's state where it is held."""
     sd = state.state_dict()
     pairs = sorted({i: s for b in sd["buckets"] for i, s in zip(b["params"], b["shapes"])}.items())
     comm, scratch = state.communicator("cpu"), torch.empty(1)

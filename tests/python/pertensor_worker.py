@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import pkgpath  # noqa: E402
 pkgpath.use()  # the checkout's package, or the installed one (LOWRANK_TEST_INSTALLED=1)
 from lowrank.torch import PowerSGDState, powerSGD_hook  # noqa: E402
-import lowrank.torch.hook as hookmod  # noqa: E402
+import lowrank.torch.execution as hookmod  # noqa: E402  (the jobs call its measure)
 from lowrank.torch.adaptive import AdaptiveRank  # noqa: E402
 
 RANK, WORLD = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from lowrank import LowrankError
-from lowrank.torch import hook
+from lowrank.torch import execution, hook
 
 _REAL_FUTURE = torch.futures.Future  # before any test replaces it
 _T = typing.TypeVar("_T")
@@ -88,7 +88,8 @@ def _decl():
 def test_cuda_buckets_are_reduced_inline_in_call_order_on_side_streams(fake_cuda):
     state, log = fake_cuda
     comm = _Comm(log)
-    futures = [hook._reduce_cuda(state, i, comm, _decl(), [], _Buffer(f"b{i}")) for i in (0, 1, 0)]
+    futures = [execution.reduce_cuda(state, i, comm, _decl(), [], _Buffer(f"b{i}"))
+               for i in (0, 1, 0)]
     calls = [e for e in log if e[0] == "allreduce"]
     assert [c[1] for c in calls] == ["b0", "b1", "b0"], "in the order DDP called the hook"
     assert {c[3] for c in calls} == {threading.get_ident()}, "on the calling thread, not a worker"
@@ -103,7 +104,7 @@ def test_cuda_buckets_are_reduced_inline_in_call_order_on_side_streams(fake_cuda
 
 def test_a_failed_cuda_call_completes_the_future_with_the_error(fake_cuda):
     state, log = fake_cuda
-    fut = hook._reduce_cuda(state, 0, _Comm(log, fail_on="b0"), _decl(), [], _Buffer("b0"))
+    fut = execution.reduce_cuda(state, 0, _Comm(log, fail_on="b0"), _decl(), [], _Buffer("b0"))
     assert isinstance(fut.error, LowrankError) and "a peer died" in str(fut.error)
     assert fut.value is None
 
@@ -111,8 +112,8 @@ def test_a_failed_cuda_call_completes_the_future_with_the_error(fake_cuda):
 def test_a_failed_restore_staging_is_the_error_after_the_allreduce(fake_cuda):
     state, log = fake_cuda
     staged = RuntimeError("this rank's restore failed")
-    fut = hook._reduce_cuda(state, 0, _Comm(log), _decl(), [lambda errors: errors.append(staged)],
-                            _Buffer("b0"))
+    fut = execution.reduce_cuda(state, 0, _Comm(log), _decl(),
+                                [lambda errors: errors.append(staged)], _Buffer("b0"))
     assert fut.error is staged
     assert [e[0] for e in log].count("allreduce") == 1, "the allreduce ran: every rank runs it"
 
@@ -248,9 +249,9 @@ def test_each_cuda_device_has_a_communicator_of_its_own_made_on_it(hook_state, m
         return Made(log)
 
     monkeypatch.setattr(torch.cuda, "device", device)
-    monkeypatch.setattr(hook, "communicator_from_process_group", make)
+    monkeypatch.setattr(execution, "communicator_from_process_group", make)
     # torch's memory for the stand-ins: tested in test_hook_memory.py, not the point here
-    monkeypatch.setattr(hook, "use_torch_memory", lambda comm, device: None)
+    monkeypatch.setattr(execution, "use_torch_memory", lambda comm, device: None)
     params = list(torch.nn.Sequential(torch.nn.Linear(8, 6), torch.nn.Linear(6, 4)).parameters())
     powerSGD_hook(state, _GradBucket(0, params[2:], last=False, cuda=1)).wait()
     powerSGD_hook(state, _GradBucket(1, params[:2], last=True, cuda=True)).wait()

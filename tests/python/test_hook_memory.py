@@ -13,7 +13,7 @@ import torch
 
 from lowrank import LowrankError
 from lowrank.comm import Communicator
-from lowrank.torch import hook, memory
+from lowrank.torch import execution, hook, memory
 
 _SIDE = 0x5eed  # the cudaStream_t lowrank passes (the bucket's side stream)
 
@@ -182,7 +182,7 @@ def test_the_hooks_cuda_communicator_takes_torchs_memory(one_rank_group, monkeyp
         made[device] = _RecordingComm(device)
         return made[device]
 
-    monkeypatch.setattr(hook, "communicator_from_process_group", communicator)
+    monkeypatch.setattr(execution, "communicator_from_process_group", communicator)
     # no CUDA here: "cuda" is the current device, 0; making its communicator on it a no-op
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())

@@ -163,14 +163,14 @@ def test_settings_are_kept_as_plain_python_types():
     """NumPy scalars and a timedelta are taken, and kept as int, float and bool: the state_dict
     of a state made from them loads with torch.load(weights_only=True)."""
     import datetime
-    from lowrank.torch.hook import _check_settings
+    from lowrank.torch.settings import check_settings
     kw = dict(matrix_approximation_rank=np.int64(4), start_powerSGD_iter=np.int32(10),
               min_compression_rate=np.float32(1.5), use_error_feedback=np.bool_(True),
               warm_start=1, orthogonalization_epsilon=np.float64(1e-8), random_seed=np.uint8(3),
               compression_stats_logging_frequency=np.int64(100),
               batch_tensors_with_same_shape=False, timeout=datetime.timedelta(seconds=30),
               pipeline=None)
-    _check_settings(kw)
+    check_settings(kw)
     assert kw == dict(matrix_approximation_rank=4, start_powerSGD_iter=10, min_compression_rate=1.5,
                       use_error_feedback=True, warm_start=True, orthogonalization_epsilon=1e-8,
                       random_seed=3, compression_stats_logging_frequency=100,

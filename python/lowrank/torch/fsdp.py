@@ -40,9 +40,9 @@ if not hasattr(FSDPModule, "set_all_reduce_hook"):
     raise ImportError(_NEED)
 
 from ..errors import LowrankError  # noqa: E402
-from .hook import _CHECKED, _same  # noqa: E402  (one list of the checked settings)
 from .process_group import (communicator_from_process_group, require_initialized,  # noqa: E402
                             with_global_ranks)
+from .settings import CHECKED, check_settings, communicator_config, differences  # noqa: E402
 
 logger = logging.getLogger("lowrank.torch")
 __all__ = ["PowerSGDState", "register", "shard_layout", "tensor_id"]
@@ -185,7 +185,8 @@ class PowerSGDState:
     result is the mean over every rank, as native HSDP's. Where set_gradient_divide_factor(f) was
     called, native HSDP divides by f alone and sums over the replicas: op None sums then too
     (read from FSDP's param group at each call; "avg" if that attribute is absent).
-    Raises LowrankError (torch.distributed not initialized; lowrank's init errors).
+    Raises ValueError or TypeError for a setting outside lowrank's range (as the DDP hook's, each
+    named), LowrankError (torch.distributed not initialized; lowrank's init errors).
     Thread safety: the hook runs on the autograd thread (CPU: it blocks there until the
     allreduce is done; CUDA: it only queues on the current stream, FSDP's all-reduce stream)."""
 
@@ -193,29 +194,19 @@ class PowerSGDState:
                  min_compression_rate=2, use_error_feedback=True, warm_start=True,
                  orthogonalization_epsilon=0, random_seed=0, *, timeout=None, pipeline=None,
                  device=None, op=None):
-        require_initialized()
-        if start_powerSGD_iter < 0:
-            raise ValueError(f"start_powerSGD_iter must be >= 0, not {start_powerSGD_iter}")
+        settings = {k: v for k, v in locals().items() if k in CHECKED + ("timeout", "pipeline")}
+        check_settings(settings)  # each as the DDP hook's
         if op not in (None, "avg", "sum"):
             raise ValueError(f"op must be None, 'avg' or 'sum', not {op!r}")
-        self.process_group = replicate_group
-        self.matrix_approximation_rank = matrix_approximation_rank
-        self.start_powerSGD_iter = start_powerSGD_iter
-        self.min_compression_rate = min_compression_rate
-        self.use_error_feedback = use_error_feedback
-        self.warm_start = warm_start
-        self.orthogonalization_epsilon = orthogonalization_epsilon
-        self.random_seed = random_seed
-        self.op = op
+        require_initialized()
+        self.process_group, self.op = replicate_group, op
+        for k in CHECKED:
+            setattr(self, k, settings[k])
         if device is None:
             device = "cuda" if str(dist.get_backend(replicate_group)).lower() == "nccl" else "cpu"
         self.device = device
-        self._comm = communicator_from_process_group(
-            replicate_group, device, approx_rank=matrix_approximation_rank,
-            start_iter=int(start_powerSGD_iter), min_compression_rate=float(min_compression_rate),
-            error_feedback=bool(use_error_feedback), warm_start=bool(warm_start),
-            ortho_epsilon=float(orthogonalization_epsilon), seed=int(random_seed),
-            timeout=timeout, pipeline=pipeline)
+        self._comm = communicator_from_process_group(replicate_group, device,
+                                                     **communicator_config(settings))
         self._global_ranks = dist.get_process_group_ranks(replicate_group)  # by comm rank
         self._units = []   # _Unit per registered FSDPModule
         self._closed = False
@@ -303,7 +294,7 @@ class PowerSGDState:
                 params[r.fqn] = {"shard": r.shard, "shards": r.shards, "id": tid,
                                  "shape": tuple(shape), "state": self._save_id(tid, shape)}
         return {"format": _FORMAT, "version": 1,
-                "config": {k: getattr(self, k) for k in _CHECKED},
+                "config": {k: getattr(self, k) for k in CHECKED},
                 "replica": dist.get_rank(self.process_group),
                 "replicas": dist.get_world_size(self.process_group), "params": params}
 
@@ -326,8 +317,7 @@ class PowerSGDState:
             raise ValueError("lowrank.torch.fsdp.PowerSGDState.load_state_dict: no model is "
                              "registered on this state yet: call register(model, state) first "
                              "(the saved parameters are matched to the model's by name)")
-        diffs = [f"{k}: saved {sd['config'].get(k)!r}, this state {getattr(self, k)!r}"
-                 for k in _CHECKED if not _same(sd["config"].get(k), getattr(self, k))]
+        diffs = differences(sd["config"], self)
         if diffs:
             raise ValueError("lowrank.torch.fsdp.PowerSGDState.load_state_dict: saved with other "
                              "settings: " + "; ".join(diffs))

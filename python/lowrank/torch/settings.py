@@ -1,0 +1,81 @@
+"""The settings of lowrank's PowerSGD hooks (PowerSGDState of lowrank.torch and lowrank.torch.fsdp):
+each checked by one rule, those a checkpoint checks, and lowrank's configuration made of them."""
+import datetime
+import math
+import numbers
+
+from ..comm import as_int
+
+# What a state_dict's "config" holds and load_state_dict checks (both hooks); the DDP hook's
+# others, its "options", are not checked.
+CHECKED = ("matrix_approximation_rank", "start_powerSGD_iter", "min_compression_rate",
+           "use_error_feedback", "warm_start", "orthogonalization_epsilon", "random_seed")
+OPTIONS = ("compression_stats_logging_frequency", "batch_tensors_with_same_shape", "timeout",
+           "pipeline")
+# Each setting's rule, in the order checked: an int in [lo, hi], a number (> or >= lo), a flag.
+_RULES = {"matrix_approximation_rank": ("int", 0, 1 << 16),
+          "start_powerSGD_iter": ("int", 0, 1 << 30), "random_seed": ("int", 0, 2**63 - 1),
+          "compression_stats_logging_frequency": ("int", -2**63, 2**63 - 1),
+          "min_compression_rate": ("number", 1, ">="),
+          "orthogonalization_epsilon": ("number", 0, ">="), "timeout": ("number", 0, ">"),
+          "use_error_feedback": ("flag",), "warm_start": ("flag",),
+          "batch_tensors_with_same_shape": ("flag",), "pipeline": ("flag",)}
+
+
+def check_settings(kw):
+    """The settings in kw (by name, any of _RULES') checked under their own names before anything
+    is made, in lowrank's ranges (lowrank.h, lowrankConfig_t), not later in the C API's terms nor
+    silently truncated: TypeError for a wrong type (2.7 or True for an int, a string for a
+    number), ValueError out of range. kw gets plain Python types (a state_dict of them loads with
+    torch.load(weights_only=True)); a timeout may be a datetime.timedelta, kept as seconds."""
+    for name in [n for n in _RULES if n in kw]:
+        (kind, *rule), v = _RULES[name], kw[name]
+        none_ok = name in ("timeout", "pipeline")  # None: LOWRANK_TIMEOUT, LOWRANK_PIPELINE
+        if isinstance(v, datetime.timedelta) and name == "timeout":
+            v = v.total_seconds()
+        if v is None and none_ok:
+            continue
+        if kind == "int":
+            try:
+                v = as_int(v)
+            except TypeError:
+                raise TypeError(f"PowerSGDState: {name} must be an int, not {v!r}") from None
+            if not rule[0] <= v <= rule[1]:
+                raise ValueError(f"PowerSGDState: {name}={v} is out of range "
+                                 f"[{rule[0]}, {rule[1]}]")
+        elif kind == "number":
+            if isinstance(v, bool) or not isinstance(v, numbers.Real):
+                raise TypeError(f"PowerSGDState: {name} must be a number, not {v!r}")
+            v, (lo, what) = float(v), rule
+            if not math.isfinite(v) or not (v > lo if what == ">" else v >= lo):
+                raise ValueError(f"PowerSGDState: {name} must be a finite number {what} {lo}, "
+                                 f"not {v!r}")
+        else:
+            numpy_bool = type(v).__module__ == "numpy" and type(v).__name__ in ("bool_", "bool")
+            if not (isinstance(v, bool) or numpy_bool or
+                    isinstance(v, numbers.Integral) and v in (0, 1)):
+                raise TypeError(f"PowerSGDState: {name} must be True or False"
+                                f"{' or None' if none_ok else ''}, not {v!r}")
+            v = bool(v)
+        kw[name] = v
+
+
+def communicator_config(kw):
+    """lowrank's configuration (lowrank.make_config's keywords) of checked settings: the hook's
+    start_powerSGD_iter is lowrank's per-id warm-up (startIter) and wins over LOWRANK_START_ITER."""
+    return dict(approx_rank=kw["matrix_approximation_rank"], start_iter=kw["start_powerSGD_iter"],
+                min_compression_rate=kw["min_compression_rate"],
+                error_feedback=kw["use_error_feedback"], warm_start=kw["warm_start"],
+                ortho_epsilon=kw["orthogonalization_epsilon"], seed=kw["random_seed"],
+                timeout=kw.get("timeout"), pipeline=kw.get("pipeline"))
+
+
+def differences(config, state):
+    """The CHECKED settings in which a saved "config" differs from a state's, each "name: saved
+    x, this state y" (numbers compared as numbers: 2 and 2.0 are the same, so are two NaNs)."""
+    def same(a, b):
+        if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+            return float(a) == float(b) or (math.isnan(float(a)) and math.isnan(float(b)))
+        return a == b
+    return [f"{k}: saved {config.get(k)!r}, this state {getattr(state, k)!r}"
+            for k in CHECKED if not same(config.get(k), getattr(state, k))]
