@@ -380,12 +380,12 @@ Status BufferRegistry::build(BufferBackend& be, const void* buf, Buffer& b, cons
   r->idsHeld = n;
   r->heldBy = buf;
   std::vector<Record*> losers;
-  for (size_t i = 0; i < n; ++i) {
-    if (from[i].rec) {
-      --from[i].rec->idsHeld;
-      losers.push_back(from[i].rec);
+  for (size_t i = 0; i < n; ++i) {  // each id leaves its holder, the one its state came from or
+    const TensorKey key{sp, b.ids.ids[i]};  // one a restore replaced
+    if (auto o = owners_.find(key); o != owners_.end()) {
+      --o->second.rec->idsHeld;
+      losers.push_back(o->second.rec);
     }
-    const TensorKey key{sp, b.ids.ids[i]};
     owners_[key] = Owner{r.get(), i};
     pending_.erase(key);
   }

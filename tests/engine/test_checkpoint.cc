@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/checkpoint.h"
 #include "engine/data.h"
 #include "support/ranks.h"
 
@@ -385,6 +386,34 @@ uint64_t u64At(const Bytes& b, size_t at) {
 // with more calls counted, every other byte as saved, a CRC that holds; restored into a
 // communicator whose warm-up (startIter) is those calls, the buffer goes on compressed exactly as
 // the run without a warm-up did (the old hook's warm-up was its own). Bad bytes change nothing.
+// Bytes by position (what lowrank writes for a buffer without ids) as format 1, what lowrank
+// wrote for it before: the same state, through the library's own format-1 encoder.
+Bytes asFormat1(const Bytes& b, int k) {
+  lowrank::SavedTensors t;
+  EXPECT_TRUE(lowrank::decode(b.data(), b.size(), &t).ok());
+  lowrank::SavedState s;
+  s.dtype = lowrankFloat32;
+  s.layout = lowrank::Layout{};
+  s.approxRank = k;
+  s.seed = t.seed;
+  s.nranks = t.nranks;
+  s.rank = t.rank;
+  s.errorFeedback = t.errorFeedback;
+  for (const lowrank::SavedTensor& x : t.tensors) {
+    s.layout->push_back(x.shape);
+    size_t numel = 1;
+    for (size_t d : x.shape) numel *= d;
+    s.count += numel;
+    s.calls = x.calls;
+    s.haveQ = s.haveQ || x.haveQ;
+    s.residual.insert(s.residual.end(), x.residual.begin(), x.residual.end());
+    s.qt.insert(s.qt.end(), x.qt.begin(), x.qt.end());
+  }
+  Bytes out(lowrank::encodedSize(s));
+  lowrank::encode(s, out.data());
+  return out;
+}
+
 TEST(Checkpoint, AddCallsToFormat1) {
   const int N = 2, warmup = 7;
   const lowrankConfig_t cfg = cfgOf(Case{"", true, 1, 0});
@@ -396,7 +425,8 @@ TEST(Checkpoint, AddCallsToFormat1) {
     setLayout(comm, buf.data());
     calls(comm, r, buf, 0, 8, &straight[r]);
   }, cfg);
-  const std::vector<Bytes> saved = savedRun(N, 3);  // after 5 calls, as cfg
+  std::vector<Bytes> saved = savedRun(N, 3);  // after 5 calls, as cfg
+  for (Bytes& b : saved) b = asFormat1(b, 3);
   std::vector<Bytes> converted = saved;
   for (int r = 0; r < N; ++r) {
     Bytes& c = converted[r];

@@ -106,6 +106,23 @@ std::vector<std::vector<Outs>> straightRun(int N, int calls, lowrankConfig_t c =
   return outs;
 }
 
+// A group's tensors as a layout of a buffer without ids (lowrankBufferSetLayout), and its count.
+lowrankResult_t setLayoutOf(lowrankComm_t comm, const void* buf, const std::vector<T>& group) {
+  std::vector<int> nd;
+  std::vector<const size_t*> sh;
+  for (const T& t : group) {
+    nd.push_back(int(t.shape.size()));
+    sh.push_back(t.shape.data());
+  }
+  return lowrankBufferSetLayout(comm, buf, int(nd.size()), nd.data(), sh.data());
+}
+
+size_t countOf(const std::vector<T>& group) {
+  size_t n = 0;
+  for (const T& t : group) n += t.numel();
+  return n;
+}
+
 void expectSame(const Outs& a, const Outs& b, const std::string& what) {
   ASSERT_EQ(a.size(), b.size()) << what;
   for (const auto& kv : a) {
@@ -123,14 +140,7 @@ void expectSame(const Outs& a, const Outs& b, const std::string& what) {
 TEST(TensorIds, SyntheticIdsNeverMeetACallersIds) {
   const int N = 2, calls = 5;
   const std::vector<T> same = {{0, {24, 40}}, {1, {16, 30}}, {2, {16}}};  // ids = positions
-  size_t count = 0;
-  std::vector<int> nd;
-  std::vector<const size_t*> sh;
-  for (const T& t : same) {
-    nd.push_back(int(t.shape.size()));
-    sh.push_back(t.shape.data());
-    count += t.numel();
-  }
+  const size_t count = countOf(same);
   // Each buffer alone: the declared one's outputs by id, the anonymous one's whole.
   std::vector<std::vector<Outs>> declared(N, std::vector<Outs>(calls));
   std::vector<std::vector<std::vector<float>>> anon(N);
@@ -146,7 +156,7 @@ TEST(TensorIds, SyntheticIdsNeverMeetACallersIds) {
   }, cfg());
   withComms(N, [&](int r, lowrankComm_t comm) {
     std::vector<float> a(count);
-    ASSERT_EQ(lowrankBufferSetLayout(comm, a.data(), int(nd.size()), nd.data(), sh.data()), lowrankSuccess);
+    ASSERT_EQ(setLayoutOf(comm, a.data(), same), lowrankSuccess);
     for (int t = 0; t < calls; ++t) {
       ASSERT_EQ(anonCall(comm, r, t, a), lowrankSuccess);
       anon[r].push_back(a);
@@ -154,7 +164,7 @@ TEST(TensorIds, SyntheticIdsNeverMeetACallersIds) {
   }, cfg());
   withComms(N, [&](int r, lowrankComm_t comm) {
     std::vector<float> buf, a(count);
-    ASSERT_EQ(lowrankBufferSetLayout(comm, a.data(), int(nd.size()), nd.data(), sh.data()), lowrankSuccess);
+    ASSERT_EQ(setLayoutOf(comm, a.data(), same), lowrankSuccess);
     for (int t = 0; t < calls; ++t) {
       if (t == 3) {  // the caller's ids' state saved and staged again: the anonymous buffer's
                      // next call must not take it
@@ -316,18 +326,11 @@ TEST(TensorIds, AnAnonymousBuffersStateGoesToItsNewIds) {
     // Anonymous for `first` calls (the ids' first Q would differ: so from a start by position, which
     // carries its Q), then declared with ids: the outputs equal the anonymous buffer's own.
     std::vector<float> g, buf, anon;
-    size_t count = 0;
-    std::vector<int> nd;
-    std::vector<const size_t*> sh;
-    for (const T& t : kTensors) {
-      nd.push_back(int(t.shape.size()));
-      sh.push_back(t.shape.data());
-      count += t.numel();
-    }
+    const size_t count = countOf(kTensors);
     std::vector<std::vector<float>> want;
     {  // the anonymous run throughout, on a second buffer
       std::vector<float> a(count);
-      ASSERT_EQ(lowrankBufferSetLayout(comm, a.data(), int(nd.size()), nd.data(), sh.data()), lowrankSuccess);
+      ASSERT_EQ(setLayoutOf(comm, a.data(), kTensors), lowrankSuccess);
       for (int t = 0; t < calls; ++t) {
         std::vector<float> in;
         for (const T& x : kTensors) { auto v = grad(x, r, t); in.insert(in.end(), v.begin(), v.end()); }
@@ -337,7 +340,7 @@ TEST(TensorIds, AnAnonymousBuffersStateGoesToItsNewIds) {
       lowrankBufferRelease(comm, a.data());
     }
     buf.resize(count);
-    ASSERT_EQ(lowrankBufferSetLayout(comm, buf.data(), int(nd.size()), nd.data(), sh.data()), lowrankSuccess);
+    ASSERT_EQ(setLayoutOf(comm, buf.data(), kTensors), lowrankSuccess);
     for (int t = 0; t < calls; ++t) {
       if (t == first) {  // the switch, mid-run
         std::vector<lowrankTensor_t> d;
@@ -548,13 +551,7 @@ TEST(TensorIds, BytesByPositionRestoreIntoABufferWithIds) {
   std::vector<std::vector<std::vector<float>>> anon(N);
   std::vector<Bytes> saved(N);
   auto layout = [](lowrankComm_t comm, void* buf) {
-    std::vector<int> nd;
-    std::vector<const size_t*> sh;
-    for (const T& t : kTensors) {
-      nd.push_back(int(t.shape.size()));
-      sh.push_back(t.shape.data());
-    }
-    ASSERT_EQ(lowrankBufferSetLayout(comm, buf, int(nd.size()), nd.data(), sh.data()), lowrankSuccess);
+    ASSERT_EQ(setLayoutOf(comm, buf, kTensors), lowrankSuccess);
   };
   withComms(N, [&](int r, lowrankComm_t comm) {
     std::vector<float> buf;

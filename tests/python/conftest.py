@@ -114,3 +114,24 @@ def results(runs):
         pytest.fail("\n".join(f"rank {i} rc={rc}:\n" + "\n".join(text.splitlines()[-15:])
                               for i, rc, text in bad))
     return [res for _, res, _, _ in runs]
+
+
+# Settings both hooks (DDP's lowrank.torch.hook, FSDP2's lowrank.torch.fsdp) refuse alike, with the
+# error and a part of its message: one rule per setting, lowrank.torch.settings.
+BAD_SETTINGS = [
+    (dict(matrix_approximation_rank=-1), ValueError, "matrix_approximation_rank=-1 is out of range"),
+    (dict(matrix_approximation_rank=70000), ValueError, "[0, 65536]"),
+    (dict(matrix_approximation_rank=2.0), TypeError, "matrix_approximation_rank must be an int"),
+    (dict(matrix_approximation_rank=True), TypeError, "matrix_approximation_rank must be an int"),
+    (dict(start_powerSGD_iter=2.7), TypeError, "start_powerSGD_iter must be an int, not 2.7"),
+    (dict(start_powerSGD_iter=-1), ValueError, "start_powerSGD_iter=-1 is out of range"),
+    (dict(random_seed=-5), ValueError, "random_seed=-5"),
+    (dict(min_compression_rate=0.5), ValueError, "min_compression_rate must be a finite number >= 1"),
+    (dict(orthogonalization_epsilon=float("nan")), ValueError, "orthogonalization_epsilon"),
+    (dict(timeout=0), ValueError, "timeout must be a finite number > 0"),
+    (dict(timeout="30"), TypeError, "timeout must be a number"),
+    (dict(min_compression_rate=None), TypeError, "min_compression_rate must be a number"),
+    (dict(start_powerSGD_iter=(1 << 30) + 1), ValueError, "[0, 1073741824]"),
+    (dict(pipeline="yes"), TypeError, "pipeline must be True or False or None"),
+    (dict(use_error_feedback=2), TypeError, "use_error_feedback must be True or False"),
+]

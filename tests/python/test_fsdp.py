@@ -6,7 +6,7 @@ import importlib
 import pytest
 import torch
 
-from conftest import results, run_ranks
+from conftest import BAD_SETTINGS, results, run_ranks
 
 
 def _has_fsdp2():
@@ -161,16 +161,7 @@ def test_clear_errors_and_divide_factor():
 
 
 @needs_fsdp2
-@pytest.mark.parametrize("kwargs,error,message", [
-    (dict(matrix_approximation_rank=2.0), TypeError, "matrix_approximation_rank must be an int"),
-    (dict(start_powerSGD_iter=-1), ValueError, "start_powerSGD_iter=-1 is out of range"),
-    (dict(random_seed=-5), ValueError, "random_seed=-5"),
-    (dict(min_compression_rate=0.5), ValueError, "min_compression_rate must be a finite number >= 1"),
-    (dict(orthogonalization_epsilon=float("nan")), ValueError, "orthogonalization_epsilon"),
-    (dict(use_error_feedback=2), TypeError, "use_error_feedback must be True or False"),
-    (dict(timeout="30"), TypeError, "timeout must be a number"),
-    (dict(pipeline="yes"), TypeError, "pipeline must be True or False or None"),
-])
+@pytest.mark.parametrize("kwargs,error,message", BAD_SETTINGS)
 def test_settings_are_checked_as_the_ddp_hooks(kwargs, error, message):
     """Each setting the FSDP2 hook shares with the DDP hook is checked by the same rule
     (lowrank.torch.settings), before torch.distributed is needed."""
