@@ -311,7 +311,12 @@ Status BufferRegistry::build(BufferBackend& be, const void* buf, Buffer& b, cons
     state = allocateState(be, pl, c, cfg, rank, &refused);
     allocated = state != nullptr;
   }
-  if (s.ok() && state) {  // each id's residual and Q where the new plan puts them
+  // Each id's residual and Q where the new plan puts them, through host memory: only when some id
+  // has state to carry (a fresh plan's, or one after the warm-up, is the backend's zeroed state;
+  // a full-size host copy would cost a buffer's worth of page faults at every plan).
+  const bool carried = std::any_of(saved.begin(), saved.end(), [](auto* p) { return p; }) ||
+                       std::any_of(from.begin(), from.end(), [](const Owner& o) { return o.rec && o.rec->state; });
+  if (s.ok() && state && carried) {
     std::vector<float> residual(cfg.errorFeedback ? pl.count : 0, 0.f), qt(pl.qElems, 0.f);
     std::vector<bool> gotQ(n, false);
     bool any = false;
