@@ -357,10 +357,16 @@ typedef struct {
  *    different ks, fail that call with lowrankInvalidUsage on every rank (nothing changes); a
  *    change on some ranks only re-plans those alone, and the communicator fails (their plan
  *    check meets the others' compressed call), as a restore on some ranks only.
+ *  - A buffer without ids that holds state of a layout (from its calls, or a restore pending)
+ *    goes on as its tensors: declared with the shapes of that layout, tensor by tensor its state
+ *    becomes that of the id declared in its place; the state of a batched buffer (no layout) fits
+ *    no tensors and is dropped, unless it is a restore still pending, which is refused.
  * Calling it again with the same tensors is cheap (no state is touched). Every comm rank must
  * declare the same tensors. Local, not collective.
  * Errors: lowrankInvalidArgument (null pointers, ntensors <= 0, ndims out of range, a size 0, an
- * approxRank out of range, an id given twice, a total that overflows size_t). */
+ * approxRank out of range, an id given twice, a total that overflows size_t); lowrankInvalidUsage
+ * (a buffer without ids whose layout state these tensors cannot take, above: nothing changes;
+ * lowrankBufferReset it first to start them afresh). */
 lowrankResult_t lowrankBufferSetTensors(lowrankComm_t comm, const void* recvbuff, int ntensors,
                                         const lowrankTensor_t* tensors);
 

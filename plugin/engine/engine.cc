@@ -301,7 +301,8 @@ Status Engine::restoreState(const void* buf, const void* bytes, size_t size) {
     return Status::Ok();
   }
   Buffer& r = buffers_.get(buf);
-  LR_RETURN_IF_ERROR(byPosition(std::move(t), r, &t));
+  if (Status s = byPosition(std::move(t), r, &t); !s.ok())
+    return Status::Error(s.code, "lowrankBufferRestoreState: %s", s.msg.c_str());
   if (r.synthetic && (r.rec || r.layout)) {  // the check its next plan makes, now: a mismatch
     Layout saved;                              // changes nothing
     for (const SavedTensor& x : t.tensors) saved.push_back(x.shape);

@@ -471,9 +471,8 @@ Status byPosition(SavedTensors s, const Buffer& b, SavedTensors* out) {
       fits = s.tensors[i].id == i && s.tensors[i].shape == (*b.layout)[i];
     if (!fits)
       return Status::Error(lowrankInvalidUsage,
-                           "lowrankBufferRestoreState: state saved for a buffer without tensor ids "
-                           "restores into a buffer declared with ids only when its layout is the "
-                           "one saved");
+                           "a state saved for a buffer without tensor ids goes to a buffer declared "
+                           "with ids only when its layout is the one saved");
     for (size_t i = 0; i < s.tensors.size(); ++i) s.tensors[i].id = b.ids.ids[i];
     s.byPosition = false;
   }
