@@ -192,8 +192,8 @@ Status Engine::setTensors(const void* buf, Layout layout, TensorIds ids) {
   // declared one cannot take it, and drops nothing: refused.
   platform::DeviceGuard guard(device());
   SavedTensors t;
-  if (b.synthetic && buffers_.save(buf, b, cfg_, rank_, nranks_, &t).ok() &&
-      (!b.rec || b.rec->plan.perTensor)) {
+  if (b.synthetic && (!b.rec || b.rec->plan.perTensor) &&
+      buffers_.save(buf, b, cfg_, rank_, nranks_, &t).ok()) {
     Buffer declared;
     declared.layout = layout;
     declared.ids = ids;

@@ -81,14 +81,11 @@ Status runCall(BufferBackend& be, BufferRegistry& buffers, const Call& c, const 
                int rank, Counters& k, std::vector<float>& scratchQ) {
   if (!compresses(cfg, c.dtype, c.op)) return exactCall(be, c, k);
   Buffer& b = buffers.get(c.recv);
-  if (b.synthetic) {  // a buffer without ids: a new count or dtype is a new buffer
-    if (b.rec && (b.rec->plan.count != c.count || b.rec->plan.dtype != c.dtype ||
-                  b.rec->backend != &be)) {
-      LR_INFO("buffer %p: count, dtype or memory (host or device) changed, state reset", c.recv);
-      buffers.reset(c.recv, b, k);
-    }
-    if (b.ids.ids.size() != (b.layout ? b.layout->size() : 1))
-      b.ids = positions(b.layout ? b.layout->size() : 1);
+  // A buffer without ids: a new count, dtype or memory is a new buffer.
+  if (b.synthetic && b.rec &&
+      (b.rec->plan.count != c.count || b.rec->plan.dtype != c.dtype || b.rec->backend != &be)) {
+    LR_INFO("buffer %p: count, dtype or memory (host or device) changed, state reset", c.recv);
+    buffers.reset(c.recv, b, k);
   }
   LR_RETURN_IF_ERROR(buffers.take(be, c.recv, b, c, cfg, rank, k));
   Record& r = *b.rec;

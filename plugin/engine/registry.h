@@ -54,7 +54,8 @@ struct Record {
 // A buffer's record, keyed by its address (recvbuff) within a communicator.
 struct Buffer {
   std::optional<Layout> layout;  // from lowrankBufferSetLayout or SetTensors; survives resets
-  TensorIds ids;                 // the declaration in force: the caller's, or synthetic
+  // The declaration in force: the caller's, or synthetic (positions; one, 0, until a layout).
+  TensorIds ids{{0}, {LOWRANK_RANK_DEFAULT}};
   bool synthetic = true;         // no lowrankBufferSetTensors: ids are positions (TensorKey)
   bool declared = false;         // SetTensors since the last call: that call may take ids it holds not
   std::unique_ptr<Record> rec;   // null: not planned
