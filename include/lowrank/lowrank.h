@@ -122,6 +122,11 @@ typedef struct {
                            by chunk (a progress thread drives the transport). LOWRANK_PIPELINE,
                            default 1. Results agree with pipeline 0 to float rounding (the chunks
                            change the order of the sums), and are identical on every comm rank. */
+  int alternate;        /* 0 or 1: alternating PowerSGD (ACP-SGD, Zhang et al., ICDCS 2023): one
+                           factor allreduce per call, P and Q on alternate calls (docs/design.md,
+                           "Alternating factors"), instead of PowerSGD's two dependent ones. Needs
+                           warmStart 1. LOWRANK_ALTERNATE, default 0; per buffer:
+                           lowrankBufferSetAlternate. */
 } lowrankConfig_t;
 
 #define LOWRANK_CONFIG_INITIALIZER                                                              \
@@ -129,7 +134,8 @@ typedef struct {
     sizeof(lowrankConfig_t), LOWRANK_CONFIG_MAGIC, LOWRANK_VERSION_CODE,                        \
         LOWRANK_CONFIG_UNDEF_INT, LOWRANK_CONFIG_UNDEF_DOUBLE, LOWRANK_CONFIG_UNDEF_INT,        \
         LOWRANK_CONFIG_UNDEF_INT, LOWRANK_CONFIG_UNDEF_INT, LOWRANK_CONFIG_UNDEF_DOUBLE,        \
-        LOWRANK_CONFIG_UNDEF_SEED, LOWRANK_CONFIG_UNDEF_DOUBLE, LOWRANK_CONFIG_UNDEF_INT        \
+        LOWRANK_CONFIG_UNDEF_SEED, LOWRANK_CONFIG_UNDEF_DOUBLE, LOWRANK_CONFIG_UNDEF_INT,       \
+        LOWRANK_CONFIG_UNDEF_INT                                                                \
   }
 
 /* ---- Version and errors ------------------------------------------------------------------- */
@@ -411,6 +417,16 @@ lowrankResult_t lowrankBufferGetTensorRanks(lowrankComm_t comm, const void* recv
  * is not an error. A device buffer's state is dropped once its queued work is done (the host
  * waits). Errors: lowrankInvalidArgument (null comm or buffer). */
 lowrankResult_t lowrankBufferReset(lowrankComm_t comm, const void* recvbuff);
+
+#define LOWRANK_ALTERNATE_DEFAULT (-1) /* lowrankBufferSetAlternate: the communicator's setting */
+/* Chooses the schedule of one buffer: alternate 1, alternating PowerSGD (one factor allreduce per
+ * call, lowrankConfig_t.alternate); 0, PowerSGD's two; LOWRANK_ALTERNATE_DEFAULT, the
+ * communicator's. Takes effect at the buffer's next call, which plans it again keeping its
+ * tensors' residuals and warm-start Q; the alternation (re)starts with a P step. Every comm rank
+ * must choose the same (the plan check fails the call on every rank otherwise). Local, not
+ * collective. Errors: lowrankInvalidArgument (null comm or buffer, another value, 1 with
+ * lowrankConfig_t.warmStart 0). */
+lowrankResult_t lowrankBufferSetAlternate(lowrankComm_t comm, const void* recvbuff, int alternate);
 
 /* Frees everything held for a buffer, its layout included (call before freeing the memory if the
  * address may be reused for another tensor). With ids: the state of the ids it holds goes; restores

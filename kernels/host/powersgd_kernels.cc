@@ -127,18 +127,22 @@ size_t pass1(const T* __restrict g, float* __restrict e, const MatrixView& v,
   return bad;
 }
 
-template <typename T>
+// add: M = G + E first (E += G in place), counting elements beyond the limit into *bad (the
+// alternating Q step's pass); else M is E, or G without error feedback (PowerSGD's pass 2).
+template <typename T, bool add = false>
 void pass2(const T* __restrict g, const float* __restrict e, const MatrixView& v,
-           const float* __restrict p, int k, float* __restrict qt) {
+           const float* __restrict p, int k, float* __restrict qt, size_t* bad = nullptr,
+           uint32_t lim = 0) {
   std::memset(qt, 0, sizeof(float) * size_t(k) * v.cols);
   std::vector<float> rows(rowScratch<T>(e, v));
   float* em = const_cast<float*>(e);  // rowOfM<.., false> never writes
   const size_t full = v.fullRows();
   size_t i = 0, none = 0;
+  size_t* count = add ? bad : &none;
   for (; i + kBlock <= full; i += kBlock) {
     const float* m[kBlock];
     for (int b = 0; b < kBlock; ++b)
-      m[b] = rowOfM<T, false>(g, em, v, i + b, b, rows.data(), &none, 0);
+      m[b] = rowOfM<T, add>(g, em, v, i + b, b, rows.data(), count, lim);
     for (int j = 0; j < k; ++j) {
       const float p0 = p[i * k + j], p1 = p[(i + 1) * k + j], p2 = p[(i + 2) * k + j],
                   p3 = p[(i + 3) * k + j];
@@ -152,7 +156,7 @@ void pass2(const T* __restrict g, const float* __restrict e, const MatrixView& v
   for (; i < v.rows; ++i) {
     const size_t len = v.rowLength(i);
     if (len == 0) break;
-    const float* m = rowOfM<T, false>(g, em, v, i, 0, rows.data(), &none, 0);
+    const float* m = rowOfM<T, add>(g, em, v, i, 0, rows.data(), count, lim);
     for (int j = 0; j < k; ++j) {
       const float pij = p[i * k + j];
       float* __restrict q = qt + size_t(j) * v.cols;
@@ -194,7 +198,103 @@ void pass3(float* __restrict e, const MatrixView& v, const float* __restrict p,
   }
 }
 
+// E -= P Qt^T over a view (Qt: k x v.cols, row stride qld): the residual of a rank's own factors.
+void subtractLowRank(float* __restrict e, const MatrixView& v, const float* __restrict p,
+                     const float* __restrict qt, size_t qld, int k) {
+  for (size_t i = 0; i < v.rows; ++i) {
+    const size_t len = v.rowLength(i);
+    if (len == 0) break;
+    float* __restrict er = e + i * v.stride();
+    for (int j = 0; j < k; ++j) {
+      const float pij = p[i * k + j];
+      const float* __restrict q = qt + size_t(j) * qld;
+#pragma omp simd
+      for (size_t c = 0; c < len; ++c) er[c] -= pij * q[c];
+    }
+  }
+}
+
+// Rows [r0, r0 + rows) or columns [c0, c0 + cols) of a view, as a view of their own (its
+// elements start at r0 * stride, or c0, of the parent's).
+MatrixView rowsOf(const MatrixView& v, size_t r0, size_t rows) {
+  MatrixView s = v;
+  const size_t skip = r0 * v.stride();
+  s.ld = v.stride();
+  s.rows = rows;
+  s.valid = v.valid > skip ? v.valid - skip : 0;
+  return s;
+}
+MatrixView colsOf(const MatrixView& v, size_t c0, size_t cols) {
+  MatrixView s = v;
+  s.ld = v.stride();
+  s.cols = cols;
+  s.valid = v.valid > c0 ? v.valid - c0 : 0;
+  return s;
+}
+
+// Bytes of M a tile of the fused alternating passes holds, so that its second sweep (the
+// residual) reads it from cache: the step then moves 12 bytes per element, as one pass.
+constexpr size_t kTileBytes = 128 << 10;
+
+template <typename T>
+size_t stepP(const T* g, float* e, const MatrixView& v, const float* qt, int k, float* p,
+             float limit) {
+  if (!e) return pass1(g, e, v, qt, k, p, limit);  // no residual to keep
+  const size_t tile = std::max<size_t>(kBlock, kTileBytes / (sizeof(float) * v.cols) / kBlock * kBlock);
+  size_t bad = 0;
+  for (size_t r0 = 0; r0 < v.rows; r0 += tile) {
+    const MatrixView s = rowsOf(v, r0, std::min(tile, v.rows - r0));
+    if (s.valid == 0) break;
+    const size_t at = r0 * v.stride();
+    bad += pass1(g + at, e + at, s, qt, k, p + r0 * k, limit);
+    subtractLowRank(e + at, s, p + r0 * k, qt, v.cols, k);
+  }
+  return bad;
+}
+
+template <typename T>
+size_t stepQ(const T* g, float* e, const MatrixView& v, const float* p, int k, float* qt,
+             float limit) {
+  const uint32_t lim = limitBits(limit);
+  size_t bad = 0;
+  if (!e) {
+    pass2<T, true>(g, e, v, p, k, qt, &bad, lim);
+    return bad;
+  }
+  // Column tiles of at least 64 columns (whole cache lines), fewer rows' worth when n is large.
+  const size_t width = std::max<size_t>(64, kTileBytes / (sizeof(float) * std::max<size_t>(v.rows, 1)) / 16 * 16);
+  std::vector<float> part(size_t(k) * std::min(width, v.cols));
+  for (size_t c0 = 0; c0 < v.cols; c0 += width) {
+    const size_t w = std::min(width, v.cols - c0);
+    const MatrixView s = colsOf(v, c0, w);
+    if (s.valid == 0) break;
+    pass2<T, true>(g + c0, e + c0, s, p, k, part.data(), &bad, lim);
+    subtractLowRank(e + c0, s, p, part.data(), w, k);
+    for (int j = 0; j < k; ++j)
+      std::copy_n(part.data() + size_t(j) * w, w, qt + size_t(j) * v.cols + c0);
+  }
+  return bad;
+}
+
 }  // namespace
+
+size_t alternateStepP(const void* g, lowrankDataType_t dtype, float* e, const MatrixView& v,
+                      const float* qt, int k, float* p, float limit) {
+  switch (dtype) {
+    case lowrankFloat16: return stepP(static_cast<const half_t*>(g), e, v, qt, k, p, limit);
+    case lowrankBfloat16: return stepP(static_cast<const bf16_t*>(g), e, v, qt, k, p, limit);
+    default: return stepP(static_cast<const float*>(g), e, v, qt, k, p, limit);
+  }
+}
+
+size_t alternateStepQ(const void* g, lowrankDataType_t dtype, float* e, const MatrixView& v,
+                      const float* p, int k, float* qt, float limit) {
+  switch (dtype) {
+    case lowrankFloat16: return stepQ(static_cast<const half_t*>(g), e, v, p, k, qt, limit);
+    case lowrankBfloat16: return stepQ(static_cast<const bf16_t*>(g), e, v, p, k, qt, limit);
+    default: return stepQ(static_cast<const float*>(g), e, v, p, k, qt, limit);
+  }
+}
 
 size_t errorFeedbackAndP(const void* g, lowrankDataType_t dtype, float* e, const MatrixView& v,
                          const float* qt, int k, float* p, float limit) {

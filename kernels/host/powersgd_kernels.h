@@ -54,6 +54,21 @@ void computeQ(const void* g, lowrankDataType_t dtype, const float* e, const Matr
 void decompressAndUpdateError(float* e, const MatrixView& v, const float* p, const float* qbart,
                               int k, float scale, void* out, lowrankDataType_t dtype);
 
+// Alternating PowerSGD (ACP-SGD; Zhang et al., ICDCS 2023; docs/design.md, "Alternating
+// factors"): one factor per call, computed against the kept other one, with the residual of the
+// rank's own factors taken in the same pass (tiles of M kept in cache for the second sweep), so
+// that the step moves 12 bytes per element of M, and the decompression (pass 3 without E) 4 more.
+// P step (qt: the kept Q, orthonormal, k x cols at stride cols):
+//   M = G + E, P = M Q, E = M - P Q^T.
+// Q step (p: the kept P, orthonormal, n x k; qt: k x v.cols, written):
+//   M = G + E, Q = M^T P, E = M - P Q^T.
+// Without E (e null) M is G and no residual is kept. Both return the count of elements of M that
+// are NaN, Inf or not below `limit`, as errorFeedbackAndP.
+size_t alternateStepP(const void* g, lowrankDataType_t dtype, float* e, const MatrixView& v,
+                      const float* qt, int k, float* p, float limit = INFINITY);
+size_t alternateStepQ(const void* g, lowrankDataType_t dtype, float* e, const MatrixView& v,
+                      const float* p, int k, float* qt, float limit = INFINITY);
+
 // Qt *= s, elementwise over k x m (turns the allreduced sum of Q into Qbar).
 void scale(float* x, size_t count, float s);
 

@@ -138,6 +138,25 @@ LOWRANK_API lowrankResult_t lowrankBufferReset(lowrankComm_t comm, const void* r
   });
 }
 
+LOWRANK_API lowrankResult_t lowrankBufferSetAlternate(lowrankComm_t comm, const void* recvbuff,
+                                                      int alternate) {
+  if (!comm || !recvbuff)
+    return fail(comm, lowrankInvalidArgument, "lowrankBufferSetAlternate: %s is NULL",
+                comm ? "recvbuff" : "comm");
+  if (alternate != LOWRANK_ALTERNATE_DEFAULT && alternate != 0 && alternate != 1)
+    return fail(comm, lowrankInvalidArgument,
+                "lowrankBufferSetAlternate: alternate is %d, not 0, 1 or LOWRANK_ALTERNATE_DEFAULT",
+                alternate);
+  return lowrank::api::guarded(comm, [&]() -> lowrankResult_t {
+    std::lock_guard<std::mutex> lock(comm->callMu);
+    if (alternate == 1 && !comm->engine->config().warmStart)
+      return fail(comm, lowrankInvalidArgument,
+                  "lowrankBufferSetAlternate: alternate 1 needs the communicator's warmStart 1");
+    comm->engine->setAlternate(recvbuff, alternate);
+    return lowrankSuccess;
+  });
+}
+
 LOWRANK_API lowrankResult_t lowrankBufferRelease(lowrankComm_t comm, const void* recvbuff) {
   if (!comm || !recvbuff)
     return fail(comm, lowrankInvalidArgument, "lowrankBufferRelease: %s is NULL", comm ? "recvbuff" : "comm");

@@ -148,5 +148,6 @@ LOWRANK_API lowrankResult_t lowrankCommGetConfig(const lowrankComm_t comm, lowra
   config->seed = (long long)c.seed;
   config->timeoutSec = c.timeoutSec;
   config->pipeline = c.pipeline;
+  config->alternate = c.alternate;
   return lowrankSuccess;
 }

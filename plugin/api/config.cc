@@ -34,6 +34,7 @@ Status resolveConfig(const lowrankConfig_t* user, EngineConfig* out) {
   LR_RETURN_IF_ERROR(env::unsignedInteger("LOWRANK_SEED", &c.seed, LLONG_MAX));
   LR_RETURN_IF_ERROR(env::number("LOWRANK_TIMEOUT", 0, true, &c.timeoutSec));
   LR_RETURN_IF_ERROR(env::boolean("LOWRANK_PIPELINE", &c.pipeline));
+  LR_RETURN_IF_ERROR(env::boolean("LOWRANK_ALTERNATE", &c.alternate));
   int chunk = int(c.pipelineChunk);
   LR_RETURN_IF_ERROR(env::integer("LOWRANK_PIPELINE_CHUNK", 1, 1 << 30, &chunk));
   c.pipelineChunk = uint64_t(chunk);
@@ -102,7 +103,16 @@ Status resolveConfig(const lowrankConfig_t* user, EngineConfig* out) {
       if (u.pipeline != 0 && u.pipeline != 1) return argError("pipeline", "0 or 1");
       c.pipeline = u.pipeline;
     }
+    if (u.alternate != LOWRANK_CONFIG_UNDEF_INT) {
+      if (u.alternate != 0 && u.alternate != 1) return argError("alternate", "0 or 1");
+      c.alternate = u.alternate;
+    }
   }
+  // Alternation keeps the factor of the last call on every rank: it has no cold start.
+  if (c.alternate && !c.warmStart)
+    return Status::Error(lowrankInvalidArgument,
+                         "alternate 1 (LOWRANK_ALTERNATE) needs warmStart 1 (LOWRANK_WARM_START): "
+                         "alternating PowerSGD compresses against the factor of the last call");
   *out = c;
   return Status::Ok();
 }
@@ -112,10 +122,10 @@ void logConfig(const EngineConfig& c, int rank, int nranks) {
   snprintf(v, sizeof v, "%d.%d.%d", LOWRANK_MAJOR, LOWRANK_MINOR, LOWRANK_PATCH);
   logVersionOnce(v);
   LR_INFO("comm rank %d/%d: approxRank %d, minCompressionRate %g, startIter %d, errorFeedback %d, "
-          "warmStart %d, orthoEpsilon %g, seed %llu, timeout %g s, pipeline %d (chunk %llu "
+          "warmStart %d, alternate %d, orthoEpsilon %g, seed %llu, timeout %g s, pipeline %d (chunk %llu "
           "elements), host allreduce %s (alpha %g us, beta %g ns/byte)",
           rank, nranks, c.approxRank, c.minCompressionRate, c.startIter, int(c.errorFeedback),
-          int(c.warmStart), c.orthoEpsilon, (unsigned long long)c.seed, c.timeoutSec,
+          int(c.warmStart), int(c.alternate), c.orthoEpsilon, (unsigned long long)c.seed, c.timeoutSec,
           int(c.pipeline), (unsigned long long)c.pipelineChunk,
           c.ucxAlgorithm ? ucx::algorithmName(*c.ucxAlgorithm) : c.ucxTune ? "tuned" : "by cost", c.ucxCost.alphaSec * 1e6,
           c.ucxCost.betaSecPerByte * 1e9);

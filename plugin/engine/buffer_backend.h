@@ -60,15 +60,18 @@ class BufferBackend {
   // (plan.qElems floats, orthonormal; read before the call returns), or null for the warm start
   // (the last call's Qbar, orthonormalized by the backend). *fellBack: some comm rank's input was
   // non-finite, found before anything was written (the host); the caller then makes the call
-  // exact. On error the state may be half updated: the caller drops it.
+  // exact. On error the state may be half updated: the caller drops it. qStep: an alternating
+  // plan's (plan.alternate) step, a Q step against the kept P, else a P step against the kept Q.
   virtual Status compressed(BackendState& state, const Plan& plan, const Call& c,
-                            const float* freshQ, bool* fellBack) = 0;
+                            const float* freshQ, bool qStep, bool* fellBack) = 0;
   // Checkpoint: copies the state's residual (plan.count floats; none when `residual` is null or error
-  // feedback is off) and Qt (plan.qElems floats, whole-tensor layout) to host memory (save), or
+  // feedback is off), Qt (plan.qElems floats, whole-tensor layout) and, p not null, the P area of
+  // the payload (plan.pElems floats: an alternating plan's kept Pbar) to host memory (save), or
   // from it (load), after the buffer's last call. A failed load leaves the state to be dropped.
-  virtual Status save(BackendState& state, const Plan& plan, float* residual, float* qt) = 0;
+  virtual Status save(BackendState& state, const Plan& plan, float* residual, float* qt,
+                      float* p) = 0;
   virtual Status load(BackendState& state, const Plan& plan, const float* residual,
-                      const float* qt) = 0;
+                      const float* qt, const float* p) = 0;
   // True once a collective of this backend failed midway (any error of the transport or of NCCL
   // during a collective): the comm ranks may be out of step, so the communicator fails. The same
   // notion for both backends: the transport's broken() (transport/transport.h), or an NCCL error

@@ -260,7 +260,8 @@ Status checkRestore(const SavedState& s, const EngineConfig& cfg, int rank, int 
 // Tensor t of a plan as a saved tensor: its slices of the plan's whole residual and Qt (host
 // copies; residual empty without error feedback), the one place a tensor's state is cut out.
 SavedTensor sliceOf(const TensorPlan& t, uint64_t id, const Shape& shape, uint64_t calls,
-                    bool haveQ, const std::vector<float>& residual, const std::vector<float>& qt) {
+                    bool haveQ, const std::vector<float>& residual, const std::vector<float>& qt,
+                    bool qStep, const std::vector<float>& p) {
   SavedTensor s;
   s.id = id;
   s.shape = shape;
@@ -272,6 +273,9 @@ SavedTensor sliceOf(const TensorPlan& t, uint64_t id, const Shape& shape, uint64
   if (s.haveQ)
     s.qt.assign(qt.begin() + long(t.qOffset),
                 qt.begin() + long(t.qOffset + size_t(t.k) * t.view.cols));
+  s.qStep = s.haveQ && qStep && !p.empty();
+  if (s.qStep)
+    s.p.assign(p.begin() + long(t.pOffset), p.begin() + long(t.pOffset + size_t(t.k) * t.view.rows));
   return s;
 }
 
@@ -309,14 +313,18 @@ uint32_t formatVersion(const void* bytes, size_t size) {
 
 // Format 2: magic[8], version u32, headerBytes u32 (40), seed i64, nranks i32, rank i32, flags u32
 // (error feedback, by position), ntensors u32; per tensor: id u64, ndims u32, sizes u64..., k i32, calls u64,
-// flags u32 (haveQ), residual elems u64, qt elems u64, the residual and Qt (float32); the CRC-32.
+// flags u32 (haveQ, qStep), residual elems u64, qt elems u64, the residual and Qt (float32), and
+// with qStep: P elems u64 and P (float32); the CRC-32.
 namespace {
 constexpr size_t kFixed2 = 40;
 // Format 2's header flags beside kErrorFeedback. A reader refuses the flags it does not know, so
 // a flag (or a per-tensor one beside kHaveQ) extends the format without a new version.
 constexpr uint32_t kByPosition = 2, kKnownFlags2 = kErrorFeedback | kByPosition;
+// Per tensor beside kHaveQ: alternating PowerSGD's next step is a Q step, its kept P follows.
+constexpr uint32_t kQStep = 4, kKnownTensorFlags = kHaveQ | kQStep;
 size_t tensorBytes(const SavedTensor& t) {
-  return 8 + 4 + 8 * t.shape.size() + 4 + 8 + 4 + 16 + 4 * (t.residual.size() + t.qt.size());
+  return 8 + 4 + 8 * t.shape.size() + 4 + 8 + 4 + 16 + 4 * (t.residual.size() + t.qt.size()) +
+         (t.qStep ? 8 + 4 * t.p.size() : 0);
 }
 }  // namespace
 
@@ -342,11 +350,15 @@ void encode(const SavedTensors& s, uint8_t* out) {
     for (size_t d : t.shape) w.u64(d);
     w.u32(uint32_t(t.k));
     w.u64(t.calls);
-    w.u32(t.haveQ ? kHaveQ : 0);
+    w.u32((t.haveQ ? kHaveQ : 0) | (t.qStep ? kQStep : 0));
     w.u64(t.residual.size());
     w.u64(t.qt.size());
     w.floats(t.residual);
     w.floats(t.qt);
+    if (t.qStep) {
+      w.u64(t.p.size());
+      w.floats(t.p);
+    }
   }
   w.u32(crc(out, size_t(w.at() - out)));
 }
@@ -399,7 +411,9 @@ Status decode(const void* bytes, size_t size, SavedTensors* out) {
     // A 1-D tensor with Q: a batched buffer's one tensor (by position), Q of the batched view.
     const bool batched = nd == 1 && s.byPosition && ntensors == 1;
     const uint64_t cols = !t.haveQ ? 0 : batched ? batchedView(size_t(numel)).cols : numel / t.shape[0];
-    if (t.k < 0 || t.k > 65536 || (tflags & ~kHaveQ) || t.calls > kMaxCalls ||
+    t.qStep = tflags & kQStep;
+    if (t.k < 0 || t.k > 65536 || (tflags & ~kKnownTensorFlags) || t.calls > kMaxCalls ||
+        (t.qStep && !t.haveQ) ||
         nres != (s.errorFeedback ? numel : 0) ||
         nq != (t.haveQ ? uint64_t(t.k) * cols : 0) ||
         (t.haveQ && (t.k == 0 || (nd < 2 && !batched))))
@@ -407,6 +421,15 @@ Status decode(const void* bytes, size_t size, SavedTensors* out) {
     if (nq > r.left() / 4 || nres > (r.left() / 4) - nq) return bad("truncated (in a tensor)");
     r.floats(size_t(nres), &t.residual);
     r.floats(size_t(nq), &t.qt);
+    if (t.qStep) {  // the kept P: rows of its view x k
+      uint64_t np = 0;
+      const uint64_t rows = batched ? batchedView(size_t(numel)).rows : t.shape[0];
+      if (!r.u64(&np)) return bad("truncated (in a tensor)");
+      if (np != rows * uint64_t(t.k))
+        return bad("inconsistent (a tensor's P does not fit its shape and rank)");
+      if (np > r.left() / 4) return bad("truncated (in a tensor)");
+      r.floats(size_t(np), &t.p);
+    }
     seen.push_back(t.id);
     s.tensors.push_back(std::move(t));
   }
@@ -432,6 +455,7 @@ Status checkRestore(const SavedTensors& s, const EngineConfig& cfg, int rank, in
 uint64_t agreementId(const SavedTensor& t) {
   uint64_t h = mix(mix(mix(0x746e7372ull, t.id), t.calls), t.haveQ);
   h = mix(h, crc(reinterpret_cast<const uint8_t*>(t.qt.data()), 4 * t.qt.size()));
+  if (t.qStep) h = mix(mix(h, 0x7153746570ull), crc(reinterpret_cast<const uint8_t*>(t.p.data()), 4 * t.p.size()));
   return h ? h : 1;
 }
 

@@ -40,8 +40,12 @@ struct SavedTensor {
   int32_t k = 0;        // the rank Qt was made at (0: the tensor was not compressed)
   uint64_t calls = 0;   // calls the id has made (its warm-up and the draw of its next fresh Q)
   bool haveQ = false;   // qt holds its warm start (k x cols floats)
+  // Alternating PowerSGD: its next compressed call is a Q step, against the kept Pbar in p
+  // (rows x k floats, rows of its view); else p is empty and the next step is a P step.
+  bool qStep = false;
   std::vector<float> residual;  // numel floats when error feedback is on, else empty
   std::vector<float> qt;
+  std::vector<float> p;
 };
 struct SavedTensors {
   static constexpr uint32_t kFormatVersion = 2;
@@ -86,8 +90,11 @@ Status checkRestore(const SavedState& s, const EngineConfig& cfg, int rank, int 
                     const std::optional<Layout>& layout);
 // Tensor t of a plan as a saved tensor: its slices of the plan's whole residual and Qt (host
 // copies; residual empty without error feedback), the one place a tensor's state is cut out.
+// p: the plan's whole P area (pElems floats), the kept Pbar of a record whose next call is a Q
+// step (qStep), else empty.
 SavedTensor sliceOf(const TensorPlan& t, uint64_t id, const Shape& shape, uint64_t calls,
-                    bool haveQ, const std::vector<float>& residual, const std::vector<float>& qt);
+                    bool haveQ, const std::vector<float>& residual, const std::vector<float>& qt,
+                    bool qStep = false, const std::vector<float>& p = {});
 // A format-1 state as per-tensor states by position (SavedTensors::byPosition), cut where its
 // buffer's plan kept each tensor. Errors: lowrankInvalidUsage when its Q does not fit that plan
 // (another min compression rate).

@@ -156,22 +156,30 @@ std::unique_ptr<BackendState> DeviceBackend::allocate(const Plan& plan, const Ca
   return std::make_unique<DeviceState>(be_, s, memory, a.alloc != nullptr, device_);
 }
 
-Status DeviceBackend::compressed(BackendState& state, const Plan&, const Call& c,
-                                 const float* freshQ, bool* fellBack) {
+Status DeviceBackend::compressed(BackendState& state, const Plan& plan, const Call& c,
+                                 const float* freshQ, bool qStep, bool* fellBack) {
   *fellBack = false;  // a rejection arrives later, through collect()
+  (void)qStep;
+  if (plan.alternate)
+    return Status::Error(lowrankInvalidUsage,
+                         "buffer %p: alternating PowerSGD (lowrankConfig_t.alternate) is not yet "
+                         "implemented for device buffers", c.recv);
   lowrankCudaError_t err{};
   return fromBackend(be_->runCompressed(comm_, static_cast<DeviceState&>(state).get(), c.send,
                                         c.recv, c.op, freshQ, c.stream, &err),
                      err);
 }
 
-Status DeviceBackend::save(BackendState& state, const Plan&, float* residual, float* qt) {
+Status DeviceBackend::save(BackendState& state, const Plan&, float* residual, float* qt,
+                           float* p) {
+  if (p) return Status::Error(lowrankInvalidUsage, "alternating state of a device buffer");
   lowrankCudaError_t err{};
   return fromBackend(be_->stateSave(static_cast<DeviceState&>(state).get(), residual, qt, &err), err);
 }
 
 Status DeviceBackend::load(BackendState& state, const Plan&, const float* residual,
-                           const float* qt) {
+                           const float* qt, const float* p) {
+  if (p) return Status::Error(lowrankInvalidUsage, "alternating state of a device buffer");
   lowrankCudaError_t err{};
   return fromBackend(be_->stateLoad(static_cast<DeviceState&>(state).get(), residual, qt, &err), err);
 }

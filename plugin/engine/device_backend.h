@@ -37,10 +37,11 @@ class DeviceBackend final : public BufferBackend {
   std::unique_ptr<BackendState> allocate(const Plan& plan, const Call& c, const EngineConfig& cfg,
                                          std::string* why, bool* refused) override;
   Status compressed(BackendState& state, const Plan& plan, const Call& c, const float* freshQ,
-                    bool* fellBack) override;
-  Status save(BackendState& state, const Plan& plan, float* residual, float* qt) override;
-  Status load(BackendState& state, const Plan& plan, const float* residual,
-              const float* qt) override;
+                    bool qStep, bool* fellBack) override;
+  Status save(BackendState& state, const Plan& plan, float* residual, float* qt,
+              float* p) override;
+  Status load(BackendState& state, const Plan& plan, const float* residual, const float* qt,
+              const float* p) override;
   Status collect(BackendState& state, const void* buf, int wait, uint64_t* rejected) override;
   bool broken() const override { return ncclFailed_; }
   // Any thread: the device waits end at once and never touch NCCL again (the engine then may

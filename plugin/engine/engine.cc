@@ -221,6 +221,8 @@ void Engine::reset(const void* buf) {
   if (Buffer* b = buffers_.find(buf)) buffers_.reset(buf, *b, counters_);
 }
 
+void Engine::setAlternate(const void* buf, int alternate) { buffers_.get(buf).alternate = alternate; }
+
 void Engine::release(const void* buf) {
   platform::DeviceGuard guard(device());
   buffers_.erase(buf, counters_);

@@ -55,6 +55,8 @@ class Engine {
   // the tensors (nothing changes then).
   Status setTensors(const void* buf, Layout layout, TensorIds ids);
   void reset(const void* buf);
+  // lowrankBufferSetAlternate (checked): buf's schedule from its next call, which re-plans it.
+  void setAlternate(const void* buf, int alternate);
   void release(const void* buf);
   void view(const void* buf, lowrankBufferView_t* view) const;
   // lowrankBufferGetTensorRanks: each tensor's k in force in buf's plan (0: exact), in layout

@@ -28,18 +28,21 @@ Status HostBackend::agree(uint64_t words[PlanCheck::kWords]) {
   return s;
 }
 
-Status HostBackend::save(BackendState& state, const Plan& plan, float* residual, float* qt) {
+Status HostBackend::save(BackendState& state, const Plan& plan, float* residual, float* qt,
+                         float* p) {
   const auto& st = static_cast<const HostState&>(state);
   if (residual && !st.error.empty()) std::copy_n(st.error.data(), plan.count, residual);
   std::copy_n(st.qt.data(), plan.qElems, qt);
+  if (p) std::copy_n(st.payload.data() + plan.payload().p, plan.pElems, p);
   return Status::Ok();
 }
 
 Status HostBackend::load(BackendState& state, const Plan& plan, const float* residual,
-                         const float* qt) {
+                         const float* qt, const float* p) {
   auto& st = static_cast<HostState&>(state);
   if (residual && !st.error.empty()) std::copy_n(residual, plan.count, st.error.data());
   std::copy_n(qt, plan.qElems, st.qt.data());
+  if (p) std::copy_n(p, plan.pElems, st.payload.data() + plan.payload().p);
   return Status::Ok();
 }
 
@@ -52,7 +55,7 @@ std::unique_ptr<BackendState> HostBackend::allocate(const Plan& plan, const Call
     if (cfg_.errorFeedback) st->error.assign(plan.count, 0.f);
     st->payload.assign(plan.payload().elems, 0.f);
     st->qt.assign(plan.qElems, 0.f);
-    st->qwire.assign(plan.qElems, 0.f);
+    st->qwire.assign(plan.qWireElems(), 0.f);
     return st;
   } catch (const std::bad_alloc&) {
     *why = "out of host memory";
@@ -61,7 +64,10 @@ std::unique_ptr<BackendState> HostBackend::allocate(const Plan& plan, const Call
 }
 
 Status HostBackend::compressed(BackendState& state, const Plan& plan, const Call& c,
-                               const float* freshQ, bool* fellBack) {
+                               const float* freshQ, bool qStep, bool* fellBack) {
+  if (plan.alternate)
+    return runAlternateOnHost(static_cast<HostState&>(state), plan, cfg_, c.send, c.recv, c.op,
+                              freshQ, qStep, tr_, fellBack);
   return runCompressedOnHost(static_cast<HostState&>(state), plan, cfg_, c.send, c.recv, c.op,
                             freshQ, tr_, fellBack);
 }

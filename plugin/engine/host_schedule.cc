@@ -9,9 +9,8 @@
 #include "util/dtype.h"
 
 namespace lowrank {
-namespace {
+namespace hostpay {
 
-// Packs the exact tensors of G into payload[0, exactElems) as float32; returns their non-finite count.
 size_t packExact(const Plan& pl, const void* sendbuff, float* payload) {
   const size_t es = dtypeSize(pl.dtype);
   size_t bad = 0;
@@ -24,7 +23,6 @@ size_t packExact(const Plan& pl, const void* sendbuff, float* payload) {
   return bad;
 }
 
-// Writes the reduced exact part to recvbuff (divided by N for avg), in the buffer's dtype.
 void unpackExact(const Plan& pl, const float* payload, void* recvbuff, lowrankRedOp_t op, int N) {
   const size_t es = dtypeSize(pl.dtype);
   for (const TensorPlan& t : pl.tensors)
@@ -33,18 +31,19 @@ void unpackExact(const Plan& pl, const float* payload, void* recvbuff, lowrankRe
                         static_cast<char*>(recvbuff) + t.offset * es, pl.dtype);
 }
 
-// After allreduce #1: Ok, fellBack (some rank's input was non-finite or huge), or
-// lowrankInvalidUsage when the ranks called with different ops (every rank sees the same sums).
-Status readChecks(const Plan& pl, const float* payload, lowrankRedOp_t op, int N, bool* fellBack) {
-  if (payload[pl.payload().op] != lowrankPayloadOpCode(op) * float(N))
+Status readChecks(const lowrankPayloadLayout_t& at, const float* payload, lowrankRedOp_t op,
+                  int N, bool* fellBack) {
+  if (payload[at.op] != lowrankPayloadOpCode(op) * float(N))
     return Status::Error(lowrankInvalidUsage,
                          "the comm ranks called this buffer with different ops (sum and avg); this "
                          "rank used %s", op == lowrankSum ? "sum" : "avg");
-  *fellBack = payload[pl.payload().flag] != 0.f;
+  *fellBack = payload[at.flag] != 0.f;
   return Status::Ok();
 }
 
-}  // namespace
+}  // namespace hostpay
+
+using namespace hostpay;
 
 Status runCompressedOnHost(HostState& st, const Plan& pl, const EngineConfig& cfg,
                            const void* sendbuff, void* recvbuff, lowrankRedOp_t op,
@@ -121,7 +120,7 @@ Status runCompressedOnHost(HostState& st, const Plan& pl, const EngineConfig& cf
   }
 
   Status s = tr.wait(pTicket.back());
-  if (s.ok()) s = readChecks(pl, pay, op, N, fellBack);
+  if (s.ok()) s = readChecks(pl.payload(), pay, op, N, fellBack);
   if (!s.ok() || *fellBack) return failed(s);
   unpackExact(pl, pay, recvbuff, op, N);  // posted before (or with) the first P chunk
 

@@ -23,4 +23,30 @@ Status runCompressedOnHost(HostState& st, const Plan& pl, const EngineConfig& cf
                            const void* sendbuff, void* recvbuff, lowrankRedOp_t op,
                            const float* freshQ, AsyncTransport& tr, bool* fellBack);
 
+// Alternating PowerSGD (ACP-SGD; docs/design.md, "Alternating factors"): one factor allreduce.
+// P step (qStep false): Q = the fresh Q given, else the kept Qbar orthonormalized; pass 1 by row
+//   blocks (alternateStepP: E += G, P = M Q, E -= P Q^T), each P chunk posted as computed (the
+//   exact part and the checks ride as in PowerSGD's allreduce #1); once all are reduced,
+//   Pbar = P / N (kept in the payload for the next call) and out = s Pbar Q^T.
+// Q step: P = the kept Pbar orthonormalized; pass by column blocks (alternateStepQ: E += G,
+//   Q = M^T P, E -= P Q^T), each Q chunk posted in the Q payload (plan.qPayload: exact part |
+//   Q | checks); once reduced, Qbar = Q / N (kept as the next P step's Q) and out = s P Qbar^T.
+// Nothing is written to recvbuff before every rank's checks are in (*fellBack as above).
+Status runAlternateOnHost(HostState& st, const Plan& pl, const EngineConfig& cfg,
+                          const void* sendbuff, void* recvbuff, lowrankRedOp_t op,
+                          const float* freshQ, bool qStep, AsyncTransport& tr, bool* fellBack);
+
+// The payload's exact part and checks, for both schedules (the layout: abi/cuda_backend.h).
+namespace hostpay {
+// Packs the exact tensors of G into payload[0, exactElems) as float32; returns their non-finite count.
+size_t packExact(const Plan& pl, const void* sendbuff, float* payload);
+// Writes the reduced exact part to recvbuff (divided by N for avg), in the buffer's dtype.
+void unpackExact(const Plan& pl, const float* payload, void* recvbuff, lowrankRedOp_t op, int N);
+// After the allreduce that carried the checks (at their places in `at`): Ok, fellBack (some
+// rank's input was non-finite or huge), or lowrankInvalidUsage when the ranks called with
+// different ops (every rank sees the same sums).
+Status readChecks(const lowrankPayloadLayout_t& at, const float* payload, lowrankRedOp_t op,
+                  int N, bool* fellBack);
+}  // namespace hostpay
+
 }  // namespace lowrank

@@ -108,7 +108,7 @@ Status runCall(BufferBackend& be, BufferRegistry& buffers, const Call& c, const 
     freshQ = scratchQ.data();
   }
   bool fellBack = false;
-  Status s = be.compressed(*r.state, r.plan, c, freshQ, &fellBack);
+  Status s = be.compressed(*r.state, r.plan, c, freshQ, r.plan.alternate && r.qStep, &fellBack);
   if (!s.ok()) {
     buffers.reset(c.recv, b, k);  // never keep a half-updated state (E may hold M)
     return s;
@@ -123,7 +123,12 @@ Status runCall(BufferBackend& be, BufferRegistry& buffers, const Call& c, const 
   ++k.compressedCalls;
   k.compressedElements += r.plan.compressedElems;
   k.exactElements += r.plan.exactElems;
-  k.payloadElements += r.plan.pElems + r.plan.qElems + r.plan.exactElems;
+  if (!r.plan.alternate) {
+    k.payloadElements += r.plan.pElems + r.plan.qElems + r.plan.exactElems;
+    return Status::Ok();
+  }
+  k.payloadElements += (r.qStep ? r.plan.qElems : r.plan.pElems) + r.plan.exactElems;
+  r.qStep = !r.qStep;
   return Status::Ok();
 }
 

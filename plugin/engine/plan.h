@@ -60,11 +60,18 @@ struct Plan {
 
   // Payload of allreduce #1: lowrankPayload (abi/cuda_backend.h), the layout both schedules use.
   lowrankPayloadLayout_t payload() const { return lowrankPayload(exactElems, pElems); }
+  // Alternating (ACP-SGD): a Q step's one allreduce, the same layout with Q in P's place:
+  // [exact part | Qt by column blocks, as the Q chunks travel (qElems) | checks]. Its Q part is the
+  // Q wire; PowerSGD's Q wire is qElems floats alone.
+  bool alternate = false;
+  lowrankPayloadLayout_t qPayload() const { return lowrankPayload(exactElems, qElems); }
+  uint64_t qWireElems() const { return alternate ? qPayload().elems : qElems; }
   // Bytes of a buffer's state under this plan, host or device alike: the float32 residual (error
   // feedback), the payload, Qt and its wire copy (HostState, cuda's DeviceBuffer). What
   // lowrankStats_t.stateBytes counts for it, and what a failed allocation says it could not get.
+  // Alternating, P of the payload is also the kept factor between a P step and the next Q step.
   uint64_t stateBytes(bool errorFeedback) const {
-    return sizeof(float) * (uint64_t(errorFeedback ? count : 0) + payload().elems + 2 * uint64_t(qElems));
+    return sizeof(float) * (uint64_t(errorFeedback ? count : 0) + payload().elems + qElems + qWireElems());
   }
 
   bool pipelined = false;

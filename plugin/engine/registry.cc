@@ -16,23 +16,27 @@
 namespace lowrank {
 namespace {
 
-// A record's residual and Qt copied to host memory, for the ids taken from it.
+// A record's residual, Qt and (before an alternating Q step) kept P copied to host memory, for
+// the ids taken from it.
 struct Snapshot {
-  std::vector<float> residual, qt;
+  std::vector<float> residual, qt, p;
 };
+
+bool keepsP(const Record& r) { return r.plan.alternate && r.qStep && r.haveQ && r.state; }
 
 Status snapshot(const Record& r, bool errorFeedback, Snapshot* out) {
   if (errorFeedback) out->residual.assign(r.plan.count, 0.f);
   out->qt.assign(r.plan.qElems, 0.f);
+  if (keepsP(r)) out->p.assign(r.plan.pElems, 0.f);
   if (!r.state) return Status::Ok();
   return r.backend->save(*r.state, r.plan, errorFeedback ? out->residual.data() : nullptr,
-                         out->qt.data());
+                         out->qt.data(), out->p.empty() ? nullptr : out->p.data());
 }
 
 // Tensor `index` of record r as a saved tensor, from its snapshot.
 SavedTensor savedTensor(const Record& r, size_t index, const Snapshot& snap) {
   return sliceOf(r.plan.tensors[index], r.decl.ids[index], r.shapes[index], r.tensorCalls[index],
-                 r.haveQ && r.state, snap.residual, snap.qt);
+                 r.haveQ && r.state, snap.residual, snap.qt, keepsP(r), snap.p);
 }
 
 // True when the shapes are b's tensors' for a call of count elements (Buffer::shapes, uncopied).
@@ -41,9 +45,10 @@ bool sameShapes(const Layout& shapes, const Buffer& b, size_t count) {
   return shapes.size() == 1 && shapes[0].size() == 1 && shapes[0][0] == count;
 }
 
-bool idsFit(const Record& r, const Buffer& b, const Call& c, const BufferBackend& be) {
+bool idsFit(const Record& r, const Buffer& b, const Call& c, const BufferBackend& be,
+            const EngineConfig& cfg) {
   return r.decl == b.ids && sameShapes(r.shapes, b, c.count) && r.plan.count == c.count &&
-         r.plan.dtype == c.dtype && r.backend == &be;
+         r.plan.dtype == c.dtype && r.backend == &be && r.plan.alternate == b.alternates(cfg);
 }
 
 // The error of a call on a buffer whose id another buffer took since its declaration.
@@ -186,7 +191,7 @@ Status BufferRegistry::take(BufferBackend& be, const void* buf, Buffer& b, const
                             const EngineConfig& cfg, int rank, Counters& k) {
   const void* sp = space(buf, b);
   Record* r = b.rec.get();
-  if (r && idsFit(*r, b, c, be)) {
+  if (r && idsFit(*r, b, c, be, cfg)) {
     if (r->checkedAt != generation_) {  // an id changed hands, or a restore came, since the check
       const uint64_t* lost = nullptr;
       for (size_t i = 0; i < b.ids.ids.size() && !lost; ++i) {
@@ -221,7 +226,7 @@ Status BufferRegistry::take(BufferBackend& be, const void* buf, Buffer& b, const
   auto o = owners_.find({sp, b.ids.ids[0]});
   if (o != owners_.end()) {
     Record* src = o->second.rec;
-    bool whole = src != r && idsFit(*src, b, c, be) && src->idsHeld == b.ids.ids.size();
+    bool whole = src != r && idsFit(*src, b, c, be, cfg) && src->idsHeld == b.ids.ids.size();
     for (size_t i = 0; whole && i < b.ids.ids.size(); ++i) whole = !pending_.count({sp, b.ids.ids[i]});
     if (whole) {
       std::unique_ptr<Record> moved = detach(src);
@@ -271,6 +276,7 @@ Status BufferRegistry::build(BufferBackend& be, const void* buf, Buffer& b, cons
   Plan pl;
   Status s = makePlan(c.count, c.dtype, c.op, b.layout ? &*b.layout : nullptr, cfg, &pl, &inForce);
   pl.synthetic = b.synthetic;
+  pl.alternate = b.alternates(cfg);
   if (!s.ok()) {
     char where[80];
     snprintf(where, sizeof where, "buffer %p%s: ", buf,
@@ -306,7 +312,7 @@ Status BufferRegistry::build(BufferBackend& be, const void* buf, Buffer& b, cons
   std::unique_ptr<BackendState> state;
   std::optional<std::string> refused;  // the supplied allocator's refusal: the call fails
   bool allocated = s.ok() && !pl.compressedElems;
-  bool haveQ = false;
+  bool haveQ = false, qStep = false;
   if (s.ok() && pl.compressedElems) {
     state = allocateState(be, pl, c, cfg, rank, &refused);
     allocated = state != nullptr;
@@ -318,7 +324,11 @@ Status BufferRegistry::build(BufferBackend& be, const void* buf, Buffer& b, cons
                        std::any_of(from.begin(), from.end(), [](const Owner& o) { return o.rec && o.rec->state; });
   if (s.ok() && state && carried) {
     std::vector<float> residual(cfg.errorFeedback ? pl.count : 0, 0.f), qt(pl.qElems, 0.f);
+    std::vector<float> p(pl.alternate ? pl.pElems : 0, 0.f);
     std::vector<bool> gotQ(n, false);
+    // Alternating: the record goes on with a Q step only if every compressed tensor was about to
+    // make one at this k (its kept P comes along); else the alternation restarts with a P step.
+    qStep = pl.alternate;
     bool any = false;
     for (size_t i = 0; i < n; ++i) {
       const TensorPlan& t = pl.tensors[i];
@@ -341,7 +351,14 @@ Status BufferRegistry::build(BufferBackend& be, const void* buf, Buffer& b, cons
              qt.data() + t.qOffset);
         gotQ[i] = haveQ = true;
       }
+      if (t.compressed && qStep && src->qStep && src->k == t.k && gotQ[i] &&
+          src->p.size() == size_t(t.k) * t.view.rows)
+        std::copy(src->p.begin(), src->p.end(), p.begin() + long(t.pOffset));
+      else if (t.compressed)
+        qStep = false;
     }
+    for (size_t i = 0; qStep && i < n; ++i)  // a compressed tensor with no state at all
+      if (pl.tensors[i].compressed && !gotQ[i]) qStep = false;
     if (haveQ)  // the other tensors' first Q, drawn now as their first call would (host: the same
                 // bits; a device orthonormalizes it with its own kernel)
       for (size_t i = 0; i < n; ++i)
@@ -350,8 +367,11 @@ Status BufferRegistry::build(BufferBackend& be, const void* buf, Buffer& b, cons
           phases::drawNormal(pl.tensors[i], cfg, phases::qStream(pl, i, calls[i] + 1),
                              qt.data() + pl.tensors[i].qOffset);
     if (any || haveQ)
-      s = be.load(*state, pl, residual.empty() ? nullptr : residual.data(), qt.data());
+      s = be.load(*state, pl, residual.empty() ? nullptr : residual.data(), qt.data(),
+                  qStep ? p.data() : nullptr);
   }
+  // The phase is part of what every comm rank must agree on (ranks at different steps fail).
+  if (pl.alternate) pl.hash = mix(pl.hash, qStep ? 0x5173746570ull : 0x5073746570ull);
   uint64_t restoredId = 0, restoredCalls = 0;
   for (size_t i = 0; i < n; ++i)
     if (saved[i]) {
@@ -377,6 +397,7 @@ Status BufferRegistry::build(BufferBackend& be, const void* buf, Buffer& b, cons
   r->backend = &be;
   if (!exactOnly) r->state = std::move(state);
   r->haveQ = haveQ && r->state;
+  r->qStep = qStep && r->haveQ;
   r->space = sp;
   r->shapes = shapes;
   r->decl = b.ids;

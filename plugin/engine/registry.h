@@ -35,6 +35,8 @@ struct TensorKeyHash {
 struct Record {
   Plan plan;
   uint64_t calls = 0;        // calls since the plan was made
+  bool qStep = false;        // alternating: the next compressed call is a Q step (P: kept in the
+                             // state from the last call, a P step's Pbar), the same for all its tensors
   bool haveQ = false;        // the state holds a Qbar from an earlier call (warm start)
   bool exactOnly = false;    // some comm rank could not allocate the state at plan time: every
                              // rank allreduces these tensors exactly until they are re-planned
@@ -58,7 +60,11 @@ struct Buffer {
   TensorIds ids{{0}, {LOWRANK_RANK_DEFAULT}};
   bool synthetic = true;         // no lowrankBufferSetTensors: ids are positions (TensorKey)
   bool declared = false;         // SetTensors since the last call: that call may take ids it holds not
+  int alternate = LOWRANK_ALTERNATE_DEFAULT;  // lowrankBufferSetAlternate
   std::unique_ptr<Record> rec;   // null: not planned
+  bool alternates(const EngineConfig& cfg) const {
+    return alternate == LOWRANK_ALTERNATE_DEFAULT ? cfg.alternate : alternate == 1;
+  }
   bool planned() const { return rec != nullptr; }
   // Its tensors' shapes for a call of count elements: the layout, or one batched tensor.
   Layout shapes(size_t count) const { return layout ? *layout : Layout{Shape{count}}; }

@@ -42,6 +42,9 @@ constexpr Variable kTable[] = {
     {"LOWRANK_PIPELINE", "comm", "0/1, true/false, yes/no, on/off", "1",
      "overlap the factor allreduces with the compression passes, chunk by chunk (a progress thread"
      " per communicator drives the transport); 0 runs the phases one after another"},
+    {"LOWRANK_ALTERNATE", "comm", "0/1, true/false, yes/no, on/off", "0",
+     "alternating PowerSGD (ACP-SGD): one factor allreduce per call, P and Q on alternate calls; "
+     "needs LOWRANK_WARM_START=1. Must be the same on every rank"},
     {"LOWRANK_PIPELINE_CHUNK", "comm", "integer 1 .. 2^30", "8388608",
      "elements of the gradient matrix per chunk; buffers with fewer than two chunks of compressed "
      "elements are not chunked. Must be the same on every rank"},

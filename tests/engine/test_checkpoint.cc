@@ -25,6 +25,8 @@ struct Case {
   bool perTensor;
   int warmStart;
   int startIter;
+  int alternate = 0;  // alternating PowerSGD; with first odd, the restored call is a Q step
+  int first = 20;     // calls before the save
 };
 
 // Two matrices and a bias (per-tensor), or the same count as one matrix (batched).
@@ -73,6 +75,7 @@ lowrankConfig_t cfgOf(const Case& c, int k = 3) {
   lowrankConfig_t cfg = config(k);
   cfg.warmStart = c.warmStart;
   cfg.startIter = c.startIter;
+  cfg.alternate = c.alternate;
   cfg.seed = 11;
   return cfg;
 }
@@ -83,7 +86,7 @@ class Resume : public ::testing::TestWithParam<Case> {};
 // uninterrupted run's bit for bit, on every comm rank.
 TEST_P(Resume, NextCallsBitIdenticalOnEveryRank) {
   const Case c = GetParam();
-  const int N = 3, first = 20, total = 40;
+  const int N = 3, first = c.first, total = 40;
   const lowrankConfig_t cfg = cfgOf(c);
   std::vector<std::vector<std::vector<float>>> straight(N), resumed(N);
   std::vector<Bytes> saved(N);
@@ -133,7 +136,10 @@ INSTANTIATE_TEST_SUITE_P(Checkpoint, Resume,
                          ::testing::Values(Case{"per_tensor", true, 1, 0},
                                            Case{"batched", false, 1, 0},
                                            Case{"no_warm_start", true, 0, 0},
-                                           Case{"in_warm_up", true, 1, 25}),
+                                           Case{"in_warm_up", true, 1, 25},
+                                           Case{"alternate_at_p_step", true, 1, 0, 1, 20},
+                                           Case{"alternate_at_q_step", true, 1, 0, 1, 21},
+                                           Case{"alternate_batched_at_q_step", false, 1, 0, 1, 21}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 // The bytes of a 2-rank run with k = 3, per tensor, 5 calls: rank r's in out[r].

@@ -193,3 +193,117 @@ TEST(Passes, ColumnBlocksEqualTheWholeMatrix) {
 }
 
 }  // namespace
+
+namespace {
+
+// The alternating steps (ACP-SGD) against the naive reference: P step M = G + E, P = M Q,
+// E = M - P Q^T; Q step Q = M^T P, E = M - P Q^T; without E, M = G and nothing is kept.
+class AlternateSteps : public ::testing::TestWithParam<Case> {};
+
+Mat fromRows(const float* x, size_t rows, size_t cols) {
+  return Eigen::Map<const Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>(
+             x, rows, cols).cast<double>();
+}
+
+TEST_P(AlternateSteps, MatchNaiveReference) {
+  const Case c = GetParam();
+  const MatrixView v{c.n, c.m, c.valid};
+  Gradient g = makeGradient(c.valid, c.dtype, 31);
+  std::vector<float> e0 = randomVec(c.valid, 32);
+  for (float& x : e0) x *= 0.1f;
+  std::vector<float> mflat(c.valid);
+  for (size_t i = 0; i < c.valid; ++i) mflat[i] = g.gf[i] + e0[i];
+  const Mat M = asMatrix(mflat, c), G = asMatrix(g.gf, c);
+  const std::vector<float> qt = randomVec(size_t(c.k) * c.m, 33), pk = randomVec(c.n * c.k, 34);
+  const Mat Qt = fromRows(qt.data(), c.k, c.m), Pk = fromRows(pk.data(), c.n, c.k);
+  auto residualOk = [&](const std::vector<float>& e, const Mat& R) {
+    double err = 0, ref = 0;
+    for (size_t i = 0; i < c.valid; ++i) {
+      err += std::pow(e[i] - R(i / c.m, i % c.m), 2);
+      ref += std::pow(R(i / c.m, i % c.m), 2);
+    }
+    return std::sqrt(err) <= 1e-4 * std::sqrt(ref) + 1e-4;
+  };
+
+  // P step.
+  std::vector<float> e = e0, p(c.n * c.k, -1.f);
+  EXPECT_EQ(alternateStepP(g.bytes.data(), c.dtype, e.data(), v, qt.data(), c.k, p.data()), 0u);
+  const Mat P = fromRows(p.data(), c.n, c.k), Pref = M * Qt.transpose();
+  EXPECT_LE((P - Pref).norm(), 1e-5 * Pref.norm() + 1e-6);
+  EXPECT_TRUE(residualOk(e, M - Pref * Qt)) << "P step residual";
+  std::vector<float> p0(c.n * c.k);  // without E: P = G Q
+  alternateStepP(g.bytes.data(), c.dtype, nullptr, v, qt.data(), c.k, p0.data());
+  const Mat P0ref = G * Qt.transpose();
+  EXPECT_LE((fromRows(p0.data(), c.n, c.k) - P0ref).norm(), 1e-5 * P0ref.norm() + 1e-6);
+
+  // Q step.
+  e = e0;
+  std::vector<float> q(size_t(c.k) * c.m, 7.f);
+  EXPECT_EQ(alternateStepQ(g.bytes.data(), c.dtype, e.data(), v, pk.data(), c.k, q.data()), 0u);
+  const Mat Q = fromRows(q.data(), c.k, c.m), Qref = Pk.transpose() * M;  // k x m
+  EXPECT_LE((Q - Qref).norm(), 1e-5 * Qref.norm() + 1e-6);
+  EXPECT_TRUE(residualOk(e, M - Pk * Qref)) << "Q step residual";
+  std::vector<float> q0(size_t(c.k) * c.m);
+  alternateStepQ(g.bytes.data(), c.dtype, nullptr, v, pk.data(), c.k, q0.data());
+  const Mat Q0ref = Pk.transpose() * G;
+  EXPECT_LE((fromRows(q0.data(), c.k, c.m) - Q0ref).norm(), 1e-5 * Q0ref.norm() + 1e-6);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, AlternateSteps,
+    ::testing::Values(Case{1, 1, 1, 1, lowrankFloat32}, Case{7, 5, 35, 2, lowrankFloat32},
+                      Case{33, 65, 33 * 65, 4, lowrankFloat32},
+                      Case{300, 200, 300 * 200, 4, lowrankFloat32},  // several tiles both ways
+                      Case{2048, 130, 2048 * 130, 2, lowrankFloat32},  // narrow column tiles
+                      Case{32, 32, 1009, 4, lowrankFloat32},  // padded square
+                      Case{1, 300, 300, 1, lowrankFloat32}, Case{300, 1, 300, 1, lowrankFloat32},
+                      Case{40, 50, 1990, 3, lowrankFloat16}, Case{17, 19, 300, 5, lowrankBfloat16}));
+
+// The tiles of the fused steps change nothing: the factor has the bits of the unfused passes,
+// over the whole matrix and by the schedule's column blocks alike.
+TEST(AlternateSteps, TilesGiveTheBitsOfTheUnfusedPasses) {
+  for (size_t valid : {size_t(700 * 300), size_t(700 * 300 - 123)}) {
+    const size_t n = 700, m = 300;
+    const int k = 4;
+    const MatrixView v{n, m, valid};
+    const std::vector<float> g = randomVec(valid, 41), e0 = randomVec(valid, 42);
+    const std::vector<float> qt = randomVec(size_t(k) * m, 43), pk = randomVec(n * k, 44);
+    std::vector<float> e1 = e0, e2 = e0, p1(n * k), p2(n * k);
+    alternateStepP(g.data(), lowrankFloat32, e1.data(), v, qt.data(), k, p1.data());
+    errorFeedbackAndP(g.data(), lowrankFloat32, e2.data(), v, qt.data(), k, p2.data());
+    EXPECT_EQ(p1, p2);
+    std::vector<float> q1(size_t(k) * m), q2(size_t(k) * m);
+    e1 = e0;
+    e2 = e0;
+    alternateStepQ(g.data(), lowrankFloat32, e1.data(), v, pk.data(), k, q1.data());
+    errorFeedbackAndP(g.data(), lowrankFloat32, e2.data(), v, qt.data(), k, p2.data());  // e2 = M
+    computeQ(g.data(), lowrankFloat32, e2.data(), v, pk.data(), k, q2.data());
+    EXPECT_EQ(q1, q2);
+    // By column blocks of the schedule (ld = m): the same bits again.
+    std::vector<float> e3 = e0, q3(size_t(k) * m);
+    const size_t cuts[] = {0, 100, 300};
+    for (int b = 0; b < 2; ++b) {
+      const size_t c0 = cuts[b], w = cuts[b + 1] - c0;
+      std::vector<float> blk(size_t(k) * w);
+      alternateStepQ(g.data() + c0, lowrankFloat32, e3.data() + c0, MatrixView{n, w, valid - c0, m},
+                     pk.data(), k, blk.data());
+      for (int j = 0; j < k; ++j)
+        for (size_t c = 0; c < w; ++c) q3[j * m + c0 + c] = blk[j * w + c];
+    }
+    EXPECT_EQ(q3, q1);
+    EXPECT_EQ(e3, e1);
+  }
+}
+
+TEST(AlternateSteps, CountNonFiniteAndHugeInputs) {
+  std::vector<float> g(100, 1.f), qt(10, 1.f), p(10, 1.f), e(100, 0.f), out(10);
+  g[7] = NAN;
+  g[42] = 1e30f;
+  MatrixView v{10, 10, 100};
+  EXPECT_EQ(alternateStepP(g.data(), lowrankFloat32, e.data(), v, qt.data(), 1, out.data(), 1e20f), 2u);
+  std::fill(e.begin(), e.end(), 0.f);
+  EXPECT_EQ(alternateStepQ(g.data(), lowrankFloat32, e.data(), v, p.data(), 1, out.data(), 1e20f), 2u);
+  EXPECT_EQ(alternateStepQ(g.data(), lowrankFloat32, nullptr, v, p.data(), 1, out.data(), 1e20f), 2u);
+}
+
+}  // namespace

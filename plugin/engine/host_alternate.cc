@@ -1,0 +1,105 @@
+// Alternating PowerSGD on the host (host_schedule.h, runAlternateOnHost; docs/design.md,
+// "Alternating factors"): one factor allreduce per call, pipelined chunk by chunk as PowerSGD's.
+#include <algorithm>
+#include <vector>
+
+#include "engine/host_schedule.h"
+#include "engine/phases.h"
+#include "kernels/host/orthonormalize.h"
+#include "kernels/host/powersgd_kernels.h"
+#include "util/dtype.h"
+
+namespace lowrank {
+
+using namespace hostpay;
+
+Status runAlternateOnHost(HostState& st, const Plan& pl, const EngineConfig& cfg,
+                          const void* sendbuff, void* recvbuff, lowrankRedOp_t op,
+                          const float* freshQ, bool qStep, AsyncTransport& tr, bool* fellBack) {
+  using Ticket = AsyncTransport::Ticket;
+  const int N = tr.size();
+  const size_t es = dtypeSize(pl.dtype);
+  const char* send = static_cast<const char*>(sendbuff);
+  char* recv = static_cast<char*>(recvbuff);
+  float* e = cfg.errorFeedback ? st.error.data() : nullptr;
+  float* p = st.payload.data() + pl.payload().p;  // P: this step's (P step), the kept one (Q step)
+  float* qt = st.qt.data();                       // the kept Q, whole-tensor layout
+  // This step's allreduce: the payload (P step) or the Q payload (Q step), each chunk a slice.
+  const lowrankPayloadLayout_t at = qStep ? pl.qPayload() : pl.payload();
+  float* pay = qStep ? st.qwire.data() : st.payload.data();
+  const std::vector<Chunk>& chunks = qStep ? pl.qChunks : pl.pChunks;
+  const size_t base = qStep ? at.p : 0;  // Q chunk offsets count from the Q part; P's already
+                                         // count from the payload's start
+  auto failed = [&](Status s) {
+    tr.waitAll();
+    return s;
+  };
+
+  // The kept factor, identical on every rank, orthonormalized here (the fresh Q already is).
+  for (const TensorPlan& t : pl.tensors) {
+    if (!t.compressed) continue;
+    if (qStep)
+      host::orthonormalize(p + t.pOffset, t.view.rows, t.k, size_t(t.k), 1, cfg.orthoEpsilon);
+    else if (!freshQ)
+      host::orthonormalize(qt + t.qOffset, t.view.cols, t.k, 1, t.view.cols, cfg.orthoEpsilon);
+  }
+  if (freshQ && !qStep) std::copy_n(freshQ, pl.qElems, qt);
+
+  size_t bad = packExact(pl, sendbuff, pay);
+  const bool exactApart = pl.exactElems && chunks.size() > 1;
+  if (exactApart) tr.post(pay, pl.exactElems, lowrankFloat32, lowrankSum);
+
+  // The one pass over M, chunk by chunk; each chunk posted as soon as computed.
+  std::vector<Ticket> ticket(chunks.size());
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    const Chunk& ch = chunks[c];
+    for (size_t b = ch.first; b < ch.last; ++b) {
+      const BlockSpan s = qStep ? colSpan(pl, pl.colBlocks[b]) : rowSpan(pl, pl.rowBlocks[b]);
+      const float limit = phases::overflowLimit(pl.tensors[s.tensor], N);
+      bad += qStep ? host::alternateStepQ(send + s.offset * es, pl.dtype, e ? e + s.offset : nullptr,
+                                          s.view(), p + s.p, s.k, pay + base + s.qt, limit)
+                   : host::alternateStepP(send + s.offset * es, pl.dtype, e ? e + s.offset : nullptr,
+                                          s.view(), qt + s.qt, s.k, p + s.p, limit);
+    }
+    const bool last = c + 1 == chunks.size();
+    if (last) {  // the checks: the non-finite count (exact in float), the op
+      pay[at.flag] = float(std::min<size_t>(bad, size_t(1) << 20));
+      pay[at.op] = lowrankPayloadOpCode(op);
+    }
+    // P chunks: the last one's count already holds the checks (plan.h); Q chunks': not.
+    const size_t from = c == 0 && !exactApart ? 0 : base + ch.offset;
+    const size_t to = base + ch.offset + ch.count + (qStep && last ? 2 : 0);
+    ticket[c] = tr.post(pay + from, to - from, lowrankFloat32, lowrankSum);
+  }
+  Status s = tr.wait(ticket.back());
+  if (s.ok()) s = readChecks(at, pay, op, N, fellBack);
+  if (!s.ok() || *fellBack) return failed(s);
+  unpackExact(pl, pay, recvbuff, op, N);
+
+  // The decompression, out = s P Q^T from the reduced factor and the kept one (no E: the residual
+  // is already taken). The reduced factor is kept: Pbar in the payload, Qbar in the whole Qt.
+  const float outScale = op == lowrankSum ? float(N) : 1.f;
+  for (const Chunk& ch : chunks) {
+    host::scale(pay + base + ch.offset, ch.count - (!qStep && &ch == &chunks.back() ? 2 : 0),
+                1.f / float(N));
+    for (size_t b = ch.first; b < ch.last; ++b) {
+      if (!qStep) {
+        const BlockSpan sp = rowSpan(pl, pl.rowBlocks[b]);
+        host::decompressAndUpdateError(nullptr, sp.view(), p + sp.p, qt + sp.qt, sp.k, outScale,
+                                       recv + sp.offset * es, pl.dtype);
+        continue;
+      }
+      const BlockSpan sp = colSpan(pl, pl.colBlocks[b]);
+      const TensorPlan& t = pl.tensors[sp.tensor];
+      const float* qbar = pay + base + sp.qt;
+      host::decompressAndUpdateError(nullptr, sp.view(), p + sp.p, qbar, sp.k, outScale,
+                                     recv + sp.offset * es, pl.dtype);
+      for (int j = 0; j < sp.k; ++j)  // the block's Qbar into the tensor's whole Qt
+        std::copy_n(qbar + size_t(j) * sp.qld, sp.cols,
+                    qt + t.qOffset + size_t(j) * t.view.cols + sp.first);
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace lowrank
