@@ -199,17 +199,30 @@ void pass3(float* __restrict e, const MatrixView& v, const float* __restrict p,
 }
 
 // E -= P Qt^T over a view (Qt: k x v.cols, row stride qld): the residual of a rank's own factors.
+// By runs of kRun columns, the low-rank row built in registers' reach (L1) and subtracted once.
 void subtractLowRank(float* __restrict e, const MatrixView& v, const float* __restrict p,
                      const float* __restrict qt, size_t qld, int k) {
+  constexpr size_t kRun = 512;
+  alignas(64) float a[kRun];
   for (size_t i = 0; i < v.rows; ++i) {
     const size_t len = v.rowLength(i);
     if (len == 0) break;
     float* __restrict er = e + i * v.stride();
-    for (int j = 0; j < k; ++j) {
-      const float pij = p[i * k + j];
-      const float* __restrict q = qt + size_t(j) * qld;
+    const float* pi = p + i * k;
+    for (size_t c0 = 0; c0 < len; c0 += kRun) {
+      const size_t w = std::min(kRun, len - c0);
+      const float p0 = pi[0];
+      const float* __restrict q0 = qt + c0;
 #pragma omp simd
-      for (size_t c = 0; c < len; ++c) er[c] -= pij * q[c];
+      for (size_t c = 0; c < w; ++c) a[c] = p0 * q0[c];
+      for (int j = 1; j < k; ++j) {
+        const float pij = pi[j];
+        const float* __restrict q = qt + size_t(j) * qld + c0;
+#pragma omp simd
+        for (size_t c = 0; c < w; ++c) a[c] += pij * q[c];
+      }
+#pragma omp simd
+      for (size_t c = 0; c < w; ++c) er[c0 + c] -= a[c];
     }
   }
 }
@@ -234,7 +247,7 @@ MatrixView colsOf(const MatrixView& v, size_t c0, size_t cols) {
 
 // Bytes of M a tile of the fused alternating passes holds, so that its second sweep (the
 // residual) reads it from cache: the step then moves 12 bytes per element, as one pass.
-constexpr size_t kTileBytes = 128 << 10;
+constexpr size_t kTileBytes = 1 << 20;
 
 template <typename T>
 size_t stepP(const T* g, float* e, const MatrixView& v, const float* qt, int k, float* p,

@@ -111,6 +111,7 @@ bool Report::writeJson(const std::string& path, const Args& args, int nranks) co
     nlohmann::ordered_json l;
     l["mode"] = modeName(r.mode);
     l["k"] = r.k;
+    l["alternate"] = r.alternate;
     l["wire_bytes"] = orNull(r.wireBytes);
     l["ratio"] = orNull(r.ratio);
     l["relerr"] = orNull(r.relerr);

@@ -27,6 +27,7 @@ struct Row {
   Placement outOfPlace, inPlace;
   Mode mode = Mode::PowerSgd;
   int k = 0;
+  bool alternate = false;  // the powersgd row ran alternating PowerSGD (LOWRANK_ALTERNATE)
   std::optional<uint64_t> wireBytes;
   std::optional<double> ratio, relerr, cumrelerr, relerrOpt;
   bool expectExact = false;  // #wrong counts as out of bounds (inputs with an exact answer)

@@ -262,8 +262,9 @@ INSTANTIATE_TEST_SUITE_P(
 // The tiles of the fused steps change nothing: the factor has the bits of the unfused passes,
 // over the whole matrix and by the schedule's column blocks alike.
 TEST(AlternateSteps, TilesGiveTheBitsOfTheUnfusedPasses) {
-  for (size_t valid : {size_t(700 * 300), size_t(700 * 300 - 123)}) {
-    const size_t n = 700, m = 300;
+  // 3000 x 200: three row tiles of the P step and three column tiles of the Q step (1 MiB each).
+  for (size_t valid : {size_t(3000 * 200), size_t(3000 * 200 - 123)}) {
+    const size_t n = 3000, m = 200;
     const int k = 4;
     const MatrixView v{n, m, valid};
     const std::vector<float> g = randomVec(valid, 41), e0 = randomVec(valid, 42);
@@ -281,7 +282,7 @@ TEST(AlternateSteps, TilesGiveTheBitsOfTheUnfusedPasses) {
     EXPECT_EQ(q1, q2);
     // By column blocks of the schedule (ld = m): the same bits again.
     std::vector<float> e3 = e0, q3(size_t(k) * m);
-    const size_t cuts[] = {0, 100, 300};
+    const size_t cuts[] = {0, 100, 200};
     for (int b = 0; b < 2; ++b) {
       const size_t c0 = cuts[b], w = cuts[b + 1] - c0;
       std::vector<float> blk(size_t(k) * w);
