@@ -177,6 +177,11 @@ def main():
     ap.add_argument("--verdict", metavar="METRIC:BOUND",
                     help="the decision stated before the run: no slowdown shown when METRIC's one-sided "
                          "95%% upper bound is <= BOUND (e.g. call:1.03)")
+    ap.add_argument("--base-env", action="append", default=[], metavar="NAME=VALUE",
+                    help="an environment variable set for the base side's runs only (repeatable): "
+                         "one binary, two settings, e.g. --base-env LOWRANK_ALTERNATE=0 "
+                         "--cand-env LOWRANK_ALTERNATE=1")
+    ap.add_argument("--cand-env", action="append", default=[], metavar="NAME=VALUE")
     ap.add_argument("--label-base", default="base")
     ap.add_argument("--label-cand", default="cand")
     ap.add_argument("perf_args", nargs="*", help="after --: the perf binary's arguments (without -J)")
@@ -220,6 +225,14 @@ def main():
     os.makedirs(a.out, exist_ok=True)
     env = dict(os.environ)
     env.pop("LD_LIBRARY_PATH", None)  # each binary finds its own liblowrank.so (build rpath)
+    side_env = {}
+    for side, pairs in (("base", a.base_env), ("cand", a.cand_env)):
+        side_env[side] = dict(env)
+        for kv in pairs:
+            if "=" not in kv:
+                raise SystemExit(f"ab_compare: --{side}-env {kv!r}: expected NAME=VALUE")
+            k, v = kv.split("=", 1)
+            side_env[side][k] = v
 
     started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     # each side's library (the one its binary loads); none for runs another harness made
@@ -262,7 +275,8 @@ def main():
             order = order[::-1]
         pair["order"] = [side for side, _ in order]
         for side, binary in order:
-            pair[side] = run_one(binary, perf_args, os.path.join(a.out, f"{side}_{i:02d}.json"), env)
+            pair[side] = run_one(binary, perf_args, os.path.join(a.out, f"{side}_{i:02d}.json"),
+                                 side_env[side])
         runs.append(pair)
         tag = f"pair {pair['index']:2d}" if counted else "warm-up"
         b, c = pair["base"], pair["cand"]
@@ -276,6 +290,7 @@ def main():
         for s in ("base", "cand"):
             p[s]["call_us"] = (p[s]["oop_us"] + p[s]["inp_us"]) / 2
     summary = {"started": started, "ended": ended, "pairs": len(counted), "perf_args": perf_args,
+               "base_env": a.base_env, "cand_env": a.cand_env,
                "base": a.base, "cand": a.cand, "label_base": a.label_base, "label_cand": a.label_cand,
                "provenance": (old.get("provenance") if a.from_runs else
                               records and {side: provenance.finish(r) for side, r in records.items()}),
