@@ -446,10 +446,12 @@ lowrankResult_t lowrankBufferRelease(lowrankComm_t comm, const void* recvbuff);
  * version, seed, comm size, comm rank, whether E is held, whether the tensors are by position),
  * then per tensor its id (a buffer without ids: its position in the layout; one tensor of shape
  * (count) for a batched buffer), shape, the rank its Q was made at, its calls, whether a
- * warm-start Q is held, its residual (float32, when error feedback is on) and its Qt (float32);
- * and a CRC-32 (zlib's) over all that precedes it. Bytes of format version 1 (written by lowrank
- * before it wrote version 2 for every buffer) are read as well. The size is fixed once the buffer
- * is planned and its warm-up is over.
+ * warm-start Q is held, its residual (float32, when error feedback is on) and its Qt (float32),
+ * and, alternating PowerSGD before a Q step (lowrankConfig_t.alternate), that phase and its kept P
+ * (float32); and a CRC-32 (zlib's) over all that precedes it. Bytes of format version 1 (written
+ * by lowrank before it wrote version 2 for every buffer) are read as well. The size is fixed once
+ * the buffer is planned and its warm-up is over, except that an alternating buffer's bytes hold P
+ * after every other call.
  *
  * Save: *size in: bytes available at `bytes`; out: bytes needed (bytes NULL: only that), or written.
  * A buffer restored and not yet called saves what was restored. Local, not collective; it changes
