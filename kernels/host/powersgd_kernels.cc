@@ -199,30 +199,60 @@ void pass3(float* __restrict e, const MatrixView& v, const float* __restrict p,
 }
 
 // E -= P Qt^T over a view (Qt: k x v.cols, row stride qld): the residual of a rank's own factors.
-// By runs of kRun columns, the low-rank row built in registers' reach (L1) and subtracted once.
+// kBlock rows at a time, by runs of kRun columns: each run of Qt is read once per kBlock rows (as
+// pass 1 reads it), the rows' low-rank part built in L1 and subtracted once.
 void subtractLowRank(float* __restrict e, const MatrixView& v, const float* __restrict p,
                      const float* __restrict qt, size_t qld, int k) {
-  constexpr size_t kRun = 512;
-  alignas(64) float a[kRun];
-  for (size_t i = 0; i < v.rows; ++i) {
+  constexpr size_t kRun = 256;
+  alignas(64) float a[kBlock][kRun];
+  const size_t full = v.fullRows();
+  size_t i = 0;
+  for (; i + kBlock <= full; i += kBlock) {
+    const float* pi = p + i * k;
+    for (size_t c0 = 0; c0 < v.cols; c0 += kRun) {
+      const size_t w = std::min(kRun, v.cols - c0);
+      for (int b = 0; b < kBlock; ++b) std::fill_n(a[b], w, 0.f);
+      for (int j = 0; j < k; ++j) {
+        const float p0 = pi[j], p1 = pi[k + j], p2 = pi[2 * k + j], p3 = pi[3 * k + j];
+        const float* __restrict q = qt + size_t(j) * qld + c0;
+        float* __restrict a0 = a[0];
+        float* __restrict a1 = a[1];
+        float* __restrict a2 = a[2];
+        float* __restrict a3 = a[3];
+#pragma omp simd
+        for (size_t c = 0; c < w; ++c) {
+          a0[c] += p0 * q[c];
+          a1[c] += p1 * q[c];
+          a2[c] += p2 * q[c];
+          a3[c] += p3 * q[c];
+        }
+      }
+      for (int b = 0; b < kBlock; ++b) {
+        float* __restrict er = e + (i + b) * v.stride() + c0;
+        const float* __restrict ab = a[b];
+#pragma omp simd
+        for (size_t c = 0; c < w; ++c) er[c] -= ab[c];
+      }
+    }
+  }
+  // The last rows one at a time (a padded view's partial row too), with the same additions in the
+  // same order: a row's residual has the same bits whichever tile or block it falls in.
+  for (; i < v.rows; ++i) {
     const size_t len = v.rowLength(i);
     if (len == 0) break;
     float* __restrict er = e + i * v.stride();
-    const float* pi = p + i * k;
     for (size_t c0 = 0; c0 < len; c0 += kRun) {
       const size_t w = std::min(kRun, len - c0);
-      const float p0 = pi[0];
-      const float* __restrict q0 = qt + c0;
-#pragma omp simd
-      for (size_t c = 0; c < w; ++c) a[c] = p0 * q0[c];
-      for (int j = 1; j < k; ++j) {
-        const float pij = pi[j];
+      float* __restrict a0 = a[0];
+      std::fill_n(a0, w, 0.f);
+      for (int j = 0; j < k; ++j) {
+        const float pij = p[i * k + j];
         const float* __restrict q = qt + size_t(j) * qld + c0;
 #pragma omp simd
-        for (size_t c = 0; c < w; ++c) a[c] += pij * q[c];
+        for (size_t c = 0; c < w; ++c) a0[c] += pij * q[c];
       }
 #pragma omp simd
-      for (size_t c = 0; c < w; ++c) er[c0 + c] -= a[c];
+      for (size_t c = 0; c < w; ++c) er[c0 + c] -= a0[c];
     }
   }
 }
