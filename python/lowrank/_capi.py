@@ -44,23 +44,28 @@ class UniqueId(ctypes.Structure):
 
 
 class Config(ctypes.Structure):
-    """lowrankConfig_t. Fields left at their UNDEF value come from LOWRANK_* or the default."""
+    """lowrankConfig_t. Fields left at their UNDEF value come from LOWRANK_* or the default.
+    `alternate`, appended last, took the padding after `pipeline`: the struct's size (what the
+    library checks) did not change, so a library older than it ignores the field (Communicator
+    refuses alternate=1 with such a library: it has no lowrankBufferSetAlternate)."""
     _fields_ = [("size", ctypes.c_size_t), ("magic", ctypes.c_uint), ("version", ctypes.c_uint),
                 ("approxRank", ctypes.c_int), ("minCompressionRate", ctypes.c_double),
                 ("startIter", ctypes.c_int), ("errorFeedback", ctypes.c_int),
                 ("warmStart", ctypes.c_int), ("orthoEpsilon", ctypes.c_double),
                 ("seed", ctypes.c_longlong), ("timeoutSec", ctypes.c_double),
-                ("pipeline", ctypes.c_int)]
+                ("pipeline", ctypes.c_int), ("alternate", ctypes.c_int)]
 
     @classmethod
     def initializer(cls):
         """LOWRANK_CONFIG_INITIALIZER: every field unset."""
         return cls(ctypes.sizeof(cls), CONFIG_MAGIC, 100, UNDEF_INT, UNDEF_DOUBLE, UNDEF_INT,
-                   UNDEF_INT, UNDEF_INT, UNDEF_DOUBLE, UNDEF_SEED, UNDEF_DOUBLE, UNDEF_INT)
+                   UNDEF_INT, UNDEF_INT, UNDEF_DOUBLE, UNDEF_SEED, UNDEF_DOUBLE, UNDEF_INT,
+                   UNDEF_INT)
 
 
 MAX_DIMS = 8        # LOWRANK_MAX_DIMS
 RANK_DEFAULT, RANK_EXACT, MAX_TENSOR_RANK = -1, 0, 65536  # lowrankTensor_t.approxRank
+ALTERNATE_DEFAULT = -1  # LOWRANK_ALTERNATE_DEFAULT (lowrankBufferSetAlternate)
 
 
 class Tensor(ctypes.Structure):
@@ -152,7 +157,8 @@ _PROTOTYPES = {
 # lowrankGetBuildInfo: the revision built from, after that; lowrankBufferGetMemory,
 # lowrankCommSetAllocator and lowrankCommGetTransportInfo: the memory report, the application's
 # device memory and the links measured, after that; lowrankStateAddCalls: the conversion of the
-# hook's version-1 checkpoints, after that).
+# hook's version-1 checkpoints, after that; lowrankBufferSetAlternate: alternating PowerSGD,
+# after that).
 _OPTIONAL = {
     "lowrankCommGetTransportInfo": (_R, [_P, ctypes.c_char_p, ctypes.c_size_t,
                                          ctypes.POINTER(ctypes.c_size_t)]),
@@ -162,6 +168,7 @@ _OPTIONAL = {
     "lowrankBufferGetTensorRanks": (_R, [_P, _P, ctypes.POINTER(_I), ctypes.POINTER(_I)]),
     "lowrankBufferGetMemory": (_R, [_P, _P, ctypes.POINTER(MemoryInfo)]),
     "lowrankStateAddCalls": (_R, [_P, _Z, ctypes.c_uint64]),
+    "lowrankBufferSetAlternate": (_R, [_P, _P, _I]),
     "lowrankCommSetAllocator": (_R, [_P, ALLOC_FN, FREE_FN, _P]),
     "lowrankGetNcclLibrary": (_R, [ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(ctypes.c_char_p),
                                    ctypes.POINTER(_I)]),

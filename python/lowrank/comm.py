@@ -17,7 +17,7 @@ from .errors import InvalidArgumentError, LowrankError, error_for
 CONFIG_FIELDS = {"approx_rank": "approxRank", "min_compression_rate": "minCompressionRate",
                  "start_iter": "startIter", "error_feedback": "errorFeedback",
                  "warm_start": "warmStart", "ortho_epsilon": "orthoEpsilon", "seed": "seed",
-                 "timeout": "timeoutSec", "pipeline": "pipeline"}
+                 "timeout": "timeoutSec", "pipeline": "pipeline", "alternate": "alternate"}
 
 
 def as_int(v):
@@ -162,6 +162,10 @@ class Communicator:
         """Calls the C init `fn`(&comm, *args, &config) and wraps the communicator it makes."""
         lib = _capi.load()
         cfg = make_config(**config)
+        if cfg.alternate not in (0, _capi.UNDEF_INT) and not hasattr(lib, _ALTERNATE_FN):
+            # the field sits in the old struct's padding: such a library would ignore it
+            raise LowrankError(5, f"{lib.lowrank_path} is older than this package: no "
+                                  "alternating PowerSGD (config alternate)", name)
         h = ctypes.c_void_p()
         rc = _entry(lib, fn, name)(ctypes.byref(h), *args, ctypes.byref(cfg))
         if rc:
@@ -283,6 +287,28 @@ class Communicator:
     def reset(self, buffer):
         """Drop the buffer's residual and factors (its layout stays): the next call starts afresh."""
         self._call("lowrankBufferReset", self._addr(buffer))
+
+    def set_alternate(self, buffer, alternate):
+        """lowrankBufferSetAlternate: the schedule of one buffer (a tensor/array, or its address
+        as an int). alternate True (or 1): alternating PowerSGD (ACP-SGD: Zhang, Zhang, Shi, Chu,
+        Li, ICDCS 2023), one factor allreduce per call, P and Q on alternate calls
+        (docs/design.md, "Alternating factors"); False (0): PowerSGD's two allreduces per call;
+        None (or -1, LOWRANK_ALTERNATE_DEFAULT): the communicator's config "alternate". Takes
+        effect at the buffer's next call, which plans it again keeping its tensors' residuals
+        and warm-start Q; the alternation (re)starts with a P step. Every comm rank must choose
+        the same (else that call fails on every rank). Local, not collective.
+        Raises TypeError (not a bool, an int or None), InvalidArgumentError (another int; True
+        on a communicator whose warm_start is off), LowrankError lowrankInvalidUsage for a
+        library older than this function."""
+        value = _capi.ALTERNATE_DEFAULT if alternate is None else \
+            int(alternate) if isinstance(alternate, bool) else as_int(alternate)
+        if not hasattr(self._lib, _ALTERNATE_FN):
+            raise LowrankError(5, f"{self._lib.lowrank_path} is older than this package: no "
+                                  f"{_ALTERNATE_FN}", _ALTERNATE_FN)
+        if value not in (_capi.ALTERNATE_DEFAULT, 0, 1):  # ctypes would wrap a large int
+            raise InvalidArgumentError(4, f"alternate is {value}, not True, False or None",
+                                       _ALTERNATE_FN)
+        self._call(_ALTERNATE_FN, self._addr(buffer), value)
 
     def release(self, buffer):
         """Free everything held for the buffer, its layout included."""
@@ -436,10 +462,14 @@ class Communicator:
         self._allocator = (funcs, self._allocator)
 
     def config(self):
-        """The configuration in force (every field resolved), as a dict of CONFIG_FIELDS keys."""
+        """The configuration in force (every field resolved), as a dict of CONFIG_FIELDS keys
+        (alternate 0 from a library older than alternating PowerSGD, which never alternates)."""
         cfg = _capi.Config.initializer()
         self._call("lowrankCommGetConfig", ctypes.byref(cfg))
-        return {key: getattr(cfg, field) for key, field in CONFIG_FIELDS.items()}
+        out = {key: getattr(cfg, field) for key, field in CONFIG_FIELDS.items()}
+        if out["alternate"] == _capi.UNDEF_INT:  # not written by an older library
+            out["alternate"] = 0
+        return out
 
     # ---- lifetime ------------------------------------------------------------------------------
     def destroy(self):
@@ -512,6 +542,7 @@ class Communicator:
 
 
 _COMM = object()  # stands for the communicator's handle in _call's arguments
+_ALTERNATE_FN = "lowrankBufferSetAlternate"  # in libraries with alternating PowerSGD
 
 
 class _TensorArray:

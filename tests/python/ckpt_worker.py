@@ -14,9 +14,11 @@ in every run. Prints one line "RESULT <json>" at the end; parameters go to files
                                            step after loading; "live": two steps later (after
                                            DDP's rebuild), each rank reloading its own state
 Variables: CKPT_START (start_powerSGD_iter, default 1), CKPT_CAP (DDP's bucket_cap_mb, default
-0.02), CKPT_TAG (appended to the names of the files resume writes), CKPT_MODEL=small (fc layers
-of 8 and 16, head of 16 classes: the model of tests/python/fixtures, whose version-1 checkpoints
-the hook before tensor ids wrote with this worker; README.md there).
+0.02), CKPT_ALTERNATE=1 (the hook's alternate=True: alternating PowerSGD), CKPT_SWITCH=N (full:
+every bucket switched to the other schedule before step N, Communicator.set_alternate), CKPT_TAG
+(appended to the names of the files resume writes), CKPT_MODEL=small (fc layers of 8 and 16, head
+of 16 classes: the model of tests/python/fixtures, whose version-1 checkpoints the hook before
+tensor ids wrote with this worker; README.md there).
 full and resume also write DIR/canon_{name}_rank{r}.bin: every parameter's lowrank state at the
 end (format 2, in id order, whatever the buckets).
 """
@@ -41,6 +43,7 @@ RANK, WORLD = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 # CKPT_START sets another, for a checkpoint taken when compression starts)
 K, START = 2, int(os.environ.get("CKPT_START", "1"))
 CAP, TAG = float(os.environ.get("CKPT_CAP", "0.02")), os.environ.get("CKPT_TAG", "")
+ALTERNATE = os.environ.get("CKPT_ALTERNATE") == "1"
 # CKPT_MODEL=small: the model of the version-1 fixtures (tests/python/fixtures), a few kB of state
 SMALL = os.environ.get("CKPT_MODEL") == "small"
 IN, HID, OUT = (8, 16, 16) if SMALL else (32, 64, 4096)
@@ -97,7 +100,14 @@ def make(seed=1234):
 
 def new_state():
     return PowerSGDState(None, matrix_approximation_rank=K, start_powerSGD_iter=START,
-                         random_seed=7, timeout=30)
+                         random_seed=7, timeout=30, alternate=ALTERNATE)
+
+
+def counters(state):
+    """What the tests read of lowrank's counters and configuration."""
+    st = state.stats()
+    return dict(compressed=st["compressedCalls"], payload=st["payloadElements"],
+                alternate=state.communicator("cpu").config()["alternate"])
 
 
 def spy(buckets):
@@ -142,10 +152,18 @@ def full(d, steps):
     model, ddp, opt = make()
     state, buckets = new_state(), {}
     ddp.register_comm_hook(state, spy(buckets))
-    train(ddp, opt, range(steps))
+    switch, switched = int(os.environ.get("CKPT_SWITCH", steps)), []
+    train(ddp, opt, range(switch))
+    if switch < steps:  # every bucket's buffer to the other schedule from step `switch` on
+        state.stats()   # (waits for the queued work)
+        for b in state._buckets.values():  # the last step's buckets (the hook's own record)
+            comm = state.communicator(b.device)
+            comm.set_alternate(b.ptr, not ALTERNATE)
+            switched.append(int(not ALTERNATE))
+    train(ddp, opt, range(switch, steps))
     torch.save(params(model), path(d, "full"))
     canonical(state, d, "full")
-    result(buckets=buckets, compressed=state.stats()["compressedCalls"])
+    result(buckets=buckets, switched=switched, **counters(state))
     state.close()
 
 
@@ -160,7 +178,8 @@ def first(d, steps):
     torch.save(state, path(d, "state"))  # pickles the PowerSGDState
     result(buckets=buckets, iter=sd["iter"], saved=[b["params"] for b in sd["buckets"]],
            bytes=[len(b["state"] or b"") for b in sd["buckets"]], rank=sd["rank"],
-           version=sd["version"], devices=[b.get("device") for b in sd["buckets"]])
+           version=sd["version"], devices=[b.get("device") for b in sd["buckets"]],
+           **counters(state))
     state.close()
 
 
@@ -203,7 +222,7 @@ def resume(d, start, stop, how):
     train(ddp, opt, range(start, stop))
     torch.save(params(model), path(d, f"resume_{how}{TAG}"))
     canonical(state, d, f"resume_{how}{TAG}")
-    result(buckets=buckets, iter=state.iter, log=log.lines, **errors)
+    result(buckets=buckets, iter=state.iter, log=log.lines, **counters(state), **errors)
     state.close()
 
 

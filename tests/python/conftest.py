@@ -116,6 +116,22 @@ def results(runs):
     return [res for _, res, _, _ in runs]
 
 
+@pytest.fixture
+def world_of_one():
+    """torch.distributed in this process, a world of 1 (gloo)."""
+    import torch.distributed as dist
+    for attempt in range(3):  # a free port can be taken by another program before the bind
+        try:
+            dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,
+                                    world_size=1)
+            break
+        except RuntimeError as e:
+            if "Address already in use" not in str(e) or attempt == 2:
+                raise
+    yield
+    dist.destroy_process_group()
+
+
 # Settings both hooks (DDP's lowrank.torch.hook, FSDP2's lowrank.torch.fsdp) refuse alike, with the
 # error and a part of its message: one rule per setting, lowrank.torch.settings.
 BAD_SETTINGS = [
@@ -134,4 +150,8 @@ BAD_SETTINGS = [
     (dict(start_powerSGD_iter=(1 << 30) + 1), ValueError, "[0, 1073741824]"),
     (dict(pipeline="yes"), TypeError, "pipeline must be True or False or None"),
     (dict(use_error_feedback=2), TypeError, "use_error_feedback must be True or False"),
+    (dict(alternate="yes"), TypeError, "alternate must be True or False, not 'yes'"),
+    (dict(alternate=None), TypeError, "alternate must be True or False, not None"),
+    (dict(alternate=True, warm_start=False), ValueError,
+     "alternate=True needs warm_start=True"),
 ]

@@ -5,7 +5,11 @@ torch.distributed.checkpoint, the hook's state by torch.save, one file per rank.
                       disturb the run: resume == this run)
     ckpt resume DIR   new model, optimizer and hook state loaded, THEN steps
     ckpt nohook DIR   the same without the hook's state (must differ)
-Each reports a digest of every local parameter shard after the last step.
+Each reports a digest of every local parameter shard after the last step, and lowrank's
+counters: per step, the payload elements it added and the factor sizes of the groups' buffers
+(Communicator.view: [pElements, qElements, exactElements] of a compressed call; a group with
+nothing compressed: [0, 0, its element count]).
+Variables: FSDP_ALTERNATE=1 (the hook's alternate=True), FSDP_CKPT_FIRST (FIRST, default 3).
 """
 import hashlib
 import os
@@ -18,15 +22,16 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from fsdp_worker import RANK, make, meshes, result, train_step
 from lowrank.torch import fsdp
 
-FIRST, THEN = 3, 3
+FIRST, THEN = int(os.environ.get("FSDP_CKPT_FIRST", "3")), 3
 K, START = 2, 1
+ALTERNATE = os.environ.get("FSDP_ALTERNATE") == "1"
 
 
 def setup():
     _, shard_mesh, rgroup = meshes()
     model = make(shard_mesh)
     state = fsdp.PowerSGDState(rgroup, matrix_approximation_rank=K, start_powerSGD_iter=START,
-                               random_seed=3)
+                               random_seed=3, alternate=ALTERNATE)
     fsdp.register(model, state)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     return model, opt, state
@@ -51,9 +56,23 @@ def main(mode, path):
         if mode == "resume":
             saved = torch.load(os.path.join(path, f"hook{RANK}.pt"), weights_only=True)
             state.load_state_dict(saved)
-    held = 0
+    held, payload, factors = 0, [], []
+    before = state.stats()["payloadElements"]
     for step in steps:
         train_step(model, opt, step)
+        now = state.stats()["payloadElements"]
+        payload.append(now - before)
+        before = now
+        p = q = e = 0
+        for unit in state._units:  # each group's buffer of this step (the hook's own record)
+            if unit.ptr is None:  # nothing to reduce: no call
+                continue
+            v = state.communicator().view(unit.ptr)
+            if v["ncompressed"]:
+                p, q, e = p + v["pElements"], q + v["qElements"], e + v["exactElements"]
+            else:
+                e += unit.numel
+        factors.append([p, q, e])
         if mode == "save" and step == FIRST - 1:
             msd, osd = get_state_dict(model, opt)
             dcp.save({"model": msd, "optim": osd}, checkpoint_id=path)
@@ -64,5 +83,6 @@ def main(mode, path):
     result(digest=digest(model), held=held,
            loaded=0 if saved is None else sum(e["state"] is not None
                                               for e in saved["params"].values()),
-           compressed=state.stats()["compressedCalls"])
+           compressed=state.stats()["compressedCalls"], payload=payload, factors=factors,
+           alternate=state.communicator().config()["alternate"])
     state.close()

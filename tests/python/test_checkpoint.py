@@ -201,23 +201,6 @@ def test_resume_saved_when_compression_starts(tmp_path):
         assert not [m for m in res[r]["log"] if "not used" in m], res[r]["log"]
 
 
-@pytest.fixture
-def world_of_one():
-    """torch.distributed in this process, a world of 1 (gloo)."""
-    import torch.distributed as dist
-    from conftest import free_port
-    for attempt in range(3):  # a free port can be taken by another program before the bind
-        try:
-            dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,
-                                    world_size=1)
-            break
-        except RuntimeError as e:
-            if "Address already in use" not in str(e) or attempt == 2:
-                raise
-    yield
-    dist.destroy_process_group()
-
-
 def test_malformed_state_dict_raises_value_error_and_changes_nothing(world_of_one):
     """In one process: a state_dict whose counters or bucket list are malformed is a ValueError
     naming the field, and the state keeps what an earlier load_state_dict gave it."""

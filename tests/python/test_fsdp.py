@@ -101,6 +101,32 @@ def test_checkpoint_resumes_bit_for_bit(tmp_path):
 
 
 @needs_fsdp2
+@pytest.mark.parametrize("first", [3, 2])
+def test_alternate_resumes_bit_for_bit(tmp_path, first):
+    """alternate=True (alternating PowerSGD), as test_checkpoint_resumes_bit_for_bit: saved
+    after 3 steps (2 compressed calls: a P step next) or 2 (1: a Q step next), the restart's
+    shards after 3 more steps equal the uninterrupted run's bit for bit on every rank. Every
+    compressed step of either run adds to lowrank's payload, over the groups with a compressed
+    tensor, their exact part and one factor: P at the 1st, 3rd, ... compressed call, Q at the
+    others (P and Q differ in size here); the communicator reports alternate 1."""
+    path, env = str(tmp_path), {"FSDP_ALTERNATE": "1", "FSDP_CKPT_FIRST": str(first)}
+    full = results(run_ranks(WORLD, "ckpt", "save", path, timeout=150, worker=W, env=env))
+    resumed = results(run_ranks(WORLD, "ckpt", "resume", path, timeout=150, worker=W, env=env))
+    start = 1  # fsdp_ckpt.START: step 0 exact
+    for f, r in zip(full, resumed):
+        assert f["held"] > 0 and r["loaded"] == f["held"]
+        assert r["digest"] == f["digest"]
+        assert f["alternate"] == r["alternate"] == 1
+        for run, offset in ((f, 0), (r, first)):
+            for i, (paid, (p, q, e)) in enumerate(zip(run["payload"], run["factors"])):
+                calls = offset + i - start  # compressed calls before this step
+                if calls < 0:
+                    continue
+                assert p and q and p != q, run["factors"]
+                assert paid == e + (p if calls % 2 == 0 else q), (offset + i, run)
+
+
+@needs_fsdp2
 def test_replica_killed_mid_step():
     """Rank 3 (replica 1, shard 1) is SIGKILLed in its hook at step 3: every other rank raises
     within lowrank's timeout (5 s, gloo's the same) + 10 s; none hangs. Rank 1, its replica peer,

@@ -12,7 +12,7 @@ from ..errors import InvalidArgumentError, LowrankError
 from .adaptive import AdaptiveRank
 from .execution import device_kind
 from .numbering import declared_shape, numbering_message
-from .settings import CHECKED, OPTIONS, check_settings, differences
+from .settings import CHECKED, OPTION_DEFAULTS, OPTIONS, check_settings, differences
 
 logger = logging.getLogger("lowrank.torch")
 FORMAT, VERSION = "lowrank.torch.PowerSGDState", 2
@@ -33,7 +33,13 @@ class Checkpoint:
             start_powerSGD_iter, min_compression_rate, use_error_feedback, warm_start,
             orthogonalization_epsilon, random_seed;
           "options": the others, not checked: compression_stats_logging_frequency,
-            batch_tensors_with_same_shape, timeout, pipeline;
+            batch_tensors_with_same_shape, timeout, pipeline, alternate (lowrank carries each
+            tensor's residual and warm-start Q across a change of schedule: a state saved with
+            alternate=False loads into alternate=True, whose alternation starts with a P step,
+            and vice versa; saved and loaded alternating, each tensor goes on at its saved phase,
+            which lowrank's bytes hold with the kept P. A state_dict saved before alternate
+            existed has none and loads, as alternate=False when unpickled; load_state_dict never
+            changes the loading state's own alternate);
           "iter", "next_stats_report": the step counters (ints);
           "rank", "world_size": this rank in process_group and the group's size (None if
             torch.distributed is not initialized);
@@ -83,7 +89,7 @@ class Checkpoint:
                 "config": {k: getattr(self, k) for k in CHECKED},
                 "options": dict(zip(OPTIONS, (self.compression_stats_logging_frequency,
                                               self.batch_tensors_with_same_shape, self._timeout,
-                                              self._pipeline))),
+                                              self._pipeline, self._alternate))),
                 "iter": self.iter, "next_stats_report": self.next_stats_report,
                 "rank": rank, "world_size": world, "buckets": list(buckets),
                 "adaptive": None if self._adaptive is None else
@@ -198,7 +204,7 @@ class Checkpoint:
         logger.warning("NOTE: Process group will be set to a default group (i.e. the world size). "
                        "If a different group is desired, please set `self.process_group` after "
                        "PowerSGD state is loaded.")
-        settings = {**state["config"], **state["options"]}
+        settings = {**OPTION_DEFAULTS, **state["config"], **state["options"]}
         check_settings(settings)
         self._set_settings(None, settings)
         self._load(state, check_rank=False)  # the group it was saved on is not known
@@ -231,7 +237,8 @@ def check_state_dict(sd):
     missing = [k for k in ("config", "options", "iter", "next_stats_report", "rank",
                            "world_size", "buckets") if k not in sd]
     missing += [f"config.{k}" for k in CHECKED if k not in sd.get("config", {})]
-    missing += [f"options.{k}" for k in OPTIONS if k not in sd.get("options", {})]
+    missing += [f"options.{k}" for k in OPTIONS
+                if k not in sd.get("options", {}) and k not in OPTION_DEFAULTS]
     if missing:
         raise ValueError(f"PowerSGDState.load_state_dict: missing {', '.join(missing)}")
     bad = [k for k in ("iter", "next_stats_report")

@@ -76,6 +76,20 @@ class PowerSGDState(Numbering, Checkpoint, Runtime):
       timeout: seconds any wait for a peer may last (LOWRANK_TIMEOUT; default 300); a dead peer
         makes every rank's backward raise within it.
       pipeline: overlap factor allreduces with compression (LOWRANK_PIPELINE; default on).
+      alternate (False): alternating PowerSGD (ACP-SGD: Zhang, Zhang, Shi, Chu, Li, "Evaluation
+        and Optimization of Gradient Compression for Distributed Deep Learning", ICDCS 2023):
+        each compressed step computes one factor against the other kept from the step before
+        and allreduces it, P at one step and Q at the next (P first), so a step makes one
+        factor allreduce of n k (P) or m k (Q) floats per (n x m) tensor instead of PowerSGD's
+        two dependent ones of (n + m) k together. Error feedback, warm-up, the compression
+        test and exact tensors are as PowerSGD's (docs/design.md, "Alternating factors").
+        lowrankConfig_t.alternate; the hook's value wins over LOWRANK_ALTERNATE. Needs
+        warm_start=True (ValueError naming both otherwise). CPU buckets only for now (a CUDA
+        bucket's call fails with lowrank's lowrankInvalidUsage). Not checked by
+        load_state_dict: a state saved under either schedule loads under the other (lowrank
+        keeps each tensor's residual and warm-start Q; into alternate=True the alternation
+        starts with a P step), one saved alternating goes on at its saved phase, and a
+        state_dict saved before this option loads too (see state_dict, "options").
       device: "cpu", "cuda" (the current CUDA device) or "cuda:N", the communicator to make now
         (default: "cuda" for an NCCL group, else "cpu"); a bucket on another device makes that
         device's at its first step (one communicator per CUDA device, on that device).
@@ -105,8 +119,9 @@ class PowerSGDState(Numbering, Checkpoint, Runtime):
         give it again).
     Raises LowrankError if torch.distributed is not initialized or lowrank cannot start;
     ValueError or TypeError for an argument outside lowrank's range (an int where one is needed,
-    matrix_approximation_rank in [0, 65536], min_compression_rate >= 1, ...) and for bad
-    exclude, rank_of or model (each named).
+    matrix_approximation_rank in [0, 65536], min_compression_rate >= 1, a flag that is not a
+    bool, ...), for alternate=True with warm_start=False, and for bad exclude, rank_of or model
+    (each named).
     Thread safety: one state serves one DDP model; its hook is called by DDP's autograd thread.
 
     The ids: every parameter is numbered in the order DDP first hands it to the hook in the
@@ -118,8 +133,8 @@ class PowerSGDState(Numbering, Checkpoint, Runtime):
                  min_compression_rate=2, use_error_feedback=True, warm_start=True,
                  orthogonalization_epsilon=0, random_seed=0,
                  compression_stats_logging_frequency=10_000, batch_tensors_with_same_shape=False,
-                 *, timeout=None, pipeline=None, device=None, exclude=None, rank_of=None,
-                 model=None, adaptive=None):
+                 *, timeout=None, pipeline=None, alternate=False, device=None, exclude=None,
+                 rank_of=None, model=None, adaptive=None):
         settings = {k: v for k, v in locals().items() if k in CHECKED + OPTIONS}
         check_settings(settings)  # these and the next checked before anything is made
         ranks = TensorRanks(exclude, rank_of, model)
@@ -153,6 +168,7 @@ class PowerSGDState(Numbering, Checkpoint, Runtime):
         self.compression_stats_logging_frequency = max(1, kw["compression_stats_logging_frequency"])
         self.iter = self.next_stats_report = 0
         self._timeout, self._pipeline = kw["timeout"], kw["pipeline"]
+        self._alternate = kw["alternate"]
         self._config = communicator_config(kw)  # lowrank's per-id warm-up is start_powerSGD_iter
         self._comms = {}    # "cpu" / "cuda:N" (comm_key) -> Communicator
         self._workers = {}  # the same keys -> Worker

@@ -7,11 +7,16 @@ import numbers
 from ..comm import as_int
 
 # What a state_dict's "config" holds and load_state_dict checks (both hooks); the DDP hook's
-# others, its "options", are not checked.
+# others, its "options", are not checked. alternate is an option: lowrank carries each tensor's
+# residual and warm-start Q across a change of schedule (as lowrankBufferSetAlternate does; the
+# alternation then starts with a P step), so a state saved under either schedule loads under the
+# other.
 CHECKED = ("matrix_approximation_rank", "start_powerSGD_iter", "min_compression_rate",
            "use_error_feedback", "warm_start", "orthogonalization_epsilon", "random_seed")
 OPTIONS = ("compression_stats_logging_frequency", "batch_tensors_with_same_shape", "timeout",
-           "pipeline")
+           "pipeline", "alternate")
+# Options a state_dict may lack (saved before they existed), with the value they then take.
+OPTION_DEFAULTS = {"alternate": False}
 # Each setting's rule, in the order checked: an int in [lo, hi], a number (> or >= lo), a flag.
 _RULES = {"matrix_approximation_rank": ("int", 0, 1 << 16),
           "start_powerSGD_iter": ("int", 0, 1 << 30), "random_seed": ("int", 0, 2**63 - 1),
@@ -19,7 +24,8 @@ _RULES = {"matrix_approximation_rank": ("int", 0, 1 << 16),
           "min_compression_rate": ("number", 1, ">="),
           "orthogonalization_epsilon": ("number", 0, ">="), "timeout": ("number", 0, ">"),
           "use_error_feedback": ("flag",), "warm_start": ("flag",),
-          "batch_tensors_with_same_shape": ("flag",), "pipeline": ("flag",)}
+          "batch_tensors_with_same_shape": ("flag",), "pipeline": ("flag",),
+          "alternate": ("flag",)}
 
 
 def check_settings(kw):
@@ -27,7 +33,9 @@ def check_settings(kw):
     is made, in lowrank's ranges (lowrank.h, lowrankConfig_t), not later in the C API's terms nor
     silently truncated: TypeError for a wrong type (2.7 or True for an int, a string for a
     number), ValueError out of range. kw gets plain Python types (a state_dict of them loads with
-    torch.load(weights_only=True)); a timeout may be a datetime.timedelta, kept as seconds."""
+    torch.load(weights_only=True)); a timeout may be a datetime.timedelta, kept as seconds.
+    Then the combinations: alternate True with warm_start False is a ValueError naming both
+    (alternating PowerSGD computes each factor from the other one kept from the last call)."""
     for name in [n for n in _RULES if n in kw]:
         (kind, *rule), v = _RULES[name], kw[name]
         none_ok = name in ("timeout", "pipeline")  # None: LOWRANK_TIMEOUT, LOWRANK_PIPELINE
@@ -58,16 +66,22 @@ def check_settings(kw):
                                 f"{' or None' if none_ok else ''}, not {v!r}")
             v = bool(v)
         kw[name] = v
+    if kw.get("alternate") and not kw.get("warm_start", True):
+        raise ValueError("PowerSGDState: alternate=True needs warm_start=True (alternating "
+                         "PowerSGD computes each factor from the other one kept from the last "
+                         "call); give warm_start=True, or alternate=False")
 
 
 def communicator_config(kw):
     """lowrank's configuration (lowrank.make_config's keywords) of checked settings: the hook's
-    start_powerSGD_iter is lowrank's per-id warm-up (startIter) and wins over LOWRANK_START_ITER."""
+    start_powerSGD_iter is lowrank's per-id warm-up (startIter) and wins over LOWRANK_START_ITER;
+    its alternate (default False) wins over LOWRANK_ALTERNATE alike."""
     return dict(approx_rank=kw["matrix_approximation_rank"], start_iter=kw["start_powerSGD_iter"],
                 min_compression_rate=kw["min_compression_rate"],
                 error_feedback=kw["use_error_feedback"], warm_start=kw["warm_start"],
                 ortho_epsilon=kw["orthogonalization_epsilon"], seed=kw["random_seed"],
-                timeout=kw.get("timeout"), pipeline=kw.get("pipeline"))
+                timeout=kw.get("timeout"), pipeline=kw.get("pipeline"),
+                alternate=kw.get("alternate", False))
 
 
 def differences(config, state):
