@@ -13,6 +13,7 @@ import os
 import shutil
 
 import pytest
+import numpy as np
 import torch
 
 from conftest import results, run_ranks
@@ -137,7 +138,17 @@ def test_version_1_checkpoint_loads(tmp_path):
             pytest.skip(f"the old hook's parameters are recorded for torch 1.13 and 2.15, whose "
                         f"arithmetic differs in the last bit; this is torch {torch.__version__}")
         with open(expected, "rb") as f:
-            assert got == f.read(), f"rank {r} differs"
+            want = f.read()
+        if version == "1.13":
+            assert got == want, f"rank {r} differs"
+            continue
+        # torch 2.x picks its CPU kernels by the machine's instruction set, so the recording's
+        # last bits are its machine's (a 2-core Xeon with AVX-512 FP16 differs by 3e-8, one
+        # rounding, from it): equal within 1e-6 of the largest parameter, about 8 roundings.
+        g, w = np.frombuffer(got, np.float32), np.frombuffer(want, np.float32)
+        assert g.shape == w.shape
+        assert np.max(np.abs(g - w)) <= 1e-6 * np.max(np.abs(w)), \
+            f"rank {r} differs by {np.max(np.abs(g - w))} (largest parameter {np.max(np.abs(w))})"
 
 
 def test_version_1_fixtures_load_with_weights_only():
