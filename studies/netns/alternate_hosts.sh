@@ -23,7 +23,9 @@
 #   [--delay 1ms] [--pairs 5] [--iters 4] [--bound 0.6] [--quiet 0.5] [--quiet-s 120]
 #   [--gradients DIR] [--built-from REV] [--out studies/netns/results/issue44_wire]
 # --built-from: the commit the perf binary's library was built from, checked against the
-# library's sources digest and recorded. Writes OUT.json (every run's JSON rows, the transport
+# library's sources digest and recorded. The perf processes run with oom_score_adj 1000 (choom):
+# 16 processes need about 1.1 GiB each, and if the machine runs short the OOM killer takes one of
+# them (the run fails, recorded) rather than someone else's work. Writes OUT.json (every run's JSON rows, the transport
 # chosen, the calibrations, provenance) and OUT.md (the table and the verdicts): studies/netns/
 # alternate_report.py. Exit status 1 if a host count was refused or a run failed (reported so).
 set -u -o pipefail
@@ -70,7 +72,7 @@ run() {
     hosts_exec $i env -u LOWRANK_UCX_ALGO -u LOWRANK_UCX_PROBE LOWRANK_ALTERNATE=$alt \
       RANK=$i WORLD_SIZE=$h MASTER_ADDR=10.77.0.1 MASTER_PORT=$port \
       LOWRANK_SOCKET_IFNAME=eth0 UCX_TLS=tcp,self UCX_NET_DEVICES=eth0 \
-      timeout 900 "$PERF" -t 1 --gradients "$GDIR" --step synth --mode powersgd -k 4 -n $ITERS -w 1 \
+      choom -n 1000 -- timeout 900 "$PERF" -t 1 --gradients "$GDIR" --step synth --mode powersgd -k 4 -n $ITERS -w 1 \
       --rounds 1 --phases 1 --triad-mib 0 -J "$WORK/$tag.r$i.json" >"$WORK/$tag.o$i" 2>&1 &
     pids+=($!)
   done
