@@ -110,10 +110,13 @@ def summarize(runs):
             bits, _ = _mean_sd([ds[s]["epochs"][-1]["bits_cumulative"] for s in values])
             bits_after, _ = _mean_sd([ds[s].get("bits_after_warmup") for s in values])
             ms, _ = _mean_sd([accuracy_report.steady_ms(ds[s]) for s in values])
+            payload = sorted({(ds[s].get("lowrank_stats") or {}).get("payloadElements") for s in values},
+                             key=lambda x: (x is None, x))
             extra = sorted(s for s in ds if s not in planned)
             arms.append(dict(model=model, arm=list(a), label=arm_label(a), metric=METRIC[model],
                              seeds=sorted(values), values={str(s): v for s, v in sorted(values.items())},
                              mean=mean, sd=sd, bits_per_worker=bits, bits_after_warmup=bits_after,
+                             payload_elements=payload,
                              batch_ms=ms, seeds_beyond_plan_ignored=extra))
         complete = [s for s in planned if all(s in have[a] for a in planned_arms)]
         missing = {s: [arm_label(a) for a in planned_arms if s not in have[a]]
@@ -202,16 +205,22 @@ def write_summary(results, arms, tests, prov):
         lines.append("")
     lines += ["## Arms", "",
               "Final metric per seed (CNN test accuracy %, transformer test loss), its mean and sd over "
-              "the seeds; bits per worker over the whole run (lowrank's bytesSent) and from the first "
-              "compressed step on; ms per batch (epochs 2.., 16 workers sharing the host's cores).", "",
-              "| model | arm | seeds | values | mean | sd | bits per worker | after warm-up | ms/batch |",
-              "|---|---|---|---|---|---|---|---|---|"]
+              "the seeds; payload: the elements each worker handed to the transport over the run "
+              "(lowrank's payloadElements: exact part and factors; the seeds' distinct values); bits "
+              "per worker over the whole run (lowrank's bytesSent, mean over seeds) and from the first "
+              "compressed step on; ms per batch (epochs 2.., 16 workers sharing the host's cores). "
+              "bytesSent depends on the allreduce algorithm the host transport's cost model picks per "
+              "run (docs/training.md: a latency-bound one sends several times the payload), so it "
+              "varies between seeds of one arm; the payload does not.", "",
+              "| model | arm | seeds | values | mean | sd | payload elements | bits per worker | after warm-up | ms/batch |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
     for a in arms:
         m = a["model"]
         vals = ", ".join(f"{s}: {_fmt(m, v)}" for s, v in a["values"].items())
         g = (lambda x: f"{x:.4g}" if x is not None else "—")
         lines.append(f"| {m} | {a['label']} | {len(a['seeds'])} | {vals} | {_fmt(m, a['mean'])} | "
-                     f"{_fmt(m, a['sd'])} | {g(a['bits_per_worker'])} | {g(a['bits_after_warmup'])} | "
+                     f"{_fmt(m, a['sd'])} | {', '.join(g(x) for x in a['payload_elements'])} | "
+                     f"{g(a['bits_per_worker'])} | {g(a['bits_after_warmup'])} | "
                      f"{g(a['batch_ms'])} |")
     ignored = [f"{a['model']} {a['label']}: {a['seeds_beyond_plan_ignored']}" for a in arms
                if a["seeds_beyond_plan_ignored"]]
