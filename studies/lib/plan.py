@@ -23,11 +23,12 @@ def _sections(data, path, name=""):
                     for k, v in data.items()}, path, name)
 
 
-def load(package_file):
-    """The plan.toml beside `package_file` (a study module's __file__), as nested dicts (Section:
-    a missing key's KeyError names the file and the section). FileNotFoundError or
-    tomllib.TOMLDecodeError, with the path, when it is missing or malformed."""
-    path = os.path.join(os.path.dirname(os.path.abspath(package_file)), "plan.toml")
+def load(package_file, name="plan.toml"):
+    """The plan file `name` (default plan.toml; a study may hold more, plan_alternate.toml) beside
+    `package_file` (a study module's __file__), as nested dicts (Section: a missing key's KeyError
+    names the file and the section). FileNotFoundError or tomllib.TOMLDecodeError, with the path,
+    when it is missing or malformed."""
+    path = os.path.join(os.path.dirname(os.path.abspath(package_file)), name)
     try:
         with open(path, "rb") as f:
             data = tomllib.load(f)

@@ -28,6 +28,8 @@ Options of issue 28's study (studies/rank/run.py): --optimizer sgd|adamw (anothe
 needs its own --lr), --start-frac F (compression from round(F x steps)), and for lowrank
 --exclude NAMES|embeddings-head (allreduced exactly) and --adaptive LOW:HIGH (an AdaptiveRank,
 window one epoch unless --adaptive-window; the JSON's rank_trace holds each change of the ks).
+--alternate (issue 44, with --reducer lowrank): alternating PowerSGD, PowerSGDState(alternate=True);
+the JSON's config.alternate says so and studies/lib/runlabel.py labels such a run lowrank-alternate.
 lowrank's JSON also holds bits_after_warmup: its bytesSent from the first compressed step on.
 --evals-per-epoch E (issue 42's time to accuracy, studies/tta): the test set evaluated after each
 1/E of an epoch's steps; the JSON's `evals` lists every evaluation point (epoch, step, train_s: the
@@ -415,6 +417,8 @@ def run(args):
             extra.update(exclude=[n for n in args.exclude.split(",") if n], model=module)
         if args.rank_of:
             extra.update(rank_of=dict(args.rank_of), model=module)
+        if args.alternate:
+            extra.update(alternate=True)  # ACP-SGD: one factor allreduce per step, P then Q
         if args.adaptive:
             from lowrank.torch.adaptive import AdaptiveRank
             extra.update(adaptive=AdaptiveRank(args.adaptive[0], args.adaptive[1],
@@ -457,8 +461,8 @@ def run(args):
     record = provenance.start(REPO) if rank == 0 else None  # this worker's own library
 
     if rank == 0:
-        print(f"{args.model} {args.reducer}" + (f" rank {args.rank}" if "powersgd" in args.reducer
-                                                 or args.reducer == "lowrank" else "")
+        print(f"{args.model} {args.reducer}" + (" alternating" if args.alternate else "")
+              + (f" rank {args.rank}" if "powersgd" in args.reducer or args.reducer == "lowrank" else "")
               + f": {world} workers, {task.steps} steps of {args.batch} per epoch, "
               f"{grad} parameters; torch {torch.__version__}", flush=True)
     epochs, step, bits_total, prev_sent = [], 0, 0.0, 0
@@ -675,6 +679,9 @@ def parse(argv=None):
                     help="the adaptive rule's error_max: a compression error at or above it keeps the "
                          "high rank; 'none' turns that test off (default none, the rule's; issue 28's "
                          "first study ran with 0.9)")
+    ap.add_argument("--alternate", action="store_true",
+                    help="lowrank: alternating PowerSGD (PowerSGDState's alternate=True, ACP-SGD): "
+                         "P at one compressed step, Q at the next; recorded as config.alternate")
     ap.add_argument("--windows", type=int, default=charlm.WINDOWS_PER_EPOCH * 2,
                     help="transformer: windows per epoch, all workers together (default 2048)")
     ap.add_argument("--evals-per-epoch", type=int, default=1, metavar="E",
@@ -705,8 +712,8 @@ def parse(argv=None):
         ap.error("--start-iter and --start-frac: give one")
     if args.start_iter is None:
         args.start_iter = 10
-    if (args.exclude or args.adaptive or args.rank_of) and args.reducer != "lowrank":
-        ap.error("--exclude, --rank-of and --adaptive are options of --reducer lowrank")
+    if (args.exclude or args.adaptive or args.rank_of or args.alternate) and args.reducer != "lowrank":
+        ap.error("--exclude, --rank-of, --adaptive and --alternate are options of --reducer lowrank")
     names = [n for n in args.exclude.split(",") if n]
     if "embeddings-head" in names:
         i = names.index("embeddings-head")

@@ -225,6 +225,7 @@ def test_rank_of_reaches_lowrank(tmp_path):
     (["--reducer", "lowrank", "--rank", "0", "--rank-of", "head.weight=4"], "rank > 0"),
     (["--model", "transformer", "--optimizer", "sgd"], "--lr"),
     (["--reducer", "allreduce", "--exclude", "x"], "options of --reducer lowrank"),
+    (["--reducer", "lowrank-exact", "--alternate"], "options of --reducer lowrank"),
     (["--reducer", "lowrank", "--exclude", "embeddings-head"], "transformer"),
     (["--reducer", "lowrank", "--rank", "16", "--adaptive", "2:8"], "LOW..HIGH"),
     (["--reducer", "lowrank", "--adaptive", "2-8"], "LOW:HIGH"),
