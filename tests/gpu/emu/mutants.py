@@ -101,8 +101,8 @@ MUTANTS = {
         "the call runs its passes on the caller's stream (as before issue 26), which then waits "
         "for the factor allreduces mid-call: the caller's next kernels wait for lowrank's "
         "communication, and DDP loses its overlap",
-        "freshQ, b.compute);\n",
-        "freshQ, s);\n"),
+        "qStep != 0, b.compute);\n",
+        "qStep != 0, s);\n"),
     "no_fork": (
         "backend.cc",
         "missing event wait: the buffer's stream does not wait for the caller's stream, so pass 1 "
