@@ -69,9 +69,11 @@ Err runAlternateOnDevice(DeviceBuffer& b, const DeviceComm& dc, const void* send
     LR_CUDA(unpackExact(b.exact, pay, op == lowrankAvg ? 1.f / float(N) : 1.f, recv, dtype, s));
   }
 
-  // The decompression chunk by chunk as the factor arrives, out = s P Q^T from the reduced factor
-  // (divided by N: kept) and the kept one; no residual (taken before the allreduce) unless the
-  // checks reject the call (then E = 0 and out NaN).
+  // The decompression chunk by chunk, out = s P Q^T from the reduced factor (divided by N: kept)
+  // and the kept one; no residual (taken before the allreduce) unless the checks reject the call
+  // (then E = 0 and out NaN). The kernels read the checks, which come with the last chunk, so
+  // every chunk's decompression follows the whole allreduce, as on the host (the wait on each
+  // chunk's own event is then already met: it keeps each launch's inputs explicit).
   const float outScale = op == lowrankSum ? float(N) : 1.f;
   if (!qStep) {
     for (size_t c = 0; c < b.pChunks.size(); ++c) {
