@@ -2,14 +2,14 @@
 // host::alternateStepP and host::alternateStepQ (kernels/host/powersgd_kernels.cc), and the reset
 // of a rejected P step's factor. The decompression is pass 3's (decompressAlternate, pass3.cu).
 //
-// P step, fused per row (stepPKernel): a CUDA block takes kWarps * kRowsA whole rows of one row
-// block, each warp kRowsA of them. Sweep 1 streams the warp's rows along the columns as pass 1
-// does (coalesced G and E, Qt through L1): M = G + E written into E and counted, P = M Q
-// accumulated in registers and summed across the warp (P's row is the warp's alone, so no
-// partial sums and no second launch). Sweep 2 follows at once on the same rows: E -= P Q^T, P's
-// row read back by every lane after the warp's barrier, E reread where the warp wrote it a moment
-// before (from L2 while the rows in flight fit there: 12 B per element of M from DRAM; else the
-// reread costs 8 B more). k > 32 loops over groups of 32 columns of Qt in both sweeps (sweep 1
+// P step, fused per row (stepPKernel): a CUDA block takes kWarps * rowsPerWarpA(K) whole rows of
+// one row block, each warp rowsPerWarpA(K) of them (2, or 1 from K = 16). Sweep 1 streams the
+// warp's rows along the columns as pass 1 does (coalesced G and E, Qt through L1): M = G + E
+// written into E and counted, P = M Q accumulated in registers and summed across the warp (P's
+// row is the warp's alone, so no partial sums and no second launch). Sweep 2 follows at once on
+// the same rows: E -= P Q^T, P's row read back by every lane after the warp's barrier, E reread
+// where the warp wrote it a moment before (from L2 while the rows in flight fit there: 12 B per
+// element of M from DRAM; else the reread costs 8 B more). Not measured on a GPU yet. k > 32 loops over groups of 32 columns of Qt in both sweeps (sweep 1
 // re-reads M from E, as pass 1): the slow path.
 //
 // Q step, two sweeps over column blocks: pass 2 with M = G + E written back and counted
@@ -30,7 +30,7 @@ __global__ void __launch_bounds__(kThreads, minBlocks1(K))
     stepPKernel(const DevBlock* __restrict blocks, const uint64_t* __restrict prefix,
                 uint32_t nBlocks, const T* __restrict g, float* __restrict e,
                 const float* __restrict qt, float* p, float* nonFinite) {
-  constexpr int RW = kRowsA;
+  constexpr int RW = rowsPerWarpA(K);
   constexpr int U = stepsPerLoad1(K);
   constexpr int kLanesPerSum = 32 / K;
   const uint64_t tile = blockIdx.x;
