@@ -31,12 +31,17 @@ __device__ __forceinline__ void loadRow(const float* row, float (&v)[K]) {
   }
 }
 
-// TM: the element type of M (float when M is E, else the gradient's dtype).
-template <typename TM, int K>
+// What M is: kPlain2, m itself (E, or G without error feedback: PowerSGD's pass 2); the
+// alternating Q step's (alternate.cu): kAdd2, M = G + E with m = G, written into E and counted
+// (elements beyond the block's limit, into *nonFinite); kCount2, M = G = m, counted.
+enum Pass2Mode { kPlain2, kAdd2, kCount2 };
+
+// TM: the element type of m (float when M is E, else the gradient's dtype).
+template <typename TM, int K, int kMode = kPlain2>
 __global__ void __launch_bounds__(kThreads, minBlocks2(K))
     pass2Kernel(const DevBlock* __restrict blocks, const uint64_t* __restrict prefix,
                 uint32_t nBlocks, uint64_t sr, const TM* __restrict m, const float* __restrict p,
-                float* __restrict qt, float* __restrict ws) {
+                float* __restrict qt, float* __restrict ws, float* e, float* nonFinite) {
   constexpr int kGroup = K < 8 ? K : 8;  // Qt rows per round of the cross-warp sum
   constexpr int kChunk = chunkRows2(K);
   __shared__ __align__(16) float sP[2][kChunk][K];
@@ -53,8 +58,11 @@ __global__ void __launch_bounds__(kThreads, minBlocks2(K))
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const uint32_t j0 = uint32_t(colTile * kCols2), jA = j0 + lane, jB = jA + 32;
   const uint64_t rBegin = slab * sr, rEnd = min(rows, rBegin + sr);
+  const uint32_t limBits = __float_as_uint(x.d.limit) & 0x7fffffffu;
+  unsigned bad = 0;
 
   for (uint32_t c0 = 0; c0 < k; c0 += K) {
+    const bool first = c0 == 0;  // kAdd2: E += G and the count once, in the first group
     float acc[2][K];
 #pragma unroll
     for (int c = 0; c < K; ++c) acc[0][c] = acc[1][c] = 0.f;
@@ -98,14 +106,36 @@ __global__ void __launch_bounds__(kThreads, minBlocks2(K))
       // the arithmetic. Rows past the chunk's end have P = 0 in sP and M = 0 here.
       constexpr int kRowsPerWarp = kChunk / kWarps;
       float ma[kRowsPerWarp], mb[kRowsPerWarp];
+      bool inA[kRowsPerWarp], inB[kRowsPerWarp];
 #pragma unroll
       for (int rr = 0; rr < kRowsPerWarp; ++rr) {
         const int r = warp + rr * kWarps;
         const uint64_t i = ch + r;
         const uint64_t len = r < nr ? rowLength(i, ld, cols, valid) : 0;
-        const TM* row = m + offset + i * ld;
-        ma[rr] = jA < len ? toF(row[jA]) : 0.f;  // missing elements count as zeros
-        mb[rr] = jB < len ? toF(row[jB]) : 0.f;
+        const uint64_t at = offset + i * ld;
+        inA[rr] = jA < len;
+        inB[rr] = jB < len;
+        if constexpr (kMode == kAdd2) {
+          ma[rr] = inA[rr] ? (first ? toF(m[at + jA]) + e[at + jA] : e[at + jA]) : 0.f;
+          mb[rr] = inB[rr] ? (first ? toF(m[at + jB]) + e[at + jB] : e[at + jB]) : 0.f;
+        } else {
+          ma[rr] = inA[rr] ? toF(m[at + jA]) : 0.f;  // missing elements count as zeros
+          mb[rr] = inB[rr] ? toF(m[at + jB]) : 0.f;
+        }
+      }
+      if (kMode != kPlain2 && first) {
+#pragma unroll
+        for (int rr = 0; rr < kRowsPerWarp; ++rr) {
+          const uint64_t at = offset + (ch + warp + rr * kWarps) * ld;
+          if (inA[rr]) {
+            if constexpr (kMode == kAdd2) e[at + jA] = ma[rr];
+            bad += beyond(ma[rr], limBits);
+          }
+          if (inB[rr]) {
+            if constexpr (kMode == kAdd2) e[at + jB] = mb[rr];
+            bad += beyond(mb[rr], limBits);
+          }
+        }
       }
 #pragma unroll
       for (int rr = 0; rr < kRowsPerWarp; ++rr) {
@@ -145,6 +175,7 @@ __global__ void __launch_bounds__(kThreads, minBlocks2(K))
       }
     }
   }
+  if constexpr (kMode != kPlain2) addBlockCount(bad, nonFinite);
 }
 
 // Qt = the sum of the slabs' partial Qt, in slab order. Element idx = c * cols + j.
@@ -165,6 +196,30 @@ __global__ void __launch_bounds__(kReduceThreads)
 
 }  // namespace
 
+namespace detail {
+
+cudaError_t computeQCounting(const BlockTable* t, const void* g, lowrankDataType_t dtype, float* e,
+                             const float* p, float* qt, float* nonFinite, cudaStream_t stream) {
+  if (!t) return cudaErrorInvalidValue;
+  if (t->total[kTiles2] == 0) return cudaSuccess;
+  cudaError_t err = withDtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    return withBucket(t->bucket, [&](auto bucket) {
+      constexpr int K = decltype(bucket)::value;
+      const T* gt = static_cast<const T*>(g);
+      return e ? launch(pass2Kernel<T, K, kAdd2>, t->total[kTiles2], kThreads, stream, t->blocks,
+                        t->pre(kTiles2), t->n, t->sr2, gt, p, qt, t->ws, e, nonFinite)
+               : launch(pass2Kernel<T, K, kCount2>, t->total[kTiles2], kThreads, stream,
+                        t->blocks, t->pre(kTiles2), t->n, t->sr2, gt, p, qt, t->ws, e, nonFinite);
+    });
+  });
+  if (err != cudaSuccess) return err;
+  return launch(reduce2Kernel, t->total[kReduce2], kReduceThreads, stream, t->blocks,
+                t->pre(kReduce2), t->n, t->ws, qt);
+}
+
+}  // namespace detail
+
 cudaError_t computeQ(const BlockTable* t, const void* g, lowrankDataType_t dtype, const float* e,
                      const float* p, float* qt, cudaStream_t stream) {
   if (!t) return cudaErrorInvalidValue;
@@ -173,10 +228,12 @@ cudaError_t computeQ(const BlockTable* t, const void* g, lowrankDataType_t dtype
     using T = decltype(tag);
     return withBucket(t->bucket, [&](auto bucket) {
       constexpr int K = decltype(bucket)::value;
+      float* none = nullptr;
       return e ? launch(pass2Kernel<float, K>, t->total[kTiles2], kThreads, stream, t->blocks,
-                        t->pre(kTiles2), t->n, t->sr2, e, p, qt, t->ws)
+                        t->pre(kTiles2), t->n, t->sr2, e, p, qt, t->ws, none, none)
                : launch(pass2Kernel<T, K>, t->total[kTiles2], kThreads, stream, t->blocks,
-                        t->pre(kTiles2), t->n, t->sr2, static_cast<const T*>(g), p, qt, t->ws);
+                        t->pre(kTiles2), t->n, t->sr2, static_cast<const T*>(g), p, qt, t->ws,
+                        none, none);
     });
   });
   if (err != cudaSuccess) return err;

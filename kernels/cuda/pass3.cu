@@ -57,6 +57,14 @@ __device__ __forceinline__ Tile3 tile3(const DevBlock* blocks, const uint64_t* p
           uint32_t(colTile * kCols3 + threadIdx.x)};
 }
 
+// What a launch writes (A = P Qbar^T): kUpdate3, out = scale A and E = M - A (PowerSGD's pass 3);
+// kOut3, out alone (no error feedback); kSubtract3, E -= A alone (the alternating Q step's
+// residual: no out, no checks); kDrop3, out alone, and E = 0 on an untrusted call (the
+// alternating decompression: its residual was taken before the allreduce).
+enum Pass3Mode { kUpdate3, kOut3, kSubtract3, kDrop3 };
+__host__ __device__ constexpr bool readsE(int mode) { return mode == kUpdate3 || mode == kSubtract3; }
+__host__ __device__ constexpr bool zeroesE(int mode) { return mode == kUpdate3 || mode == kDrop3; }
+
 // out = NaN, E = 0 over the tile's elements.
 template <typename TO, bool kFeedback>
 __device__ void poisonTile(const Tile3& t, float* __restrict e, TO* __restrict out) {
@@ -72,17 +80,18 @@ __device__ void poisonTile(const Tile3& t, float* __restrict e, TO* __restrict o
   }
 }
 
-template <typename TO, bool kFeedback, int K>
+template <typename TO, int kMode, int K>
 __global__ void __launch_bounds__(kThreads)
     pass3Kernel(const DevBlock* __restrict blocks, const uint64_t* __restrict prefix,
                 uint32_t nBlocks, float* __restrict e, const float* __restrict p,
                 const float* __restrict qbart, float scale, TO* __restrict out,
                 const float* __restrict checks, float expectedOp) {
+  constexpr bool kFeedback = readsE(kMode), kOut = kMode != kSubtract3;
   __shared__ __align__(16) float sP[kRows3][K];
   const Tile3 t = tile3(blocks, prefix, nBlocks);
   const BlockDesc& d = t.x->d;
   if (poisoned(checks, expectedOp)) {  // the same for every thread: no barrier is skipped
-    poisonTile<TO, kFeedback>(t, e, out);
+    poisonTile<TO, zeroesE(kMode)>(t, e, out);
     return;
   }
   const uint32_t k = d.k;
@@ -114,7 +123,7 @@ __global__ void __launch_bounds__(kThreads)
       if (in[s]) {
         const uint64_t o = offset + pos + s * ld;
         const float a = dotRow<K>(sP[r0 + s], qb);
-        out[o] = fromF<TO>(scale * a);
+        if (kOut) out[o] = fromF<TO>(scale * a);
         if (kFeedback) e[o] = m[s] - a;
       }
     }
@@ -122,16 +131,17 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // k > 32: the same tiles, A summed over k straight from global memory.
-template <typename TO, bool kFeedback>
+template <typename TO, int kMode>
 __global__ void __launch_bounds__(kThreads)
     pass3GenericKernel(const DevBlock* __restrict blocks, const uint64_t* __restrict prefix,
                        uint32_t nBlocks, float* __restrict e, const float* __restrict p,
                        const float* __restrict qbart, float scale, TO* __restrict out,
                        const float* __restrict checks, float expectedOp) {
+  constexpr bool kFeedback = readsE(kMode), kOut = kMode != kSubtract3;
   const Tile3 t = tile3(blocks, prefix, nBlocks);
   const BlockDesc& d = t.x->d;
   if (poisoned(checks, expectedOp)) {
-    poisonTile<TO, kFeedback>(t, e, out);
+    poisonTile<TO, zeroesE(kMode)>(t, e, out);
     return;
   }
   for (int r = 0; r < t.nr; ++r) {
@@ -141,26 +151,51 @@ __global__ void __launch_bounds__(kThreads)
       float a = 0.f;
       for (uint32_t c = 0; c < d.k; ++c) a = fmaf(pr[c], qbart[d.qt + c * d.qld + t.j], a);
       const uint64_t o = d.offset + i * d.ld + t.j;
-      out[o] = fromF<TO>(scale * a);
+      if (kOut) out[o] = fromF<TO>(scale * a);
       if (kFeedback) e[o] = e[o] - a;
     }
   }
 }
 
-template <typename TO, bool kFeedback>
+template <typename TO, int kMode>
 cudaError_t launch3(const BlockTable* t, float* e, const float* p, const float* qbart, float scale,
                     TO* out, const float* checks, float expectedOp, cudaStream_t stream) {
   if (t->kmax > kBucketMax)
-    return launch(pass3GenericKernel<TO, kFeedback>, t->total[kTiles3], kThreads, stream, t->blocks,
+    return launch(pass3GenericKernel<TO, kMode>, t->total[kTiles3], kThreads, stream, t->blocks,
                   t->pre(kTiles3), t->n, e, p, qbart, scale, out, checks, expectedOp);
   return withBucket(t->bucket, [&](auto bucket) {
     constexpr int K = decltype(bucket)::value;
-    return launch(pass3Kernel<TO, kFeedback, K>, t->total[kTiles3], kThreads, stream, t->blocks,
+    return launch(pass3Kernel<TO, kMode, K>, t->total[kTiles3], kThreads, stream, t->blocks,
                   t->pre(kTiles3), t->n, e, p, qbart, scale, out, checks, expectedOp);
   });
 }
 
 }  // namespace
+
+namespace detail {
+
+cudaError_t subtractLowRank(const BlockTable* t, float* e, const float* p, const float* qt,
+                            cudaStream_t stream) {
+  if (!t || !e) return cudaErrorInvalidValue;
+  if (t->total[kTiles3] == 0) return cudaSuccess;
+  float* none = nullptr;
+  return launch3<float, kSubtract3>(t, e, p, qt, 0.f, none, nullptr, 0.f, stream);
+}
+
+}  // namespace detail
+
+cudaError_t decompressAlternate(const BlockTable* t, float* e, const float* p, const float* qbart,
+                                float scale, void* out, lowrankDataType_t dtype,
+                                const float* checks, float expectedOp, cudaStream_t stream) {
+  if (!t) return cudaErrorInvalidValue;
+  if (t->total[kTiles3] == 0) return cudaSuccess;
+  return withDtype(dtype, [&](auto tag) {
+    using TO = decltype(tag);
+    TO* o = static_cast<TO*>(out);
+    return e ? launch3<TO, kDrop3>(t, e, p, qbart, scale, o, checks, expectedOp, stream)
+             : launch3<TO, kOut3>(t, e, p, qbart, scale, o, checks, expectedOp, stream);
+  });
+}
 
 cudaError_t decompressAndUpdateError(const BlockTable* t, float* e, const float* p,
                                      const float* qbart, float scale, void* out,
@@ -171,8 +206,8 @@ cudaError_t decompressAndUpdateError(const BlockTable* t, float* e, const float*
   return withDtype(dtype, [&](auto tag) {
     using TO = decltype(tag);
     TO* o = static_cast<TO*>(out);
-    return e ? launch3<TO, true>(t, e, p, qbart, scale, o, checks, expectedOp, stream)
-             : launch3<TO, false>(t, e, p, qbart, scale, o, checks, expectedOp, stream);
+    return e ? launch3<TO, kUpdate3>(t, e, p, qbart, scale, o, checks, expectedOp, stream)
+             : launch3<TO, kOut3>(t, e, p, qbart, scale, o, checks, expectedOp, stream);
   });
 }
 

@@ -114,6 +114,37 @@ cudaError_t decompressAndUpdateError(const BlockTable* t, float* e, const float*
                                      lowrankDataType_t dtype, const float* checks,
                                      float expectedOp, cudaStream_t stream);
 
+// Alternating PowerSGD (ACP-SGD; docs/design.md, "Alternating factors"): one factor per call,
+// computed against the kept other one, the residual of the comm rank's own factor taken before
+// the allreduce (kernels/cuda/alternate.cu says how each step moves its bytes).
+// P step, for every row block (qt: the whole tensors' kept Qt, orthonormal):
+//   M = G + E (into E), P = M Q, E = M - P Q^T. Fused per row: one launch.
+// Q step, for every column block (p: the tensors' kept P, orthonormal; qt: the block's Qt, k x
+// cols at qt + desc.qt, row stride qld, written): M = G + E (into E), Q = M^T P, E = M - P Q^T.
+// Two launches (Q's column needs every row of M first): pass 2 with M written back and counted,
+// then E -= P Q^T by pass 3's tiles.
+// e null: M = G, no residual kept. Both add to *nonFinite the count of elements of M that are NaN,
+// Inf or not below the block's limit, as pass 1 (the Q step's blocks need their tensor's limit).
+// Host twins: host::alternateStepP, host::alternateStepQ.
+cudaError_t alternateStepP(const BlockTable* t, const void* g, lowrankDataType_t dtype, float* e,
+                           const float* qt, float* p, float* nonFinite, cudaStream_t stream);
+cudaError_t alternateStepQ(const BlockTable* t, const void* g, lowrankDataType_t dtype, float* e,
+                           const float* p, float* qt, float* nonFinite, cudaStream_t stream);
+// The alternating decompression (row blocks after a P step, column blocks after a Q step):
+// out = scale * P Qbar^T (cast to dtype); E is neither read nor written (its residual was taken
+// before the allreduce), except on a call not to be trusted (checks, as pass 3): out = NaN and
+// E = 0 where e != nullptr. Host twin: host::decompressAndUpdateError with e == nullptr.
+cudaError_t decompressAlternate(const BlockTable* t, float* e, const float* p, const float* qbart,
+                                float scale, void* out, lowrankDataType_t dtype,
+                                const float* checks, float expectedOp, cudaStream_t stream);
+// A rejected P step (checks[0] != 0 or checks[1] != expectedOp; checks on the device, required):
+// every matrix of the table (the tensors' P, which the allreduce overwrote with what the call
+// must not keep) set to the first k unit vectors, orthonormal and the same on every comm rank, so
+// that the next call, a Q step, runs against a valid factor. Nothing is written otherwise. No
+// host twin: the host engine resets the state of a rejected call instead (docs/design.md).
+cudaError_t unitFactorIfRejected(const OrthoTable* t, float* base, const float* checks,
+                                 float expectedOp, cudaStream_t stream);
+
 // Orthonormalizes every matrix of the table in place (float64 inside): Gram-Schmidt twice with
 // epsilon for k <= 2, Householder QR (thin Q) for k > 2, exactly as host::orthonormalize, so a zero
 // or dependent column never gives NaN. Host twin: host::orthonormalize. Tall matrices (k <= 32,

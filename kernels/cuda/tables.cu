@@ -141,6 +141,7 @@ cudaError_t createBlockTable(const BlockDesc* blocks, size_t n, BlockTable** out
       tiles[kReduce2] = ceilDiv(uint64_t(d.cols) * d.k, kReduceThreads);
     }
     tiles[kTiles3] = rowTiles3 * x.colTiles3;
+    tiles[kTilesA] = d.k == 0 ? 0 : ceilDiv(d.rows, uint64_t(kWarps) * rowsPerWarpA(t->bucket));
     for (int w = 0; w < kPrefixes; ++w) {
       uint64_t* p = pre.data() + size_t(w) * (n + 1);
       p[b + 1] = p[b] + tiles[w];

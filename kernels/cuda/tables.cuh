@@ -51,6 +51,10 @@ constexpr int kCols3 = kThreads;
 constexpr int kRows3 = 64;
 constexpr int kStep3 = 8;  // rows whose loads are issued together (divides kRows3)
 static_assert(kRows3 % kStep3 == 0, "pass 3 steps cover the tile");
+// Alternating P step (alternate.cu): a tile is kWarps * rowsPerWarpA(K) whole rows (each warp
+// its rows' P finished in the warp, so that the residual's sweep follows at once). One row per
+// warp from K = 16 on: two spilled 400 bytes at K = 32 (ptxas, sm_80 and sm_90).
+__host__ __device__ constexpr int rowsPerWarpA(int K) { return K >= 16 ? 1 : 2; }
 // Deterministic second reductions: one thread per output element.
 constexpr int kReduceThreads = 256;
 // Element-wise kernels (exact part, scatterQ): elements per CUDA block.
@@ -108,8 +112,20 @@ struct DevBlock {
   uint64_t colTiles3 = 0;               // pass 3 tiles: rowTiles3 x colTiles3
 };
 
-enum Prefix { kTiles1, kReduce1, kTiles2, kReduce2, kTiles3, kPrefixes };
+// kTilesA: the alternating P step's tiles (whole rows, kWarps * rowsPerWarpA per tile).
+enum Prefix { kTiles1, kReduce1, kTiles2, kReduce2, kTiles3, kTilesA, kPrefixes };
 
+}  // namespace detail
+
+struct BlockTable;
+namespace detail {
+// The alternating Q step's two launches (alternate.cu): pass 2 with M = G + E written into E
+// (e null: M = G) and its elements beyond each block's limit counted into *nonFinite (pass2.cu);
+// then E -= P Qt^T over the blocks (pass 3's tiles, no output; pass3.cu).
+cudaError_t computeQCounting(const BlockTable* t, const void* g, lowrankDataType_t dtype, float* e,
+                             const float* p, float* qt, float* nonFinite, cudaStream_t stream);
+cudaError_t subtractLowRank(const BlockTable* t, float* e, const float* p, const float* qt,
+                            cudaStream_t stream);
 }  // namespace detail
 
 struct BlockTable {

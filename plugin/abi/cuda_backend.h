@@ -1,7 +1,7 @@
 /* The table between liblowrank and its CUDA backend, liblowrank_cuda.so, which liblowrank loads
  * with dlopen the first time a device buffer appears (plugin/engine/cuda_loader.cc), so that a
  * CPU-only program loads no CUDA library. Plain C and versioned, as NCCL's plugin tables: the
- * backend exports `lowrankCudaBackendV7`; liblowrank refuses a table whose `version` is not the
+ * backend exports `lowrankCudaBackendV8`; liblowrank refuses a table whose `version` is not the
  * one it was built with (naming the path and both versions).
  *
  * Who does what. liblowrank keeps a device buffer's life (plugin/engine/device_backend.h): exact or
@@ -37,8 +37,11 @@
 extern "C" {
 #endif
 
-#define LOWRANK_CUDA_BACKEND_VERSION 7 /* 7: stateCreate takes an allocator and the call's stream,
-                                          and reports its memory by kind */
+#define LOWRANK_CUDA_BACKEND_VERSION 8 /* 7: stateCreate takes an allocator and the call's stream,
+                                          and reports its memory by kind; 8: alternating PowerSGD
+                                          (issue 44): lowrankCudaPlan_t.alternate (the wire then
+                                          holds a Q step's payload), runCompressed's qStep,
+                                          stateSave / stateLoad's p (the kept P) */
 
 /* The payload of allreduce #1, host and device alike: [exact part (exactElems floats) | P of every
  * compressed tensor (pElems) | non-finite count | op code]. The last two let every comm rank take
@@ -59,7 +62,7 @@ static inline lowrankPayloadLayout_t lowrankPayload(uint64_t exactElems, uint64_
 static inline float lowrankPayloadOpCode(int op) { return op == 0 ? 1.f : 2.f; }
 /* Words of the plan agreement (liblowrank's PlanCheck, engine/plan.h), max-allreduced as uint64. */
 #define LOWRANK_PLAN_CHECK_WORDS 5
-#define LOWRANK_CUDA_BACKEND_SYMBOL "lowrankCudaBackendV7"
+#define LOWRANK_CUDA_BACKEND_SYMBOL "lowrankCudaBackendV8"
 /* A NUL-terminated line, what the backend was built for, read by `python -m lowrank` without
  * initializing CUDA: "cuda=13000 arch=sm_80,sm_90,compute_90 cudart=static" (cuda: CUDART_VERSION, 1000 * major +
  * 10 * minor; 0 for the CPU emulation). */
@@ -74,7 +77,8 @@ typedef struct lowrankCudaError {
 /* A compressed buffer's plan as the device needs it (liblowrank's Plan, engine/plan.h, flattened).
  * Element offsets count elements of the buffer (dtype), or floats of the factor buffers:
  * payload = [exact part (exactElems) | P (pElems) | non-finite count | op], Qt (qElems, whole-tensor
- * layout), and the wire (qElems: Qt by column blocks, as the Q chunks travel). */
+ * layout), and the wire (qElems: Qt by column blocks, as the Q chunks travel; alternating, a Q
+ * step's payload, lowrankPayload(exactElems, qElems): [exact part | Qt by column blocks | checks]). */
 typedef struct lowrankCudaTensor {
   uint64_t offset, numel;  /* in the buffer */
   uint64_t rows, cols;     /* compressed: the matrix view (n x m) */
@@ -119,6 +123,8 @@ typedef struct lowrankCudaPlan {
   const lowrankCudaBlock_t* colBlocks;    uint64_t nColBlocks;
   const lowrankCudaChunk_t* pChunks;      uint64_t nPChunks;  /* >= 1; the last carries the checks */
   const lowrankCudaChunk_t* qChunks;      uint64_t nQChunks;  /* >= 1 */
+  int32_t alternate;       /* 1: alternating PowerSGD (ACP-SGD; runCompressed's qStep) */
+  int32_t pad_;
 } lowrankCudaPlan_t;
 
 /* Device memory from the application (lowrankCommSetAllocator): both functions null for CUDA's own
@@ -189,21 +195,26 @@ typedef struct lowrankCudaBackend {
   /* Queues one compressed call (send = G, recv = output, op lowrankSum or lowrankAvg) on `stream`,
    * after the state's previous call on whatever stream. freshQ: the initial Qt of every compressed
    * tensor (qElems floats, orthonormalized, read before the call returns), or NULL for the warm
-   * start (the last call's Qbar, orthonormalized on the device). The call's checks go to the next
-   * slot of the state's ring: the caller collects with lowrankCudaCollectForRoom first. On failure
-   * the state must be destroyed (it may be half updated). */
+   * start (the last call's Qbar, orthonormalized on the device). qStep (an alternating plan only,
+   * else 0): 1 for a Q step against the kept P (freshQ is then NULL), 0 for a P step against the
+   * kept (or fresh) Q. The call's checks go to the next slot of the state's ring: the caller
+   * collects with lowrankCudaCollectForRoom first. On failure the state must be destroyed (it may
+   * be half updated). */
   int (*runCompressed)(lowrankCudaComm_t* comm, lowrankCudaState_t* state, const void* send,
-                       void* recv, int op, const float* freshQ, void* stream,
+                       void* recv, int op, const float* freshQ, int qStep, void* stream,
                        lowrankCudaError_t* error);
 
   /* Checkpoint (lowrankBufferSaveState / RestoreState): copies the state's residual (the plan's
-   * count floats; skipped when error feedback is off or `residual` is NULL) and Qt (qElems floats,
-   * whole-tensor layout) to host memory, or from it. Both wait for the state's last call first and
-   * copy synchronously (on no stream of the caller's), so the host memory may go when they return.
-   * A failed load leaves the state to be destroyed (it may be half written). */
-  int (*stateSave)(lowrankCudaState_t* state, float* residual, float* qt, lowrankCudaError_t* error);
-  int (*stateLoad)(lowrankCudaState_t* state, const float* residual, const float* qt,
+   * count floats; skipped when error feedback is off or `residual` is NULL), Qt (qElems floats,
+   * whole-tensor layout) and, `p` not NULL, the P area of the payload (pElems floats: an
+   * alternating plan's kept P before a Q step) to host memory, or from it. Both wait for the
+   * state's last call first and copy synchronously (on no stream of the caller's), so the host
+   * memory may go when they return. A failed load leaves the state to be destroyed (it may be
+   * half written). */
+  int (*stateSave)(lowrankCudaState_t* state, float* residual, float* qt, float* p,
                    lowrankCudaError_t* error);
+  int (*stateLoad)(lowrankCudaState_t* state, const float* residual, const float* qt,
+                   const float* p, lowrankCudaError_t* error);
 
   /* Collects the state's pending checks, oldest first, as `wait` says (lowrankCudaCollect*):
    * *rejected: how many of the collected calls were rejected on the device (output NaN), of which
@@ -216,7 +227,7 @@ typedef struct lowrankCudaBackend {
 
 /* The table of a liblowrank_cuda.so: its one exported symbol (LOWRANK_CUDA_BACKEND_SYMBOL), looked
  * up with dlsym. */
-extern const lowrankCudaBackend_t lowrankCudaBackendV7;
+extern const lowrankCudaBackend_t lowrankCudaBackendV8;
 
 #ifdef __cplusplus
 }

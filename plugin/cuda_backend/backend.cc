@@ -195,7 +195,7 @@ void stateDestroy(lowrankCudaState_t* st) {
 }
 
 int runCompressed(lowrankCudaComm_t* c, lowrankCudaState_t* st, const void* send, void* recv,
-                  int op, const float* freshQ, void* stream, lowrankCudaError_t* error) {
+                  int op, const float* freshQ, int qStep, void* stream, lowrankCudaError_t* error) {
   const RelaxedCaptureMode relaxed;  // never breaks another thread's capture (capture_mode.h)
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   DeviceBuffer& b = st->b;
@@ -209,7 +209,8 @@ int runCompressed(lowrankCudaComm_t* c, lowrankCudaState_t* st, const void* send
     // (its last call is already before it, in its own order, wherever the ids came from).
     LR_CUDA(cudaEventRecord(b.forked, s));
     LR_CUDA(cudaStreamWaitEvent(b.compute, b.forked, 0));
-    const Err run = runCompressedOnDevice(b, c->dc, send, recv, lowrankRedOp_t(op), freshQ, b.compute);
+    const Err run = runCompressedOnDevice(b, c->dc, send, recv, lowrankRedOp_t(op), freshQ,
+                                          qStep != 0, b.compute);
     // Join, once, at the end (also after a failure, so that whatever was queued is ordered
     // before the caller's next work on recv).
     if (!run.ok()) (void)cudaEventRecord(b.done, b.compute);
@@ -224,7 +225,8 @@ int runCompressed(lowrankCudaComm_t* c, lowrankCudaState_t* st, const void* send
 // until the stream reaches it, and a copy queued behind a collective that never ends would write
 // into host memory freed after a timeout; then the copies, ordered on the state's stream, and
 // their own bounded wait.
-int stateSave(lowrankCudaState_t* st, float* residual, float* qt, lowrankCudaError_t* error) {
+int stateSave(lowrankCudaState_t* st, float* residual, float* qt, float* p,
+              lowrankCudaError_t* error) {
   const RelaxedCaptureMode relaxed;  // never breaks another thread's capture (capture_mode.h)
   const DeviceBuffer& b = st->b;
   const DeviceScope on(b.comm->device);
@@ -238,13 +240,16 @@ int stateSave(lowrankCudaState_t* st, float* residual, float* qt, lowrankCudaErr
     if (b.plan.qElems)
       LR_CUDA(cudaMemcpyAsync(qt, b.qt, b.plan.qElems * sizeof(float), cudaMemcpyDeviceToHost,
                               b.compute));
+    if (p && b.plan.pElems)  // the P area of the payload: an alternating plan's kept P
+      LR_CUDA(cudaMemcpyAsync(p, b.payload + b.plan.exactElems, b.plan.pElems * sizeof(float),
+                              cudaMemcpyDeviceToHost, b.compute));
     LR_TRY(waitDevice(*b.comm, nullptr, b.compute, "the state's copies to the host (checkpoint save)"));
     return Err::Ok();
   }();
   return s.report(error);
 }
 
-int stateLoad(lowrankCudaState_t* st, const float* residual, const float* qt,
+int stateLoad(lowrankCudaState_t* st, const float* residual, const float* qt, const float* p,
               lowrankCudaError_t* error) {
   const RelaxedCaptureMode relaxed;  // never breaks another thread's capture (capture_mode.h)
   DeviceBuffer& b = st->b;
@@ -259,6 +264,9 @@ int stateLoad(lowrankCudaState_t* st, const float* residual, const float* qt,
     if (b.plan.qElems)
       LR_CUDA(cudaMemcpyAsync(b.qt, qt, b.plan.qElems * sizeof(float), cudaMemcpyHostToDevice,
                               b.compute));
+    if (p && b.plan.pElems)
+      LR_CUDA(cudaMemcpyAsync(b.payload + b.plan.exactElems, p, b.plan.pElems * sizeof(float),
+                              cudaMemcpyHostToDevice, b.compute));
     LR_TRY(waitDevice(*b.comm, nullptr, b.compute, "the state's copies from the host (checkpoint restore)"));
     return Err::Ok();
   }();
@@ -294,7 +302,7 @@ const char lowrankCudaBuildInfo[] = "cuda=" LOWRANK_STR(CUDART_VERSION) " arch="
                                     " cudart=static";
 
 extern "C" __attribute__((visibility("default")))
-const lowrankCudaBackend_t lowrankCudaBackendV7 = {
+const lowrankCudaBackend_t lowrankCudaBackendV8 = {
     LOWRANK_CUDA_BACKEND_VERSION,
     sizeof(lowrankCudaBackend_t),
     &lowrank::cuda::commCreate,

@@ -5,9 +5,8 @@
 #include "cuda_backend/device_wait.h"
 
 namespace lowrank::cuda {
-namespace {
+namespace schedule {
 
-// An NCCL sum allreduce of float32 in place on the communication stream, after `ready`.
 Err reduceOn(const DeviceComm& dc, float* x, size_t count, cudaEvent_t ready, cudaEvent_t reduced) {
   LR_CUDA(cudaStreamWaitEvent(dc.stream, ready, 0));
   if (count)
@@ -18,10 +17,9 @@ Err reduceOn(const DeviceComm& dc, float* x, size_t count, cudaEvent_t ready, cu
   return Err::Ok();
 }
 
-// Q for this call: a fresh draw (liblowrank's, the same numbers as the host
-// engine, orthonormalized on the host; staged in a pinned block of the communicator's pool, then
-// copied; the block goes back to the pool, reusable once the copy has run) or the last call's
-// Qbar orthonormalized on the device (warm start).
+// A fresh draw is liblowrank's (the same numbers as the host engine, orthonormalized on the
+// host); it is staged in a pinned block of the communicator's pool, then copied; the block goes
+// back to the pool, reusable once the copy has run.
 Err prepareQ(DeviceBuffer& b, const DeviceComm& dc, const float* freshQ, cudaStream_t s) {
   const lowrankCudaPlan_t& pl = b.plan;
   if (!freshQ) {
@@ -38,10 +36,25 @@ Err prepareQ(DeviceBuffer& b, const DeviceComm& dc, const float* freshQ, cudaStr
   return Err::Ok();
 }
 
-}  // namespace
+Err queueChecks(DeviceBuffer& b, const float* checks, float expectedOp, cudaEvent_t ready,
+                cudaStream_t s) {
+  const size_t slot = (b.checksFirst + b.checksPending) % DeviceBuffer::kCheckSlots;
+  LR_CUDA(cudaStreamWaitEvent(s, ready, 0));
+  LR_CUDA(cudaMemcpyAsync(b.hostChecks + 2 * slot, checks, 2 * sizeof(float),
+                          cudaMemcpyDeviceToHost, s));
+  LR_CUDA(cudaEventRecord(b.checksCopied[slot], s));
+  b.expectedOp[slot] = expectedOp;
+  ++b.checksPending;
+  return Err::Ok();
+}
+
+}  // namespace schedule
+
+using namespace schedule;
 
 Err runCompressedOnDevice(DeviceBuffer& b, const DeviceComm& dc, const void* send, void* recv,
-                          lowrankRedOp_t op, const float* freshQ, cudaStream_t s) {
+                          lowrankRedOp_t op, const float* freshQ, bool qStep, cudaStream_t s) {
+  if (b.plan.alternate) return runAlternateOnDevice(b, dc, send, recv, op, freshQ, qStep, s);
   const lowrankCudaPlan_t& pl = b.plan;
   const auto dtype = lowrankDataType_t(pl.dtype);
   const int N = dc.nranks;
@@ -84,12 +97,7 @@ Err runCompressedOnDevice(DeviceBuffer& b, const DeviceComm& dc, const void* sen
   // The checks are in once the last P chunk is reduced: copy them for the engine's counters,
   // into this call's own slot (the engine has made one free).
   const float expectedOp = opCode * float(N);
-  const size_t slot = (b.checksFirst + b.checksPending) % DeviceBuffer::kCheckSlots;
-  LR_CUDA(cudaStreamWaitEvent(s, b.pChunks.back().reduced, 0));
-  LR_CUDA(cudaMemcpyAsync(b.hostChecks + 2 * slot, checks, 2 * sizeof(float), cudaMemcpyDeviceToHost, s));
-  LR_CUDA(cudaEventRecord(b.checksCopied[slot], s));
-  b.expectedOp[slot] = expectedOp;
-  ++b.checksPending;
+  LR_TRY(queueChecks(b, checks, expectedOp, b.pChunks.back().reduced, s));
 
   if (pl.exactElems) {
     LR_CUDA(cudaStreamWaitEvent(s, b.exactReduced, 0));

@@ -54,7 +54,41 @@ Err ncclIssue(const DeviceComm& dc, const char* what, const std::function<int()>
 // the initial Qt drawn by liblowrank (qElems floats), or null for the warm start. The non-finite
 // and op checks are applied on the device (see decompressAndUpdateError) and copied to the next
 // free slot of b's check ring for the engine to count later (the caller frees one first).
+// An alternating plan (b.plan.alternate) runs runAlternateOnDevice's step instead (qStep: which).
 Err runCompressedOnDevice(DeviceBuffer& b, const DeviceComm& dc, const void* send, void* recv,
-                          lowrankRedOp_t op, const float* freshQ, cudaStream_t stream);
+                          lowrankRedOp_t op, const float* freshQ, bool qStep, cudaStream_t stream);
+
+// Alternating PowerSGD (ACP-SGD; docs/design.md, "Alternating factors"; device_alternate.cc), the
+// twin of the host's runAlternateOnHost: one factor allreduce per call.
+// P step (qStep false): Q = freshQ, else the kept Qbar orthonormalized; by row blocks, chunk by
+//   chunk, alternateStepP (M = G + E into E, P = M Q, E -= P Q^T) and the P chunk's allreduce
+//   (the payload, as PowerSGD's allreduce #1: the last chunk carries the checks); as each chunk
+//   arrives, Pbar = P / N (kept in the payload for the next call) and out = s Pbar Q^T
+//   (decompressAlternate).
+// Q step: P = the kept Pbar orthonormalized (tensor by tensor, before the first Q chunk that
+//   needs it); by column blocks alternateStepQ (M = G + E into E, Q = M^T P, E -= P Q^T) and the
+//   Q chunk's allreduce in the wire, which holds the Q step's payload [exact part | Q | checks]
+//   (the last chunk carries the checks); as each chunk arrives, Qbar = Q / N and out = s P Qbar^T;
+//   then Qbar into the whole-tensor Qt (scatterQ), the next P step's Q.
+// The exact part has its own allreduce, issued first, as PowerSGD's on the device. A call the
+// checks reject: its output NaN (exact tensors: the exact sums), the residual zeroed, the kept Q
+// left as it was; a rejected P step's P (overwritten by its allreduce) is replaced by the first k
+// unit vectors (unitFactorIfRejected), so that the Q step that the engine makes next runs against
+// a valid factor, the same on every comm rank.
+Err runAlternateOnDevice(DeviceBuffer& b, const DeviceComm& dc, const void* send, void* recv,
+                         lowrankRedOp_t op, const float* freshQ, bool qStep, cudaStream_t stream);
+
+// Shared by both schedules (device_schedule.cc).
+namespace schedule {
+// An NCCL sum allreduce of float32 in place on the communication stream, after `ready`.
+Err reduceOn(const DeviceComm& dc, float* x, size_t count, cudaEvent_t ready, cudaEvent_t reduced);
+// Q for this call: a fresh draw staged through the comm's pinned pool, or the last call's Qbar
+// orthonormalized on the device (warm start).
+Err prepareQ(DeviceBuffer& b, const DeviceComm& dc, const float* freshQ, cudaStream_t s);
+// This call's [non-finite count, op] (device memory, reduced once `ready` is recorded) copied to
+// the next slot of b's check ring after it; expectedOp: what the slot's op word must be.
+Err queueChecks(DeviceBuffer& b, const float* checks, float expectedOp, cudaEvent_t ready,
+                cudaStream_t s);
+}  // namespace schedule
 
 }  // namespace lowrank::cuda

@@ -68,7 +68,7 @@ Err event(cudaEvent_t* e) {
 }
 
 // A block as the kernels read it: liblowrank resolved it (abi/cuda_backend.h); limit: its tensor's
-// overflow bound (pass 1 only).
+// overflow bound (read by pass 1 and the alternating steps).
 BlockDesc blockDesc(const lowrankCudaBlock_t& b, float limit) {
   BlockDesc d;
   d.offset = b.offset;
@@ -121,7 +121,10 @@ Err DeviceBuffer::allocate(const lowrankCudaPlan_t& pl, const DeviceComm& dc,
     if (pl.errorFeedback) LR_TRY(deviceAlloc(&e, pl.count, &residual, on, allocator));
     LR_TRY(deviceAlloc(&payload, payloadElems, &payloadBytes, on, allocator));
     LR_TRY(deviceAlloc(&qt, pl.qElems, &factors, on, allocator));
-    LR_TRY(deviceAlloc(&wire, pl.qElems, &factors, on, allocator));
+    // Alternating: a Q step's payload [exact part | Qt | checks] (engine/plan.h, qWireElems).
+    const uint64_t wireElems =
+        pl.alternate ? lowrankPayload(pl.exactElems, pl.qElems).elems : pl.qElems;
+    LR_TRY(deviceAlloc(&wire, wireElems, &factors, on, allocator));
     bytes = residual + payloadBytes + factors;
     memory.residual = residual;
     memory.payload = payloadBytes;
@@ -177,7 +180,7 @@ Err DeviceBuffer::allocate(const lowrankCudaPlan_t& pl, const DeviceComm& dc,
       for (size_t b = pl.qChunks[c].first; b < pl.qChunks[c].last; ++b) {
         const lowrankCudaBlock_t& cb = pl.colBlocks[b];
         const lowrankCudaTensor_t& t = pl.tensors[cb.tensor];
-        blocks.push_back(blockDesc(cb, 0.f));
+        blocks.push_back(blockDesc(cb, t.limit));  // the alternating Q step counts with it
         all.push_back(blocks.back());
         dstOffset.push_back(t.qOffset + cb.first);
         dstLd.push_back(t.cols);

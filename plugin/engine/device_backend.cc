@@ -52,7 +52,8 @@ struct CudaPlan {
             .rowBlocks = rowBlocks.data(), .nRowBlocks = rowBlocks.size(),
             .colBlocks = colBlocks.data(), .nColBlocks = colBlocks.size(),
             .pChunks = pChunks.data(), .nPChunks = pChunks.size(),
-            .qChunks = qChunks.data(), .nQChunks = qChunks.size()};
+            .qChunks = qChunks.data(), .nQChunks = qChunks.size(), .alternate = pl.alternate,
+            .pad_ = 0};
   }
 };
 
@@ -159,29 +160,25 @@ std::unique_ptr<BackendState> DeviceBackend::allocate(const Plan& plan, const Ca
 Status DeviceBackend::compressed(BackendState& state, const Plan& plan, const Call& c,
                                  const float* freshQ, bool qStep, bool* fellBack) {
   *fellBack = false;  // a rejection arrives later, through collect()
-  (void)qStep;
-  if (plan.alternate)
-    return Status::Error(lowrankInvalidUsage,
-                         "buffer %p: alternating PowerSGD (lowrankConfig_t.alternate) is not yet "
-                         "implemented for device buffers", c.recv);
   lowrankCudaError_t err{};
   return fromBackend(be_->runCompressed(comm_, static_cast<DeviceState&>(state).get(), c.send,
-                                        c.recv, c.op, freshQ, c.stream, &err),
+                                        c.recv, c.op, freshQ, plan.alternate && qStep, c.stream,
+                                        &err),
                      err);
 }
 
 Status DeviceBackend::save(BackendState& state, const Plan&, float* residual, float* qt,
                            float* p) {
-  if (p) return Status::Error(lowrankInvalidUsage, "alternating state of a device buffer");
   lowrankCudaError_t err{};
-  return fromBackend(be_->stateSave(static_cast<DeviceState&>(state).get(), residual, qt, &err), err);
+  return fromBackend(be_->stateSave(static_cast<DeviceState&>(state).get(), residual, qt, p, &err),
+                     err);
 }
 
 Status DeviceBackend::load(BackendState& state, const Plan&, const float* residual,
                            const float* qt, const float* p) {
-  if (p) return Status::Error(lowrankInvalidUsage, "alternating state of a device buffer");
   lowrankCudaError_t err{};
-  return fromBackend(be_->stateLoad(static_cast<DeviceState&>(state).get(), residual, qt, &err), err);
+  return fromBackend(be_->stateLoad(static_cast<DeviceState&>(state).get(), residual, qt, p, &err),
+                     err);
 }
 
 Status DeviceBackend::collect(BackendState& state, const void* buf, int wait, uint64_t* rejected) {

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/checkpoint.h"
 #include "engine/data.h"
 #include "gpu/device_support.h"
 #include "lowrank/lowrank_nccl.h"
@@ -132,6 +133,116 @@ TEST(DeviceCheckpoint, ResumeIsBitIdenticalOnEveryRank) {
     EXPECT_EQ(lowrankBufferRestoreState(comm, buf.data(), saved[r].data(), saved[r].size()),
               lowrankSuccess) << lowrankGetLastError(comm);
   }, cfg);
+}
+
+// Alternating PowerSGD (ACP-SGD): a state saved before a Q step (after 5 calls: its kept P goes
+// with it, format 2's kQStep) and before a P step (after 6) resumes bit for bit on new
+// communicators, 12 calls in all; the bytes say which step is next.
+TEST(DeviceCheckpoint, AlternatingResumeIsBitIdenticalAtPAndQSteps) {
+  LR_SKIP_WITHOUT_DEVICE();
+  const int N = ranksHere(), total = 12;
+  lowrankConfig_t cfg = config(3);
+  cfg.seed = 5;
+  cfg.alternate = 1;
+  std::vector<std::vector<std::vector<float>>> straight(N);
+  withDeviceBuffers(N, cfg, [&](int r, lowrankComm_t comm, void* out) {
+    setLayout(comm, out);
+    calls(comm, r, out, 0, total, &straight[r]);
+    expectDeviceEngineRan(comm, out, total);
+  });
+  for (int first : {5, 6}) {
+    SCOPED_TRACE(first % 2 ? "saved before a Q step" : "saved before a P step");
+    std::vector<Bytes> saved(N);
+    std::vector<std::vector<std::vector<float>>> resumed(N);
+    withDeviceBuffers(N, cfg, [&](int r, lowrankComm_t comm, void* out) {
+      setLayout(comm, out);
+      calls(comm, r, out, 0, first, nullptr);
+      saved[r] = save(comm, out);
+    });
+    for (int r = 0; r < N; ++r) {
+      lowrank::SavedTensors st;
+      ASSERT_TRUE(lowrank::decode(saved[r].data(), saved[r].size(), &st).ok());
+      for (const lowrank::SavedTensor& t : st.tensors) {
+        EXPECT_EQ(t.qStep, t.k > 0 && first % 2 == 1) << "tensor " << t.id;
+        EXPECT_EQ(t.p.size(), t.qStep ? t.shape[0] * size_t(t.k) : 0u);
+      }
+    }
+    withDeviceBuffers(N, cfg, [&](int r, lowrankComm_t comm, void* out) {
+      ASSERT_EQ(lowrankBufferRestoreState(comm, out, saved[r].data(), saved[r].size()),
+                lowrankSuccess) << lowrankGetLastError(comm);
+      setLayout(comm, out);
+      calls(comm, r, out, first, total, &resumed[r]);
+    });
+    for (int r = 0; r < N; ++r) {
+      ASSERT_EQ(resumed[r].size(), size_t(total - first));
+      for (int t = first; t < total; ++t)
+        ASSERT_EQ(0, std::memcmp(resumed[r][t - first].data(), straight[r][t].data(),
+                                 kCount * sizeof(float)))
+            << "rank " << r << " call " << t;
+    }
+  }
+}
+
+// The phase crosses between the engines: a device state saved before a Q step, restored into a
+// host buffer, goes on as the device run did (a Q step against the kept P, then P, Q ...), and a
+// host state saved there, restored into a device buffer, goes on as the host run did; to the
+// engines' rounding (1e-4 relative, float32, every call).
+TEST(DeviceCheckpoint, AlternatingPhaseCrossesBetweenHostAndDevice) {
+  LR_SKIP_WITHOUT_DEVICE();
+  const int N = ranksHere(), first = 5, total = 10;
+  lowrankConfig_t cfg = config(3);
+  cfg.seed = 5;
+  cfg.alternate = 1;
+  auto hostCalls = [&](lowrankComm_t comm, int rank, std::vector<float>& buf, int from, int to,
+                       std::vector<std::vector<float>>* outs) {
+    for (int t = from; t < to; ++t) {
+      const std::vector<float> g = gaussian(kCount, 1000u * t + rank);
+      ASSERT_EQ(lowrankAllReduce(g.data(), buf.data(), kCount, lowrankFloat32, lowrankAvg, comm,
+                                 nullptr), lowrankSuccess) << lowrankGetLastError(comm);
+      if (outs) outs->push_back(buf);
+    }
+  };
+  std::vector<std::vector<std::vector<float>>> devStraight(N), hostStraight(N), hostResumed(N),
+      devResumed(N);
+  std::vector<Bytes> devSaved(N), hostSaved(N);
+  withDeviceBuffers(N, cfg, [&](int r, lowrankComm_t comm, void* out) {
+    setLayout(comm, out);
+    calls(comm, r, out, 0, first, &devStraight[r]);
+    devSaved[r] = save(comm, out);
+    calls(comm, r, out, first, total, &devStraight[r]);
+  });
+  withComms(N, [&](int r, lowrankComm_t comm) {
+    std::vector<float> buf(kCount);
+    setLayout(comm, buf.data());
+    hostCalls(comm, r, buf, 0, first, &hostStraight[r]);
+    hostSaved[r] = save(comm, buf.data());
+    hostCalls(comm, r, buf, first, total, &hostStraight[r]);
+  }, cfg);
+  withComms(N, [&](int r, lowrankComm_t comm) {
+    std::vector<float> buf(kCount);
+    ASSERT_EQ(lowrankBufferRestoreState(comm, buf.data(), devSaved[r].data(), devSaved[r].size()),
+              lowrankSuccess) << lowrankGetLastError(comm);
+    setLayout(comm, buf.data());
+    hostCalls(comm, r, buf, first, total, &hostResumed[r]);
+  }, cfg);
+  withDeviceBuffers(N, cfg, [&](int r, lowrankComm_t comm, void* out) {
+    ASSERT_EQ(lowrankBufferRestoreState(comm, out, hostSaved[r].data(), hostSaved[r].size()),
+              lowrankSuccess) << lowrankGetLastError(comm);
+    setLayout(comm, out);
+    calls(comm, r, out, first, total, &devResumed[r]);
+  });
+  for (int r = 0; r < N; ++r) {
+    ASSERT_EQ(hostResumed[r].size(), size_t(total - first));
+    ASSERT_EQ(devResumed[r].size(), size_t(total - first));
+    for (int t = 0; t < total; ++t)
+      EXPECT_LT(relErr(devStraight[r][t], hostStraight[r][t]), 1e-4) << "straight, call " << t;
+    for (int t = first; t < total; ++t) {
+      EXPECT_LT(relErr(hostResumed[r][t - first], devStraight[r][t]), 1e-4)
+          << "device state resumed on the host, rank " << r << " call " << t;
+      EXPECT_LT(relErr(devResumed[r][t - first], hostStraight[r][t]), 1e-4)
+          << "host state resumed on the device, rank " << r << " call " << t;
+    }
+  }
 }
 
 // Two comm ranks, one per device (TwoDevices in its name: run_device_checks.sh leaves it out on a

@@ -169,6 +169,8 @@ void rejectedThenExact(int rank, lowrankComm_t comm, cudaStream_t s, void* g, lo
 
 void checkpoint(int rank, int nranks, const std::string& idFile);
 void tensorIds(int rank, int nranks, const std::string& idFile);
+std::vector<float> alternate(int rank, int nranks, const std::string& idFile, ncclComm_t nccl,
+                             cudaStream_t s);
 
 int check(int rank, int nranks, const std::string& idFile, const std::string& outFile) {
   ncclComm_t nccl = joinNccl(rank, nranks, idFile);
@@ -226,8 +228,12 @@ int check(int rank, int nranks, const std::string& idFile, const std::string& ou
     CHECK(lowrankAllReduce(d, d, big, lowrankBfloat16, lowrankAvg, piped, s) == lowrankSuccess,
           "pipelined call %d: %s", call, lowrankGetLastError(piped));
   cudaStreamSynchronize(s);
-  const std::vector<float> res = fromDevice(d, big, lowrankBfloat16);
-  std::ofstream(outFile, std::ios::binary).write(reinterpret_cast<const char*>(res.data()), big * 4);
+  std::vector<float> res = fromDevice(d, big, lowrankBfloat16);
+  // Alternating PowerSGD's outputs go to the cross-rank comparison too.
+  const std::vector<float> alt = alternate(rank, nranks, idFile, nccl, s);
+  res.insert(res.end(), alt.begin(), alt.end());
+  std::ofstream(outFile, std::ios::binary)
+      .write(reinterpret_cast<const char*>(res.data()), res.size() * 4);
   lowrankBufferView_t view;
   lowrankBufferGetView(piped, d, &view);
   CHECK(view.chunks > 1, "expected several chunks, got %zu", size_t(view.chunks));
@@ -245,6 +251,103 @@ int check(int rank, int nranks, const std::string& idFile, const std::string& ou
   tensorIds(rank, nranks, idFile);
   printf("rank %d: check %s\n", rank, failures ? "FAILED" : "ok");
   return failures ? 1 : 0;
+}
+
+// Alternating PowerSGD (ACP-SGD) on two comm ranks: the device engine against the host engine
+// (a host communicator over UCX) over 6 calls (P, Q, P, Q, P, Q) of different inputs per rank,
+// per tensor and batched, pipelined in chunks of 2048 elements: every output within 1e-4 of the
+// host's. Then a non-finite input on comm rank 1 at a P step and at a Q step: NaN on both ranks,
+// counted, and the next calls finite. Returns every output of the device runs (compared across
+// ranks by two_rank_check.sh).
+std::vector<float> alternate(int rank, int nranks, const std::string& idFile, ncclComm_t nccl,
+                             cudaStream_t s) {
+  std::vector<float> all;
+  const char* chunkWas = getenv("LOWRANK_PIPELINE_CHUNK");
+  const std::string chunk = chunkWas ? chunkWas : "";
+  setenv("LOWRANK_PIPELINE_CHUNK", "2048", 1);
+  lowrankConfig_t cfg = config(4);
+  cfg.alternate = 1;
+  cfg.seed = 21;
+  const lowrankUniqueId id = shareId<lowrankUniqueId>(rank, idFile + ".althost", [](lowrankUniqueId* i) {
+    lowrankGetUniqueId(i);
+  });
+  lowrankConfig_t hostCfg = cfg;
+  lowrankComm_t host = nullptr, dev = nullptr;
+  if (lowrankCommInitRankConfig(&host, nranks, id, rank, &hostCfg) != lowrankSuccess ||
+      lowrankCommInitFromNcclConfig(&dev, nccl, &cfg) != lowrankSuccess) {
+    CHECK(false, "alternating communicators: %s", lowrankGetLastError(nullptr));
+    return all;
+  }
+  if (rank == 0) unlink((idFile + ".althost").c_str());  // every rank has joined
+  const std::vector<std::vector<size_t>> shapes = {{96, 200}, {300}, {128, 3, 3, 17}};
+  size_t count = 0;
+  for (const auto& sh : shapes) {
+    size_t n = 1;
+    for (size_t d : sh) n *= d;
+    count += n;
+  }
+  std::vector<int> ndims;
+  std::vector<const size_t*> dims;
+  for (const auto& sh : shapes) {
+    ndims.push_back(int(sh.size()));
+    dims.push_back(sh.data());
+  }
+  for (int perTensor = 0; perTensor < 2; ++perTensor) {
+    std::vector<float> hostOut(count);
+    void* out = nullptr;
+    cudaMalloc(&out, count * 4);
+    if (perTensor) {
+      lowrankBufferSetLayout(host, hostOut.data(), int(shapes.size()), ndims.data(), dims.data());
+      lowrankBufferSetLayout(dev, out, int(shapes.size()), ndims.data(), dims.data());
+    }
+    for (int call = 0; call < 6; ++call) {
+      const std::vector<float> x = decayingInput(1, count, rank, 40 + call);
+      CHECK(lowrankAllReduce(x.data(), hostOut.data(), count, lowrankFloat32, lowrankAvg, host,
+                             nullptr) == lowrankSuccess,
+            "alternating host call %d: %s", call, lowrankGetLastError(host));
+      void* g = toDevice(x, lowrankFloat32);
+      CHECK(lowrankAllReduce(g, out, count, lowrankFloat32, lowrankAvg, dev, s) == lowrankSuccess,
+            "alternating device call %d: %s", call, lowrankGetLastError(dev));
+      cudaStreamSynchronize(s);
+      const std::vector<float> got = fromDevice(out, count, lowrankFloat32);
+      const double e = relErr(got, hostOut);
+      CHECK(e < 1e-4, "alternating %s, call %d (%s step): device vs host engine, relative "
+            "difference %.3g", perTensor ? "per tensor" : "batched", call, call % 2 ? "Q" : "P", e);
+      all.insert(all.end(), got.begin(), got.end());
+      cudaFree(g);
+    }
+    lowrankBufferView_t view;
+    lowrankBufferGetView(dev, out, &view);
+    CHECK(view.chunks > 1, "alternating: expected several chunks, got %zu", size_t(view.chunks));
+    // Rejected steps: NaN on comm rank 1 only, at the P step (call 6) and at the Q step (call 9).
+    for (int call = 6; call < 10; ++call) {
+      std::vector<float> x = decayingInput(1, count, rank, 40 + call);
+      const bool bad = call == 6 || call == 9;
+      if (bad && rank == 1) x[5] = NAN;
+      void* g = toDevice(x, lowrankFloat32);
+      CHECK(lowrankAllReduce(g, out, count, lowrankFloat32, lowrankAvg, dev, s) == lowrankSuccess,
+            "alternating device call %d: %s", call, lowrankGetLastError(dev));
+      cudaStreamSynchronize(s);
+      const std::vector<float> got = fromDevice(out, count, lowrankFloat32);
+      const size_t nan = size_t(std::count_if(got.begin(), got.end(), [](float v) { return std::isnan(v); }));
+      if (bad) CHECK(nan > 0 && std::isnan(got[5]), "alternating call %d: rejected, yet %zu NaN", call, nan);
+      else CHECK(nan == 0, "alternating call %d after a rejected one: %zu NaN", call, nan);
+      all.insert(all.end(), got.begin(), got.end());
+      cudaFree(g);
+    }
+    lowrankBufferRelease(dev, out);
+    cudaFree(out);
+  }
+  lowrankStats_t st;
+  lowrankGetStats(dev, &st);
+  CHECK(st.fallbackCalls == 4, "alternating: fallbackCalls %llu, want the 4 rejected calls",
+        (unsigned long long)st.fallbackCalls);
+  lowrankCommDestroy(dev);
+  lowrankCommDestroy(host);
+  if (chunkWas) setenv("LOWRANK_PIPELINE_CHUNK", chunk.c_str(), 1);
+  else unsetenv("LOWRANK_PIPELINE_CHUNK");
+  printf("rank %d: alternating PowerSGD: 2 x 10 calls checked\n", rank);
+  return all;
 }
 
 // Checkpoint across communicators (lowrankBufferSaveState / RestoreState): 20 calls, save, every

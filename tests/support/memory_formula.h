@@ -3,7 +3,8 @@
 // tensor of >= 2 dimensions is taken as compressed at rank k (choose shapes that pass the
 // compression test), viewed as n = shape[0] by m = the rest. The device workspace is the
 // orthonormalization's one-block term alone: shapes with n <= 256, m <= 512 and n k, m k < 4096
-// (no multi-block or cuSOLVER path, no partial sums of passes 1 and 2).
+// (no multi-block or cuSOLVER path, no partial sums of passes 1 and 2). alternate: ACP-SGD's
+// plan, whose Q wire holds a Q step's payload (exact part | Q | 2 checks: Plan::qWireElems).
 #pragma once
 #include <gtest/gtest.h>
 
@@ -14,7 +15,7 @@
 namespace lowrank::testing {
 
 inline lowrankMemoryInfo_t memoryFormula(const std::vector<std::vector<size_t>>& shapes, size_t k,
-                                         bool device) {
+                                         bool device, bool alternate = false) {
   size_t count = 0, exact = 0, nk = 0, mk = 0, ortho = 0;
   for (const auto& s : shapes) {
     size_t numel = 1;
@@ -33,7 +34,7 @@ inline lowrankMemoryInfo_t memoryFormula(const std::vector<std::vector<size_t>>&
   f.planned = 1;
   f.device = device;
   f.residualBytes = 4 * count;  // error feedback on
-  f.factorBytes = 2 * 4 * mk;
+  f.factorBytes = 2 * 4 * mk + (alternate ? 4 * (exact + 2) : 0);
   f.payloadBytes = 4 * (exact + nk + 2);
   if (device) {
     f.workspaceBytes = 8 * ortho;

@@ -110,6 +110,16 @@ T __shfl_xor_sync(unsigned, T v, int laneMask) {
       v, [](unsigned lane, unsigned m) { return (lane ^ m) & 31u; }, unsigned(laneMask));
 }
 
+template <typename T>
+T __shfl_sync(unsigned, T v, int srcLane) {
+  return emu::exchange<T>(
+      v, [](unsigned, unsigned src) { return src & 31u; }, unsigned(srcLane));
+}
+
+// Every lane of the warp must reach it (strict, as __syncthreads); memory written before it is
+// seen by the warp's lanes after it (the fibers share the host's memory).
+inline void __syncwarp(unsigned = 0xffffffffu) { emu::syncWarp(); }
+
 inline unsigned __reduce_add_sync(unsigned, unsigned v) {
   emu::State& s = emu::state();
   const unsigned t = s.tIdx.x, w0 = t & ~31u;

@@ -101,8 +101,8 @@ MUTANTS = {
         "the call runs its passes on the caller's stream (as before issue 26), which then waits "
         "for the factor allreduces mid-call: the caller's next kernels wait for lowrank's "
         "communication, and DDP loses its overlap",
-        "freshQ, b.compute);\n",
-        "freshQ, s);\n"),
+        "qStep != 0, b.compute);\n",
+        "qStep != 0, s);\n"),
     "no_fork": (
         "backend.cc",
         "missing event wait: the buffer's stream does not wait for the caller's stream, so pass 1 "
@@ -152,6 +152,20 @@ MUTANTS = {
         "every comm rank with the allocator's error",
         "      e.refused = true;\n",
         ""),
+    # Issue 44: alternating PowerSGD's device schedule (device_alternate.cc).
+    "alternate_rejected_p_kept": (
+        "device_alternate.cc",
+        "a rejected P step leaves its reduced P (the allreduced sum of a non-finite input) as the "
+        "factor of the next Q step, whose output is then NaN too, instead of the first k unit "
+        "vectors",
+        "      if (ch.ortho) LR_CUDA(unitFactorIfRejected(ch.ortho, p, checks, expectedOp, s));\n",
+        "      (void)ch;\n"),
+    "alternate_pbar_not_averaged": (
+        "device_alternate.cc",
+        "the P step keeps and decompresses the allreduced sum of P, not Pbar = P / N: outputs N "
+        "times too large (one comm rank cannot tell)",
+        "      LR_CUDA(scale(b.payload + ch.offset, factor, 1.f / float(N), s));\n",
+        "      (void)factor;\n"),
     "workspace_not_reported": (
         "device_state.cc",
         "memory under-reported: lowrankBufferGetMemory leaves out the orthonormalization and "
@@ -185,6 +199,8 @@ FIRST = {
     "device_from_current_thread": "DeviceEngineTwoDevices.*",
     "refusal_goes_exact": "DeviceMemory.*",
     "workspace_not_reported": "DeviceMemory.*",
+    "alternate_rejected_p_kept": "DeviceEngineAlternate.ErrorFeedbackInvariantAndRejectedSteps",
+    "alternate_pbar_not_averaged": "two-rank",
 }
 
 
