@@ -84,8 +84,8 @@ class PowerSGDState(Numbering, Checkpoint, Runtime):
         two dependent ones of (n + m) k together. Error feedback, warm-up, the compression
         test and exact tensors are as PowerSGD's (docs/design.md, "Alternating factors").
         lowrankConfig_t.alternate; the hook's value wins over LOWRANK_ALTERNATE. Needs
-        warm_start=True (ValueError naming both otherwise). CPU buckets only for now (a CUDA
-        bucket's call fails with lowrank's lowrankInvalidUsage). Not checked by
+        warm_start=True (ValueError naming both otherwise). CUDA buckets too (tested on the
+        CPU emulation of CUDA only, not yet on a GPU). Not checked by
         load_state_dict: a state saved under either schedule loads under the other (lowrank
         keeps each tensor's residual and warm-start Q; into alternate=True the alternation
         starts with a P step), one saved alternating goes on at its saved phase, and a
