@@ -421,9 +421,11 @@ lowrankResult_t lowrankBufferReset(lowrankComm_t comm, const void* recvbuff);
 #define LOWRANK_ALTERNATE_DEFAULT (-1) /* lowrankBufferSetAlternate: the communicator's setting */
 /* Chooses the schedule of one buffer: alternate 1, alternating PowerSGD (one factor allreduce per
  * call, lowrankConfig_t.alternate); 0, PowerSGD's two; LOWRANK_ALTERNATE_DEFAULT, the
- * communicator's. Takes effect at the buffer's next call, which plans it again keeping its
- * tensors' residuals and warm-start Q; the alternation (re)starts with a P step. Every comm rank
- * must choose the same (the plan check fails the call on every rank otherwise). Local, not
+ * communicator's. A change of schedule takes effect at the buffer's next call, which plans it
+ * again keeping its tensors' residuals and warm-start Q; the alternation (re)starts with a P step
+ * (the schedule it already has changes nothing). Every comm rank must choose the same: ranks
+ * that differ fail that call on every rank (the plan check, or, for a buffer already planned on
+ * the others, the transport's size check; the message names count, dtype or layout). Local, not
  * collective. Errors: lowrankInvalidArgument (null comm or buffer, another value, 1 with
  * lowrankConfig_t.warmStart 0). */
 lowrankResult_t lowrankBufferSetAlternate(lowrankComm_t comm, const void* recvbuff, int alternate);

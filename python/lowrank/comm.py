@@ -293,9 +293,10 @@ class Communicator:
         as an int). alternate True (or 1): alternating PowerSGD (ACP-SGD: Zhang, Zhang, Shi, Chu,
         Li, ICDCS 2023), one factor allreduce per call, P and Q on alternate calls
         (docs/design.md, "Alternating factors"); False (0): PowerSGD's two allreduces per call;
-        None (or -1, LOWRANK_ALTERNATE_DEFAULT): the communicator's config "alternate". Takes
-        effect at the buffer's next call, which plans it again keeping its tensors' residuals
-        and warm-start Q; the alternation (re)starts with a P step. Every comm rank must choose
+        None (or -1, LOWRANK_ALTERNATE_DEFAULT): the communicator's config "alternate". A change
+        of schedule takes effect at the buffer's next call, which plans it again keeping its
+        tensors' residuals and warm-start Q; the alternation (re)starts with a P step (the
+        schedule it already has changes nothing). Every comm rank must choose
         the same (else that call fails on every rank). Local, not collective.
         Raises TypeError (not a bool, an int or None), InvalidArgumentError (another int; True
         on a communicator whose warm_start is off), LowrankError lowrankInvalidUsage for a

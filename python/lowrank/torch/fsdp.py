@@ -179,7 +179,7 @@ class PowerSGDState:
     Keywords: timeout (seconds a wait for a peer may last, LOWRANK_TIMEOUT, default 300), pipeline,
       alternate (False; True: alternating PowerSGD, ACP-SGD of Zhang, Zhang, Shi, Chu, Li, ICDCS
       2023: one factor allreduce per hook call, P and Q on alternate calls, P first; needs
-      warm_start=True; CPU only for now; as the DDP hook's alternate, where it is described),
+      warm_start=True; CPU and CUDA buckets (CUDA tested on the emulation only); as the DDP hook's alternate, where it is described),
       device ("cpu" or "cuda"; default "cuda" for an NCCL group), op (None: FSDP's convention, see
       below; or "avg" / "sum").
     The op: with a 1-D mesh FSDP2 averages over the shard group in its reduce-scatter (fp32, bf16)
