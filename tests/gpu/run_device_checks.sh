@@ -51,6 +51,13 @@ declare -A CAP
 total=0
 for c in $CAPS; do CAP[${c%%:*}]=${c#*:}; total=$((total + ${c#*:})); done
 [ $total -le $BUDGET ] || { echo "run_device_checks.sh: the caps add up to $total s, over the $BUDGET s budget"; exit 2; }
+# On the CPU emulation (CI, often under ASan) nothing is leased and a step runs several times
+# slower than on a GPU: every cap and the budget are tripled there (the two-rank check, with the
+# alternating schedule's checks, takes about 60 s under ASan on 2 cores).
+if [ $emulated = 1 ]; then
+  for k in "${!CAP[@]}"; do CAP[$k]=$(( CAP[$k] * 3 )); done
+  BUDGET=$(( BUDGET * 3 ))
+fi
 DEADLINE=$(( $(date +%s) + BUDGET ))
 probe() { timeout -k 1 "$PROBE_S" "$@"; }
 
@@ -87,7 +94,7 @@ step() {
   local cap=${CAP[$name]:?"no cap for step $name"} left=$(( DEADLINE - $(date +%s) )) limit
   limit=$(( cap < left ? cap : left ))
   printf '\n=== %s\n' "$name"
-  if [ "$limit" -lt 3 ]; then row "$name" "FAILED (not run: the 8-minute budget is spent)" 0; return 1; fi
+  if [ "$limit" -lt 3 ]; then row "$name" "FAILED (not run: the budget is spent)" 0; return 1; fi
   local t0 rc took result=passed
   t0=$(date +%s)
   timeout -k 5 "$limit" "$@" >"$LAST" 2>&1
