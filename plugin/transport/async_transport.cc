@@ -19,13 +19,14 @@ void AsyncTransport::onAbort() {
   cv_.notify_all();
 }
 
-Status AsyncTransport::run(void* buf, size_t count, lowrankDataType_t dtype, lowrankRedOp_t op) {
+Status AsyncTransport::run(void* buf, size_t count, lowrankDataType_t dtype, lowrankRedOp_t op,
+                           const Wire& wire) {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return queue_.empty() && !busy_; });
   if (!error_.ok()) return error_;
   busy_ = true;  // the progress thread (if any) stays off the transport meanwhile
   lock.unlock();
-  Status s = inner_->allreduce(buf, count, dtype, op);
+  Status s = inner_->allreduce(buf, count, dtype, op, wire);
   lock.lock();
   busy_ = false;
   if (!s.ok() && error_.ok()) error_ = s;
@@ -35,10 +36,10 @@ Status AsyncTransport::run(void* buf, size_t count, lowrankDataType_t dtype, low
 }
 
 AsyncTransport::Ticket AsyncTransport::post(void* buf, size_t count, lowrankDataType_t dtype,
-                                            lowrankRedOp_t op) {
+                                            lowrankRedOp_t op, const Wire& wire) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!thread_.joinable()) thread_ = std::thread([this] { progressLoop(); });
-  queue_.push_back(Job{buf, count, dtype, op});
+  queue_.push_back(Job{buf, count, dtype, op, wire});
   cv_.notify_all();
   return ++posted_;
 }
@@ -68,7 +69,7 @@ void AsyncTransport::progressLoop() {
     busy_ = true;
     const bool skip = !error_.ok();
     lock.unlock();
-    Status s = skip ? Status() : inner_->allreduce(job.buf, job.count, job.dtype, job.op);
+    Status s = skip ? Status() : inner_->allreduce(job.buf, job.count, job.dtype, job.op, job.wire);
     lock.lock();
     busy_ = false;
     if (!s.ok() && error_.ok()) error_ = s;

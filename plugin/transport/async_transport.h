@@ -38,7 +38,8 @@ class AsyncTransport final : public Transport {
 
   // Queues an allreduce of buf (which must stay valid and untouched until waited for); the job
   // goes through the inner transport's allreduce (its checks, its failure record: this one's).
-  Ticket post(void* buf, size_t count, lowrankDataType_t dtype, lowrankRedOp_t op);
+  Ticket post(void* buf, size_t count, lowrankDataType_t dtype, lowrankRedOp_t op,
+              const Wire& wire = Wire{});
   // Waits until the job of `ticket` (and every job before it) has run; returns the first error of
   // any job up to it. After an error every later job is skipped and fails with that error.
   Status wait(Ticket ticket);
@@ -51,8 +52,10 @@ class AsyncTransport final : public Transport {
     size_t count;
     lowrankDataType_t dtype;
     lowrankRedOp_t op;
+    Wire wire;
   };
-  Status run(void* buf, size_t count, lowrankDataType_t dtype, lowrankRedOp_t op) override;
+  Status run(void* buf, size_t count, lowrankDataType_t dtype, lowrankRedOp_t op,
+             const Wire& wire) override;
   void onAbort() override;
   void progressLoop();  // the progress thread
 

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <exception>
 #include <new>
+#include <vector>
 
 #include "transport/reduce.h"
 #include "util/dtype.h"
@@ -32,10 +33,18 @@ void Transport::abort() {
   onAbort();
 }
 
-Status Transport::allreduce(void* buf, size_t count, lowrankDataType_t dtype, lowrankRedOp_t op) {
+Status Transport::allreduce(void* buf, size_t count, lowrankDataType_t dtype, lowrankRedOp_t op,
+                            const Wire& wire) {
   if (!transport::reductionValid(dtype, op))
     return Status::Error(lowrankInvalidArgument, "%s allreduce: invalid dtype %d or op %d", name(),
                          int(dtype), int(op));
+  if (wire.dtype != lowrankFloat32 &&
+      ((wire.dtype != lowrankBfloat16 && wire.dtype != lowrankFloat16) || dtype != lowrankFloat32 ||
+       wire.lo > wire.hi || wire.hi > count))
+    return Status::Error(lowrankInvalidArgument,
+                         "%s allreduce: a 16-bit part [%zu, %zu) as dtype %d of %zu elements of %s: "
+                         "needs float32, bfloat16 or float16 on the wire, lo <= hi <= count", name(),
+                         wire.lo, wire.hi, int(wire.dtype), count, dtypeName(dtype));
   if (count > 0 && !buf)
     return Status::Error(lowrankInvalidArgument, "%s allreduce: null buffer (count %zu)", name(), count);
   if (count > SIZE_MAX / dtypeSize(dtype))
@@ -46,13 +55,30 @@ Status Transport::allreduce(void* buf, size_t count, lowrankDataType_t dtype, lo
                          failure().c_str());
   Status s;
   try {
-    s = run(buf, count, dtype, op);
+    s = run(buf, count, dtype, op, wire);
   } catch (const std::bad_alloc&) {
     s = Status::Error(lowrankSystemError, "%s allreduce: out of memory", name());
   } catch (const std::exception& e) {
     s = Status::Error(lowrankInternalError, "%s allreduce: %s", name(), e.what());
   }
   if (!s.ok()) recordFailure(s.msg);
+  return s;
+}
+
+}  // namespace lowrank
+
+namespace lowrank {
+
+Status Transport::runSplit(void* buf, size_t count, lowrankRedOp_t op, const Wire& wire) {
+  float* f = static_cast<float*>(buf);
+  if (!wire.active()) return run(buf, count, lowrankFloat32, op, Wire{});
+  std::vector<uint16_t> h(wire.hi - wire.lo);
+  Wire all{wire.dtype, 0, h.size()};  // the whole staging buffer is the 16-bit part
+  wire::encode(all, 0, h.size(), f + wire.lo, h.data());
+  Status s = run(f, wire.lo, lowrankFloat32, op, Wire{});
+  if (s.ok()) s = run(h.data(), h.size(), wire.dtype, op, Wire{});
+  if (s.ok()) s = run(f + wire.hi, count - wire.hi, lowrankFloat32, op, Wire{});
+  if (s.ok()) wire::decode(all, 0, h.size(), h.data(), f + wire.lo);
   return s;
 }
 

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "lowrank/lowrank.h"
+#include "transport/wire.h"
 #include "util/status.h"
 
 namespace lowrank {
@@ -52,7 +53,10 @@ class Transport {
   // Errors of run(): lowrankRemoteError (peer gone, aborted while waiting), lowrankTimeout,
   // lowrankSystemError, lowrankInvalidUsage (counts that differ across ranks), and whatever the
   // library underneath returned (NCCL's codes, mapped).
-  Status allreduce(void* buf, size_t count, lowrankDataType_t dtype, lowrankRedOp_t op);
+  // wire (wire.h): a 16-bit part of a float32 buffer (16-bit factors); its checks are step 1's
+  // (dtype float32, wire dtype bfloat16 or float16, lo <= hi <= count).
+  Status allreduce(void* buf, size_t count, lowrankDataType_t dtype, lowrankRedOp_t op,
+                   const Wire& wire = Wire{});
 
   // Breaks the transport ("aborted", unless it failed before) and makes a waiting call return
   // promptly. Any thread may call it, any time.
@@ -79,7 +83,14 @@ class Transport {
 
   // The collective itself, called by allreduce() with checked arguments on a transport not
   // broken (count may be 0). Every error returned breaks the transport.
-  virtual Status run(void* buf, size_t count, lowrankDataType_t dtype, lowrankRedOp_t op) = 0;
+  // An active wire is passed only with dtype float32. A transport that cannot carry it itself
+  // runs runSplit() (below).
+  virtual Status run(void* buf, size_t count, lowrankDataType_t dtype, lowrankRedOp_t op,
+                     const Wire& wire) = 0;
+  // An allreduce with a 16-bit part as three of this transport's own: [0, lo) and [hi, count) in
+  // float32, [lo, hi) converted to the wire dtype and summed in it by the library underneath
+  // (NCCL sums 16-bit values in 16 bits), then converted back. What the NCCL transport does.
+  Status runSplit(void* buf, size_t count, lowrankRedOp_t op, const Wire& wire);
   // Called by abort() after the transport is marked broken: wake whatever waits. Any thread.
   virtual void onAbort() {}
 

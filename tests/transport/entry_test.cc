@@ -34,7 +34,7 @@ class FakeTransport final : public Transport {
   size_t lastCount = ~size_t(0);
 
  protected:
-  Status run(void*, size_t count, lowrankDataType_t, lowrankRedOp_t) override {
+  Status run(void*, size_t count, lowrankDataType_t, lowrankRedOp_t, const Wire&) override {
     ++runs;
     lastCount = count;
     if (throwBadAlloc) throw std::bad_alloc();

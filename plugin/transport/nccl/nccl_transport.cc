@@ -81,7 +81,9 @@ Status NcclTransport::waitDone() {
   }
 }
 
-Status NcclTransport::run(void* buf, size_t count, lowrankDataType_t dtype, lowrankRedOp_t op) {
+Status NcclTransport::run(void* buf, size_t count, lowrankDataType_t dtype, lowrankRedOp_t op,
+                         const Wire& wire) {
+  if (wire.active()) return runSplit(buf, count, op, wire);
   // count 0: NCCL needs no call to keep ranks in step (it has no sequence numbers to keep).
   // One comm rank: the buffer already holds the result (avg over one rank is the identity).
   if (count == 0 || size_ == 1) return Status::Ok();

@@ -45,7 +45,10 @@ class NcclTransport final : public Transport {
 
  private:
   // One in-place ncclAllReduce, waited for.
-  Status run(void* buf, size_t count, lowrankDataType_t dtype, lowrankRedOp_t op) override;
+  // A 16-bit part (16-bit factors) goes as its own ncclAllReduce of bfloat16 or float16, summed
+  // by NCCL in that type (Transport::runSplit).
+  Status run(void* buf, size_t count, lowrankDataType_t dtype, lowrankRedOp_t op,
+             const Wire& wire) override;
   NcclTransport(const nccl::Api* api, void* comm, int rank, int size, int device, double timeoutSec)
       : api_(api), comm_(comm), rank_(rank), size_(size), device_(device), timeoutSec_(timeoutSec) {}
   Status waitDone();  // the queued ncclAllReduce has finished, failed, timed out or been aborted

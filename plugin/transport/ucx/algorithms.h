@@ -6,6 +6,7 @@
 
 #include "lowrank/lowrank.h"
 #include "transport/ucx/ucx_comm.h"
+#include "transport/wire.h"
 #include "util/status.h"
 
 namespace lowrank::ucx {
@@ -16,6 +17,7 @@ struct AllreduceArgs {
   lowrankDataType_t dtype;
   lowrankRedOp_t op;
   size_t elemSize;
+  Wire wire;  // a 16-bit part (wire.h), set up on the Exchange by the transport; float32 only
 };
 
 // Direct (small buffers): every rank sends its whole buffer to every peer, then reduces the N

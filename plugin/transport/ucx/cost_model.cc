@@ -17,46 +17,62 @@ int extraMessages(Algorithm a, int n) { return a == Algorithm::Direct ? 2 * (n -
 
 namespace {
 
-// Elements a core comm rank (folded rank v of p) sends in the halving reduce-scatter and the
-// doubling allgather: the half its partner keeps at each halving, then all it holds at each doubling.
-uint64_t halvingDoublingElements(int p, int v, size_t count) {
-  const Blocks b(count, p);
-  uint64_t sent = 0;
-  int lo = 0;
-  for (int mask = p / 2; mask >= 1; mask /= 2) {
-    const bool lower = (v & mask) == 0;
-    sent += b.span(lower ? lo + mask : lo, mask);
-    if (!lower) lo += mask;
+// Calls f(off, len) for each range of the buffer comm rank `rank` of n sends in one allreduce of
+// count elements, as the algorithm splits it (chunks aside: bytes add up over a range's parts).
+template <class F>
+void forEachSent(Algorithm a, int n, int rank, size_t count, F f) {
+  switch (a) {
+    case Algorithm::Direct:
+      for (int p = 1; p < n; ++p) f(size_t(0), count);
+      return;
+    case Algorithm::Ring: {
+      // Step s sends segment rank - s: every segment but rank+1 (reduce-scatter) and rank+2 (allgather).
+      const Blocks seg(count, n);
+      for (int s = 0; s < 2 * (n - 1); ++s) {
+        const int j = ((rank - s) % n + n) % n;
+        f(seg.start(j), seg.len(j));
+      }
+      return;
+    }
+    case Algorithm::RecursiveDoubling:
+    case Algorithm::HalvingDoubling: {
+      const Fold fo(n, rank);
+      if (fo.extra()) return f(size_t(0), count);  // its buffer to its partner, nothing more
+      if (a == Algorithm::RecursiveDoubling) {
+        for (int l = 0; l < fo.log2p; ++l) f(size_t(0), count);
+      } else {
+        // The half its partner keeps at each halving, then all it holds at each doubling.
+        const Blocks b(count, fo.p);
+        int lo = 0;
+        for (int mask = fo.p / 2; mask >= 1; mask /= 2) {
+          const bool lower = (fo.v & mask) == 0;
+          const int give = lower ? lo + mask : lo;
+          f(b.start(give), b.span(give, mask));
+          if (!lower) lo += mask;
+        }
+        for (int mask = 1; mask < fo.p; mask *= 2) {
+          const int mine = fo.v - fo.v % mask;
+          f(b.start(mine), b.span(mine, mask));
+        }
+      }
+      if (fo.hasExtra()) f(size_t(0), count);  // the result back to the extra rank
+      return;
+    }
   }
-  for (int mask = 1; mask < p; mask *= 2) sent += b.span(v - v % mask, mask);
-  return sent;
 }
 
 }  // namespace
 
 uint64_t bytesSent(Algorithm a, int n, int rank, size_t count, size_t elemSize) {
-  if (n < 2 || count == 0) return 0;
-  const uint64_t buffer = uint64_t(count);
   uint64_t elems = 0;
-  switch (a) {
-    case Algorithm::Direct: elems = uint64_t(n - 1) * buffer; break;
-    case Algorithm::Ring: {
-      // Step s sends segment rank - s: every segment but rank+1 (reduce-scatter) and rank+2 (allgather).
-      const Blocks seg(count, n);
-      elems = 2 * buffer - seg.len((rank + 1) % n) - seg.len((rank + 2) % n);
-      break;
-    }
-    case Algorithm::RecursiveDoubling:
-    case Algorithm::HalvingDoubling: {
-      const Fold f(n, rank);
-      if (f.extra()) return buffer * elemSize;  // its buffer to its partner, nothing more
-      elems = a == Algorithm::RecursiveDoubling ? uint64_t(log2Floor(n)) * buffer
-                                                : halvingDoublingElements(f.p, f.v, count);
-      if (f.hasExtra()) elems += buffer;  // the result back to the extra rank
-      break;
-    }
-  }
+  if (n >= 2) forEachSent(a, n, rank, count, [&](size_t, size_t len) { elems += len; });
   return elems * elemSize;
+}
+
+uint64_t bytesSent(Algorithm a, int n, int rank, size_t count, const Wire& wire) {
+  uint64_t bytes = 0;
+  if (n >= 2) forEachSent(a, n, rank, count, [&](size_t off, size_t len) { bytes += wire.bytes(off, len); });
+  return bytes;
 }
 
 double busiestBytes(Algorithm a, int n, double bytes) {
@@ -76,14 +92,16 @@ double modelledSeconds(Algorithm a, int n, double bytes, const CostParams& c) {
          busiestBytes(a, n, bytes) * c.betaSecPerByte;
 }
 
-Algorithm choose(int n, double bytes, const CostParams& c, int directMaxRanks) {
+Algorithm choose(int n, double bytes, const CostParams& c, int directMaxRanks, bool wire16) {
   Algorithm best = Algorithm::Ring;
-  double bestSec = modelledSeconds(best, n, bytes, c);
-  for (int i = 1; i < kNumAlgorithms; ++i) {
+  double bestSec = 0;
+  bool found = false;
+  for (int i = 0; i < kNumAlgorithms; ++i) {
     const auto a = Algorithm(i);
     if (a == Algorithm::Direct && n > directMaxRanks) continue;
+    if (wire16 && !roundsBounded(a, n)) continue;
     const double t = modelledSeconds(a, n, bytes, c);
-    if (t < bestSec) best = a, bestSec = t;
+    if (!found || t < bestSec) best = a, bestSec = t, found = true;
   }
   return best;
 }

@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "transport/ucx/blocks.h"
+#include "transport/wire.h"
 
 namespace lowrank::ucx {
 
@@ -60,8 +61,18 @@ double busiestBytes(Algorithm a, int n, double bytes);
 
 double modelledSeconds(Algorithm a, int n, double bytes, const CostParams& c);
 
+// True if the algorithm rounds each element of a 16-bit part (wire.h) a number of times that does
+// not grow faster than log2(n): every one but the ring, whose reduce-scatter rounds each partial sum
+// at each of its n-1 hops (docs/design.md, "16-bit factors", measured).
+inline bool roundsBounded(Algorithm a, int n) { return a != Algorithm::Ring || n <= 2; }
+
 // The cheapest algorithm for an allreduce of `bytes` over n comm ranks; direct only while n <=
-// directMaxRanks (its scratch holds n buffers). Ties go to the earlier algorithm of the enum.
-Algorithm choose(int n, double bytes, const CostParams& c, int directMaxRanks);
+// directMaxRanks (its scratch holds n buffers); with wire16 (a 16-bit part), only those that
+// roundsBounded. Ties go to the earlier algorithm of the enum.
+Algorithm choose(int n, double bytes, const CostParams& c, int directMaxRanks, bool wire16 = false);
+
+// Bytes comm rank `rank` of n sends in one allreduce of count float32 elements with the 16-bit part
+// `wire` (wire.h): bytesSent(a, n, rank, count, 4) less 2 bytes per element of the part it sends.
+uint64_t bytesSent(Algorithm a, int n, int rank, size_t count, const Wire& wire);
 
 }  // namespace lowrank::ucx

@@ -13,7 +13,7 @@ Status directAllreduce(Exchange& ex, const AllreduceArgs& a, std::vector<std::by
   Exchange::Handle h;
   for (int k = 1; k < n; ++k) {
     int p = (me + n - k) % n;
-    LR_RETURN_IF_ERROR(ex.recv(p, 0, slot + size_t(p) * bytes, bytes, &h));
+    LR_RETURN_IF_ERROR(ex.recv(p, 0, slot + size_t(p) * bytes, bytes, &h, 0));
   }
   for (int k = 1; k < n; ++k) {
     int p = (me + k) % n;

@@ -23,7 +23,7 @@ Status foldIn(Exchange& ex, const Fold& f, const AllreduceArgs& a, std::byte* sc
     return ex.waitAll();  // the result will be received into the same buffer
   }
   if (!f.hasExtra()) return Status::Ok();
-  LR_RETURN_IF_ERROR(ex.recv(f.rank - 1, index, scratch, bytes, &h));
+  LR_RETURN_IF_ERROR(ex.recv(f.rank - 1, index, scratch, bytes, &h, 0));
   LR_RETURN_IF_ERROR(ex.waitAll());
   combineInOrder(a.buf, scratch, /*mineIsLower=*/false, a.count, a);
   return Status::Ok();

@@ -12,7 +12,8 @@ uint32_t stepChunks(const Blocks& b, int mask, size_t chunkElems) {
   return uint32_t((b.span(0, mask) + chunkElems - 1) / chunkElems);
 }
 
-// One step's exchange with one peer: receive recvLen elements into recvDst and send sendLen
+// One step's exchange with one peer: receive recvLen elements into recvDst (elements recvAt.. of
+// the buffer, for a 16-bit wire) and send sendLen
 // elements from sendSrc, each split into chunks of <= chunkElems (the peer splits alike: its send
 // is this rank's receive), chunk c both ways under message index base + c, up to `inflight`
 // chunks at once. onChunk(off, len) runs as soon as the received chunk [off, off + len) of
@@ -21,7 +22,8 @@ uint32_t stepChunks(const Blocks& b, int mask, size_t chunkElems) {
 // ever combined with the same elements of the peer, so the split leaves every result bit as it
 // is unsplit.
 template <class OnChunk>
-Status exchangeChunked(Exchange& ex, int peer, uint32_t base, std::byte* recvDst, size_t recvLen,
+Status exchangeChunked(Exchange& ex, int peer, uint32_t base, std::byte* recvDst, size_t recvAt,
+                       size_t recvLen,
                        const std::byte* sendSrc, size_t sendLen, size_t es, size_t chunkElems,
                        int inflight, OnChunk onChunk) {
   const size_t nchunks = (std::max(recvLen, sendLen) + chunkElems - 1) / chunkElems;
@@ -37,7 +39,8 @@ Status exchangeChunked(Exchange& ex, int peer, uint32_t base, std::byte* recvDst
   auto post = [&](Slot& s) -> Status {
     size_t off, len;
     if ((len = part(recvLen, s.chunk, &off)) > 0)
-      LR_RETURN_IF_ERROR(ex.recv(peer, base + uint32_t(s.chunk), recvDst + off * es, len * es, &s.recv));
+      LR_RETURN_IF_ERROR(ex.recv(peer, base + uint32_t(s.chunk), recvDst + off * es, len * es, &s.recv,
+                                 recvAt + off));
     s.receiving = len > 0;
     if ((len = part(sendLen, s.chunk, &off)) > 0)
       LR_RETURN_IF_ERROR(ex.send(peer, base + uint32_t(s.chunk), sendSrc + off * es, len * es, len, &s.send));
@@ -113,7 +116,7 @@ Status halvingDoublingAllreduce(Exchange& ex, const AllreduceArgs& a, size_t chu
     const int keep = lower ? lo : lo + mask, give = lower ? lo + mask : lo;
     const size_t keepAt = b.start(keep) * es;
     LR_RETURN_IF_ERROR(exchangeChunked(
-        ex, peer, index, tmp + keepAt, b.span(keep, mask), buf + b.start(give) * es, b.span(give, mask),
+        ex, peer, index, tmp + keepAt, b.start(keep), b.span(keep, mask), buf + b.start(give) * es, b.span(give, mask),
         es, chunkElems, inflight, [&](size_t off, size_t len) {
           combineInOrder(buf + keepAt + off * es, tmp + keepAt + off * es, lower, len, a);
         }));
@@ -125,7 +128,8 @@ Status halvingDoublingAllreduce(Exchange& ex, const AllreduceArgs& a, size_t chu
   for (int mask = 1; mask < f.p; mask *= 2) {
     const int peerV = f.v ^ mask, peer = f.commRank(peerV);
     const int mine = f.v - f.v % mask, theirs = peerV - peerV % mask;
-    LR_RETURN_IF_ERROR(exchangeChunked(ex, peer, index, buf + b.start(theirs) * es, b.span(theirs, mask),
+    LR_RETURN_IF_ERROR(exchangeChunked(ex, peer, index, buf + b.start(theirs) * es, b.start(theirs),
+                                       b.span(theirs, mask),
                                        buf + b.start(mine) * es, b.span(mine, mask), es, chunkElems,
                                        inflight, [](size_t, size_t) {}));
     index += stepChunks(b, mask, chunkElems);

@@ -15,7 +15,7 @@ Status recursiveDoublingAllreduce(Exchange& ex, const AllreduceArgs& a, std::vec
     for (int mask = 1; mask < f.p; mask *= 2, ++step) {
       const int peerV = f.v ^ mask, peer = f.commRank(peerV);
       Exchange::Handle h;
-      LR_RETURN_IF_ERROR(ex.recv(peer, step, scratch->data(), bytes, &h));
+      LR_RETURN_IF_ERROR(ex.recv(peer, step, scratch->data(), bytes, &h, 0));
       LR_RETURN_IF_ERROR(ex.send(peer, step, a.buf, bytes, a.count, &h));
       LR_RETURN_IF_ERROR(ex.waitAll());
       combineInOrder(a.buf, scratch->data(), f.v < peerV, a.count, a);

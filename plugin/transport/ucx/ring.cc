@@ -46,7 +46,7 @@ Status ringAllreduce(Exchange& ex, const AllreduceArgs& a, size_t chunkBytes, in
     s.receiving = len > 0;
     if (s.receiving) {
       std::byte* dst = s.step < n - 1 ? scratch->data() + slotIndex * chunkElems * es : buf + off * es;
-      LR_RETURN_IF_ERROR(ex.recv(left, index, dst, len * es, &s.recv));
+      LR_RETURN_IF_ERROR(ex.recv(left, index, dst, len * es, &s.recv, off));
     }
     chunkOf(mod(long(me) - s.step), s.chunk, &off, &len);
     s.sending = len > 0;

@@ -218,7 +218,31 @@ Status Exchange::fail(Status st) {
   return st;
 }
 
+void Exchange::setWire(const Wire& wire, float* base, size_t count) {
+  wire_ = wire;
+  wireBase_ = base;
+  wireCount_ = count;
+}
+
+bool Exchange::offsetOf(const void* p, size_t* at) const {
+  const auto* b = reinterpret_cast<const std::byte*>(wireBase_);
+  const auto* q = static_cast<const std::byte*>(p);
+  if (!wire_.active() || q < b || q >= b + 4 * wireCount_) return false;
+  *at = size_t(q - b) / 4;
+  return true;
+}
+
 Status Exchange::send(int peer, uint32_t index, const void* buf, size_t bytes, size_t elems, Handle* h) {
+  std::vector<std::byte> staging;
+  size_t at;
+  if (bytes > 0 && offsetOf(buf, &at) && wire_.encodedIn(at, bytes / 4)) {
+    // a 16-bit part: encode, and round the sender's own copy alike
+    const size_t n = bytes / 4;
+    staging.resize(wire_.bytes(at, n));
+    wire::encode(wire_, at, n, const_cast<float*>(static_cast<const float*>(buf)), staging.data());
+    buf = staging.data();
+    bytes = staging.size();
+  }
   if (comm_.peerFailed(peer))
     return fail(Status::Error(lowrankRemoteError, "ucx: collective #%u: comm rank %d disconnected before "
                               "comm rank %d sent to it (%s; UCX: %s)", seq_, peer, comm_.rank(),
@@ -240,12 +264,21 @@ Status Exchange::send(int peer, uint32_t index, const void* buf, size_t bytes, s
   *h = ops_.size();
   LR_TRACE("ucx: comm rank %d: #%u send %zu bytes to %d, message %u, tag %llx%s", comm_.rank(), seq_, bytes,
            peer, index, (unsigned long long)makeTag(comm_.rank(), seq_, index), r ? "" : " (done)");
-  ops_.push_back(Op{r, peer, false, r == nullptr, bytes, index});
+  ops_.push_back(Op{r, peer, false, r == nullptr, bytes, index, std::move(staging)});
   if (r) ++outstanding_;
   return Status::Ok();
 }
 
-Status Exchange::recv(int peer, uint32_t index, void* buf, size_t bytes, Handle* h) {
+Status Exchange::recv(int peer, uint32_t index, void* buf, size_t bytes, Handle* h, size_t at) {
+  std::vector<std::byte> staging;
+  float* dst = nullptr;
+  const size_t n = bytes / 4;
+  if (bytes > 0 && wire_.active() && (at != kAtDst || offsetOf(buf, &at)) && wire_.encodedIn(at, n)) {
+    dst = static_cast<float*>(buf);
+    staging.resize(wire_.bytes(at, n));
+    buf = staging.data();
+    bytes = staging.size();
+  }
   // Always a request (no immediate completion): UCX 1.13 does not report the received length of an
   // immediately completed receive, and the length is checked (test()).
   ucp_request_param_t p{};
@@ -257,7 +290,7 @@ Status Exchange::recv(int peer, uint32_t index, void* buf, size_t bytes, Handle*
   *h = ops_.size();
   LR_TRACE("ucx: comm rank %d: #%u recv %zu bytes from %d, message %u, tag %llx%s", comm_.rank(), seq_, bytes,
            peer, index, (unsigned long long)makeTag(peer, seq_, index), r ? "" : " (done)");
-  ops_.push_back(Op{r, peer, true, r == nullptr, bytes, index});
+  ops_.push_back(Op{r, peer, true, r == nullptr, bytes, index, std::move(staging), dst, at, n});
   if (r) ++outstanding_;
   return Status::Ok();
 }
@@ -302,8 +335,12 @@ Status Exchange::test(Handle h, bool* done) {
   }
   if (op.recv && len != op.bytes)
     return fail(Status::Error(lowrankInvalidUsage, "ucx: collective #%u: comm rank %d sent %zu bytes, "
-                              "expected %zu (do the ranks call with the same count and dtype?)", seq_,
-                              op.peer, len, op.bytes));
+                              "expected %zu (do the ranks call with the same count, dtype and factor "
+                              "dtype?)", seq_, op.peer, len, op.bytes));
+  if (op.dst) {  // a 16-bit part: into float32 where the algorithm expects it
+    wire::decode(wire_, op.at, op.elems, op.staging.data(), op.dst);
+    std::vector<std::byte>().swap(op.staging);
+  }
   *done = true;
   return Status::Ok();
 }

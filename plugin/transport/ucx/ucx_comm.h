@@ -13,6 +13,7 @@
 
 #include "lowrank/lowrank.h"
 #include "transport/transport.h"
+#include "transport/wire.h"
 #include "util/status.h"
 
 namespace lowrank::ucx {
@@ -96,9 +97,18 @@ class Exchange {
   int rank() const { return comm_.rank(); }
   int size() const { return comm_.size(); }
 
+  // A collective with a 16-bit part (wire.h) over the float32 buffer `base` of `count` elements:
+  // from here on, a send from inside base encodes its elements (rounding them in place there) and
+  // a receive of elements [at, at + n) of the buffer (wherever it lands) is decoded on completion;
+  // `bytes` stay those of float32 elements, the wire's are computed here.
+  void setWire(const Wire& wire, float* base, size_t count);
+
   // elems: counted in counters->elementsSent.
   Status send(int peer, uint32_t index, const void* buf, size_t bytes, size_t elems, Handle* h);
-  Status recv(int peer, uint32_t index, void* buf, size_t bytes, Handle* h);
+  // at: with a wire, the first element of the buffer this message carries (kAtDst: buf is inside
+  // the buffer, at its own offset).
+  static constexpr size_t kAtDst = ~size_t(0);
+  Status recv(int peer, uint32_t index, void* buf, size_t bytes, Handle* h, size_t at = kAtDst);
   // *done = the operation has completed successfully; an error if it completed with one.
   Status test(Handle h, bool* done);
   Status waitAll();
@@ -114,7 +124,13 @@ class Exchange {
     bool done = false;
     size_t bytes = 0;
     uint32_t index = 0;
+    // with a wire: the encoded message (sends: kept until done; receives: decoded into dst)
+    std::vector<std::byte> staging;
+    float* dst = nullptr;
+    size_t at = 0, elems = 0;
   };
+  // The element of the wire's buffer at p (p inside it); false outside.
+  bool offsetOf(const void* p, size_t* at) const;
   Status fail(Status st);
   void resetDeadline();
 
@@ -122,6 +138,9 @@ class Exchange {
   uint32_t seq_;
   TransportCounters* counters_;
   std::vector<Op> ops_;
+  Wire wire_;
+  float* wireBase_ = nullptr;
+  size_t wireCount_ = 0;
   size_t outstanding_ = 0;
   size_t firstOpen_ = 0;  // ops_ before this index are all done
   double deadline_ = 0;   // steady seconds

@@ -95,24 +95,28 @@ class UcxTransport final : public Transport {
  private:
   void onAbort() override { comm_->abort(); }  // a waiting exchange returns promptly
 
-  Status run(void* buf, size_t count, lowrankDataType_t dtype, lowrankRedOp_t op) override {
+  Status run(void* buf, size_t count, lowrankDataType_t dtype, lowrankRedOp_t op,
+             const Wire& wire) override {
     const uint32_t seq = ++seq_;  // every call, count 0 included, so ranks stay in step
     const int n = comm_->size();
     if (count == 0 || n == 1) return Status::Ok();  // avg over one rank is the identity
     const size_t es = dtypeSize(dtype);
-    const ucx::AllreduceArgs a{buf, count, dtype, op, es};
+    const ucx::AllreduceArgs a{buf, count, dtype, op, es, wire};
     // Every comm rank computes the same choice from the same arguments, options and call sequence
     // (the tuner's trials follow the calls; its choice, timings agreed by all ranks: tuner.h).
-    const double bytes = double(count * es);
+    // With a 16-bit part the bytes are the wire's, and the choice keeps to the algorithms that
+    // round each element a bounded number of times (cost_model.h: roundsBounded), by the model:
+    // the tuner's size classes time float32 calls only.
+    const double bytes = wire.active() ? double(wire.bytes(0, count)) : double(count * es);
     ucx::Algorithm algo;
     bool trial = false;
     if (opt_.algorithm) {
       algo = *opt_.algorithm;
-    } else if (tuner_) {
+    } else if (tuner_ && !wire.active()) {
       const ucx::Tuner::Plan p = tuner_->plan(bytes);
       algo = p.algo, trial = p.trial;
     } else {
-      algo = ucx::choose(n, bytes, opt_.cost, opt_.directMaxRanks);
+      algo = ucx::choose(n, bytes, opt_.cost, opt_.directMaxRanks, wire.active());
     }
     LR_TRACE("ucx: comm rank %d: allreduce #%u of %zu %s (%s), %s%s, modelled %.1f us", comm_->rank(),
              seq, count, dtypeName(dtype), opName(op), ucx::algorithmName(algo),
@@ -135,14 +139,22 @@ class UcxTransport final : public Transport {
 
   Status runAlgorithm(ucx::Algorithm algo, uint32_t seq, const ucx::AllreduceArgs& a) {
     ucx::Exchange ex(*comm_, seq, &counters_);
+    if (a.wire.active()) ex.setWire(a.wire, static_cast<float*>(a.buf), a.count);
+    Status st;
     switch (algo) {
-      case ucx::Algorithm::Direct: return ucx::directAllreduce(ex, a, &scratch_);
-      case ucx::Algorithm::RecursiveDoubling: return ucx::recursiveDoublingAllreduce(ex, a, &scratch_);
+      case ucx::Algorithm::Direct: st = ucx::directAllreduce(ex, a, &scratch_); break;
+      case ucx::Algorithm::RecursiveDoubling: st = ucx::recursiveDoublingAllreduce(ex, a, &scratch_); break;
       case ucx::Algorithm::HalvingDoubling:
-        return ucx::halvingDoublingAllreduce(ex, a, opt_.chunkBytes, opt_.inflight, &scratch_);
-      case ucx::Algorithm::Ring: return ucx::ringAllreduce(ex, a, opt_.chunkBytes, opt_.inflight, &scratch_);
+        st = ucx::halvingDoublingAllreduce(ex, a, opt_.chunkBytes, opt_.inflight, &scratch_);
+        break;
+      case ucx::Algorithm::Ring:
+        st = ucx::ringAllreduce(ex, a, opt_.chunkBytes, opt_.inflight, &scratch_);
+        break;
+      default: return Status::Error(lowrankInternalError, "ucx: unknown algorithm %d", int(algo));
     }
-    return Status::Error(lowrankInternalError, "ucx: unknown algorithm %d", int(algo));
+    // The result as a wire value on every comm rank (wire.h): a no-op where the last send rounded.
+    if (st.ok() && a.wire.active()) wire::round(a.wire, 0, a.count, static_cast<float*>(a.buf));
+    return st;
   }
 
   // The tuning's agreement, after a size class's last trial (the same call on every comm rank):
