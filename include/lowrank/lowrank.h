@@ -127,6 +127,13 @@ typedef struct {
                            "Alternating factors"), instead of PowerSGD's two dependent ones. Needs
                            warmStart 1. LOWRANK_ALTERNATE, default 0; per buffer:
                            lowrankBufferSetAlternate. */
+  int factorDtype;      /* the dtype PowerSGD's factors P and Q travel in: lowrankFloat32, or
+                           lowrankBfloat16 / lowrankFloat16 for half the bytes of every compressed
+                           step (docs/design.md, "16-bit factors"). On the host transport each send
+                           rounds once and every sum is taken in float32; on a device, NCCL sums
+                           bfloat16. The exact part and the payload's checks stay float32. Must be
+                           the same on every comm rank (the plan check fails every rank otherwise).
+                           LOWRANK_FACTOR_DTYPE=fp32|bf16|fp16, default fp32. */
 } lowrankConfig_t;
 
 #define LOWRANK_CONFIG_INITIALIZER                                                              \
@@ -135,7 +142,7 @@ typedef struct {
         LOWRANK_CONFIG_UNDEF_INT, LOWRANK_CONFIG_UNDEF_DOUBLE, LOWRANK_CONFIG_UNDEF_INT,        \
         LOWRANK_CONFIG_UNDEF_INT, LOWRANK_CONFIG_UNDEF_INT, LOWRANK_CONFIG_UNDEF_DOUBLE,        \
         LOWRANK_CONFIG_UNDEF_SEED, LOWRANK_CONFIG_UNDEF_DOUBLE, LOWRANK_CONFIG_UNDEF_INT,       \
-        LOWRANK_CONFIG_UNDEF_INT                                                                \
+        LOWRANK_CONFIG_UNDEF_INT, LOWRANK_CONFIG_UNDEF_INT                                      \
   }
 
 /* ---- Version and errors ------------------------------------------------------------------- */

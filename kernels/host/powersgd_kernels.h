@@ -63,11 +63,15 @@ void decompressAndUpdateError(float* e, const MatrixView& v, const float* p, con
 // Q step (p: the kept P, orthonormal, n x k; qt: k x v.cols, written):
 //   M = G + E, Q = M^T P, E = M - P Q^T.
 // Without E (e null) M is G and no residual is kept. Both return the count of elements of M that
-// are NaN, Inf or not below `limit`, as errorFeedbackAndP.
+// are NaN, Inf or not below `limit`, as errorFeedbackAndP. wire (16-bit factors, bfloat16 or
+// float16): the factor is rounded to it before the residual is taken, as the send will round it,
+// so that the residual keeps what the wire drops (with e only; float32: untouched).
 size_t alternateStepP(const void* g, lowrankDataType_t dtype, float* e, const MatrixView& v,
-                      const float* qt, int k, float* p, float limit = INFINITY);
+                      const float* qt, int k, float* p, float limit = INFINITY,
+                      lowrankDataType_t wire = lowrankFloat32);
 size_t alternateStepQ(const void* g, lowrankDataType_t dtype, float* e, const MatrixView& v,
-                      const float* p, int k, float* qt, float limit = INFINITY);
+                      const float* p, int k, float* qt, float limit = INFINITY,
+                      lowrankDataType_t wire = lowrankFloat32);
 
 // Qt *= s, elementwise over k x m (turns the allreduced sum of Q into Qbar).
 void scale(float* x, size_t count, float s);

@@ -149,5 +149,6 @@ LOWRANK_API lowrankResult_t lowrankCommGetConfig(const lowrankComm_t comm, lowra
   config->timeoutSec = c.timeoutSec;
   config->pipeline = c.pipeline;
   config->alternate = c.alternate;
+  config->factorDtype = int(c.factorDtype);
   return lowrankSuccess;
 }

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "transport/wire.h"
 #include "util/env.h"
 #include "util/log.h"
 
@@ -35,6 +36,13 @@ Status resolveConfig(const lowrankConfig_t* user, EngineConfig* out) {
   LR_RETURN_IF_ERROR(env::number("LOWRANK_TIMEOUT", 0, true, &c.timeoutSec));
   LR_RETURN_IF_ERROR(env::boolean("LOWRANK_PIPELINE", &c.pipeline));
   LR_RETURN_IF_ERROR(env::boolean("LOWRANK_ALTERNATE", &c.alternate));
+  {
+    const char* names[3] = {"fp32", "bf16", "fp16"};
+    const lowrankDataType_t types[3] = {lowrankFloat32, lowrankBfloat16, lowrankFloat16};
+    int i = 0;
+    LR_RETURN_IF_ERROR(env::choice("LOWRANK_FACTOR_DTYPE", names, 3, &i));
+    c.factorDtype = types[i];
+  }
   int chunk = int(c.pipelineChunk);
   LR_RETURN_IF_ERROR(env::integer("LOWRANK_PIPELINE_CHUNK", 1, 1 << 30, &chunk));
   c.pipelineChunk = uint64_t(chunk);
@@ -107,6 +115,12 @@ Status resolveConfig(const lowrankConfig_t* user, EngineConfig* out) {
       if (u.alternate != 0 && u.alternate != 1) return argError("alternate", "0 or 1");
       c.alternate = u.alternate;
     }
+    if (u.factorDtype != LOWRANK_CONFIG_UNDEF_INT) {
+      if (u.factorDtype != lowrankFloat32 && u.factorDtype != lowrankBfloat16 &&
+          u.factorDtype != lowrankFloat16)
+        return argError("factorDtype", "lowrankFloat32, lowrankBfloat16 or lowrankFloat16");
+      c.factorDtype = lowrankDataType_t(u.factorDtype);
+    }
   }
   // Alternation keeps the factor of the last call on every rank: it has no cold start.
   if (c.alternate && !c.warmStart)
@@ -122,10 +136,10 @@ void logConfig(const EngineConfig& c, int rank, int nranks) {
   snprintf(v, sizeof v, "%d.%d.%d", LOWRANK_MAJOR, LOWRANK_MINOR, LOWRANK_PATCH);
   logVersionOnce(v);
   LR_INFO("comm rank %d/%d: approxRank %d, minCompressionRate %g, startIter %d, errorFeedback %d, "
-          "warmStart %d, alternate %d, orthoEpsilon %g, seed %llu, timeout %g s, pipeline %d (chunk %llu "
-          "elements), host allreduce %s (alpha %g us, beta %g ns/byte)",
+          "warmStart %d, alternate %d, factors %s, orthoEpsilon %g, seed %llu, timeout %g s, pipeline %d "
+          "(chunk %llu elements), host allreduce %s (alpha %g us, beta %g ns/byte)",
           rank, nranks, c.approxRank, c.minCompressionRate, c.startIter, int(c.errorFeedback),
-          int(c.warmStart), int(c.alternate), c.orthoEpsilon, (unsigned long long)c.seed, c.timeoutSec,
+          int(c.warmStart), int(c.alternate), wire::factorDtypeName(c.factorDtype), c.orthoEpsilon, (unsigned long long)c.seed, c.timeoutSec,
           int(c.pipeline), (unsigned long long)c.pipelineChunk,
           c.ucxAlgorithm ? ucx::algorithmName(*c.ucxAlgorithm) : c.ucxTune ? "tuned" : "by cost", c.ucxCost.alphaSec * 1e6,
           c.ucxCost.betaSecPerByte * 1e9);

@@ -26,6 +26,8 @@ struct EngineConfig {
   uint64_t seed = 0;               // initial Q, the same on every comm rank
   double timeoutSec = 300;         // bound on every wait for a peer
   bool alternate = false;          // ACP-SGD: one factor allreduce per call (LOWRANK_ALTERNATE)
+  // the dtype the factors travel in (LOWRANK_FACTOR_DTYPE): float32, bfloat16 or float16
+  lowrankDataType_t factorDtype = lowrankFloat32;
   bool pipeline = true;            // overlap factor allreduces with compute, chunk by chunk
   uint64_t pipelineChunk = 1u << 23;  // elements of M per chunk (LOWRANK_PIPELINE_CHUNK)
   ucx::CostParams ucxCost;          // the host transport's alpha, beta and o (LOWRANK_UCX_ALPHA_US,

@@ -57,9 +57,10 @@ Status runAlternateOnHost(HostState& st, const Plan& pl, const EngineConfig& cfg
       const BlockSpan s = qStep ? colSpan(pl, pl.colBlocks[b]) : rowSpan(pl, pl.rowBlocks[b]);
       const float limit = phases::overflowLimit(pl.tensors[s.tensor], N);
       bad += qStep ? host::alternateStepQ(send + s.offset * es, pl.dtype, e ? e + s.offset : nullptr,
-                                          s.view(), p + s.p, s.k, pay + base + s.qt, limit)
+                                          s.view(), p + s.p, s.k, pay + base + s.qt, limit,
+                                          pl.factorDtype)
                    : host::alternateStepP(send + s.offset * es, pl.dtype, e ? e + s.offset : nullptr,
-                                          s.view(), qt + s.qt, s.k, p + s.p, limit);
+                                          s.view(), qt + s.qt, s.k, p + s.p, limit, pl.factorDtype);
     }
     const bool last = c + 1 == chunks.size();
     if (last) {  // the checks: the non-finite count (exact in float), the op
@@ -69,7 +70,8 @@ Status runAlternateOnHost(HostState& st, const Plan& pl, const EngineConfig& cfg
     // P chunks: the last one's count already holds the checks (plan.h); Q chunks': not.
     const size_t from = c == 0 && !exactApart ? 0 : base + ch.offset;
     const size_t to = base + ch.offset + ch.count + (qStep && last ? 2 : 0);
-    ticket[c] = tr.post(pay + from, to - from, lowrankFloat32, lowrankSum);
+    ticket[c] = tr.post(pay + from, to - from, lowrankFloat32, lowrankSum,
+                        pl.factorWire(from, to - from, at.p, at.flag));
   }
   Status s = tr.wait(ticket.back());
   if (s.ok()) s = readChecks(at, pay, op, N, fellBack);

@@ -94,7 +94,9 @@ Status runCompressedOnHost(HostState& st, const Plan& pl, const EngineConfig& cf
       pay[pl.payload().op] = lowrankPayloadOpCode(op);
     }
     const size_t from = c == 0 && !exactApart ? 0 : ch.offset;  // the exact part before chunk 0
-    pTicket[c] = tr.post(pay + from, ch.offset + ch.count - from, lowrankFloat32, lowrankSum);
+    const size_t len = ch.offset + ch.count - from;
+    pTicket[c] = tr.post(pay + from, len, lowrankFloat32, lowrankSum,
+                         pl.factorWire(from, len, pl.payload().p, pl.payload().flag));
   }
 
   // Pass 2 by column blocks; a tensor is orthonormalized once its last P chunk is reduced.
@@ -116,7 +118,8 @@ Status runCompressedOnHost(HostState& st, const Plan& pl, const EngineConfig& cf
       host::computeQ(send + sp.offset * es, pl.dtype, e ? e + sp.offset : nullptr, sp.view(),
                      p + sp.p, sp.k, wire + sp.qt);
     }
-    qTicket[c] = tr.post(wire + ch.offset, ch.count, lowrankFloat32, lowrankSum);
+    qTicket[c] = tr.post(wire + ch.offset, ch.count, lowrankFloat32, lowrankSum,
+                         pl.factorWire(ch.offset, ch.count, 0, pl.qElems));
   }
 
   Status s = tr.wait(pTicket.back());

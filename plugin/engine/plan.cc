@@ -108,9 +108,12 @@ Status PlanCheck::read(const Plan& p, lowrankRedOp_t op, const void* buf, bool a
                          buf, p.count, dtypeName(p.dtype), opName(op));
   if (words[0] != p.hash || words[1] != ~p.hash)
     return Status::Error(lowrankInvalidUsage,
-                         "buffer %p: comm ranks disagree on (count, dtype, op, layout, k); this "
-                         "rank has count %zu, dtype %s, op %s",
-                         buf, p.count, dtypeName(p.dtype), opName(op));
+                         "buffer %p: comm ranks disagree on (count, dtype, op, layout, k, schedule "
+                         "and its phase, factor dtype); this rank has count %zu, dtype %s, op %s, "
+                         "%s, factors %s",
+                         buf, p.count, dtypeName(p.dtype), opName(op),
+                         p.alternate ? "alternating" : "PowerSGD's schedule",
+                         wire::factorDtypeName(p.factorDtype));
   if (words[3] != restored || words[4] != ~restored)
     return Status::Error(lowrankInvalidUsage,
                          "buffer %p: comm ranks disagree on its restored state "
@@ -287,6 +290,9 @@ Status makePlan(size_t count, lowrankDataType_t dtype, lowrankRedOp_t op, const 
   } else if (p.compressedElems) {
     makeChunks(p, SIZE_MAX / 4);  // one chunk per phase: the schedule without overlap
   }
+  // 16-bit factors change every factor message: ranks must agree (float32 keeps the old hashes).
+  p.factorDtype = cfg.factorDtype;
+  if (cfg.factorDtype != lowrankFloat32) h = mix(h, 0x666163746f72ull + uint64_t(cfg.factorDtype));
   p.hash = mix(h, p.pipelined);
   *out = std::move(p);
   return Status::Ok();

@@ -3,6 +3,7 @@
 // rank, and where each one's factors sit in the packed factor buffers.
 #pragma once
 #include <cstddef>
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -10,6 +11,7 @@
 #include "engine/engine_config.h"
 #include "kernels/host/powersgd_kernels.h"
 #include "lowrank/lowrank.h"
+#include "transport/wire.h"
 #include "util/status.h"
 
 namespace lowrank {
@@ -72,6 +74,16 @@ struct Plan {
   // Alternating, P of the payload is also the kept factor between a P step and the next Q step.
   uint64_t stateBytes(bool errorFeedback) const {
     return sizeof(float) * (uint64_t(errorFeedback ? count : 0) + payload().elems + qElems + qWireElems());
+  }
+
+  // The dtype the factors travel in (LOWRANK_FACTOR_DTYPE; the hash covers it when not float32).
+  lowrankDataType_t factorDtype = lowrankFloat32;
+  // The 16-bit part (transport/wire.h) of the allreduce of the slice [from, from + len) of a
+  // payload whose factors are its elements [lo, hi): the slice's factors, in the slice's own
+  // indices (float32 factors: none). Both host schedules post every factor allreduce with it.
+  Wire factorWire(size_t from, size_t len, size_t lo, size_t hi) const {
+    const size_t a = std::max(lo, from), b = std::min(hi, from + len);
+    return b > a ? Wire{factorDtype, a - from, b - from} : Wire{};
   }
 
   bool pipelined = false;

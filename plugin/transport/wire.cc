@@ -71,13 +71,4 @@ void round(const Wire& w, size_t off, size_t len, float* buf) {
   }
 }
 
-const char* factorDtypeName(lowrankDataType_t t) {
-  switch (t) {
-    case lowrankBfloat16: return "bf16";
-    case lowrankFloat16: return "fp16";
-    case lowrankFloat32: return "fp32";
-    default: return "?";
-  }
-}
-
 }  // namespace lowrank::wire

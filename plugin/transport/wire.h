@@ -45,7 +45,9 @@ void decode(const Wire& w, size_t off, size_t len, const void* in, float* dst);
 void round(const Wire& w, size_t off, size_t len, float* buf);
 
 // "fp32", "bf16", "fp16": LOWRANK_FACTOR_DTYPE's words for float32, bfloat16, float16.
-const char* factorDtypeName(lowrankDataType_t t);
+inline const char* factorDtypeName(lowrankDataType_t t) {
+  return t == lowrankBfloat16 ? "bf16" : t == lowrankFloat16 ? "fp16" : t == lowrankFloat32 ? "fp32" : "?";
+}
 
 }  // namespace wire
 }  // namespace lowrank

@@ -45,6 +45,10 @@ constexpr Variable kTable[] = {
     {"LOWRANK_ALTERNATE", "comm", "0/1, true/false, yes/no, on/off", "0",
      "alternating PowerSGD (ACP-SGD): one factor allreduce per call, P and Q on alternate calls; "
      "needs LOWRANK_WARM_START=1. Must be the same on every rank"},
+    {"LOWRANK_FACTOR_DTYPE", "comm", "fp32, bf16, fp16", "fp32",
+     "the dtype PowerSGD's factors travel in: bf16 or fp16 halve the bytes of every compressed step"
+     " (host: each send rounds once, sums in float32; device: NCCL sums bfloat16). Must be the same"
+     " on every rank"},
     {"LOWRANK_PIPELINE_CHUNK", "comm", "integer 1 .. 2^30", "8388608",
      "elements of the gradient matrix per chunk; buffers with fewer than two chunks of compressed "
      "elements are not chunked. Must be the same on every rank"},
