@@ -6,9 +6,11 @@
 // The rule (docs/design.md, "16-bit factors"): each send rounds the elements of the range it
 // carries in place, once, to the wire dtype (round to nearest even) and sends those 16 bits; the
 // receiver converts them back to float32 exactly and adds in float32. Rounding the sender's own copy
-// keeps every comm rank's bits the same (what a peer receives is what the sender keeps), and after
-// the algorithm every rank rounds the range once more (idempotent where it already was), so the
-// result is a wire value, the same bits on every comm rank. Outside [lo, hi) (the exact part, the
+// keeps every comm rank's bits the same (what a peer receives is what the sender keeps); before a
+// fold sends the result to the extra ranks every core rank rounds it alike (fold.cc). So the ring
+// and halving + doubling end with wire values (their allgathers send every block), direct and
+// recursive doubling with the float32 sum of wire values (direct: each contribution rounded once
+// and nothing more), the same bits on every comm rank. Outside [lo, hi) (the exact part, the
 // payload's check words) elements travel as float32, untouched.
 #pragma once
 #include <cstddef>

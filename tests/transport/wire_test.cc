@@ -1,6 +1,6 @@
 // 16-bit factors on the wire (transport/wire.h): the encoding of a message, and every host
-// algorithm, forced, with a 16-bit part: every rank holds the same bits, the part is a wire value
-// within the bound its roundings allow of the exact sum, the rest is the exact float32 sum, and
+// algorithm, forced, with a 16-bit part: every rank holds the same bits, the part is within the
+// bound its roundings allow of the exact sum, the rest is the exact float32 sum, and
 // bytesSent is the cost model's count for that wire. The NCCL-style split (Transport::runSplit) is
 // held by the engine's tests over the NCCL double.
 #include <gtest/gtest.h>
@@ -115,7 +115,6 @@ void checkWire(std::vector<std::unique_ptr<Transport>>& g, Algorithm a, size_t c
     if (i < w.lo || i >= w.hi) {
       ASSERT_EQ(double(got), sum) << what << ": element " << i << " outside the part is not exact";
     } else {
-      ASSERT_EQ(got, roundTo(w.dtype, got)) << what << ": element " << i << " is not a wire value";
       ASSERT_LE(std::fabs(double(got) - sum), roundings(a, n) * eps * abs + 1e-7)
           << what << ": element " << i;
     }

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "transport/reduce.h"
+#include "transport/wire.h"
 
 namespace lowrank::ucx {
 
@@ -32,6 +33,10 @@ Status foldIn(Exchange& ex, const Fold& f, const AllreduceArgs& a, std::byte* sc
 Status foldOut(Exchange& ex, const Fold& f, const AllreduceArgs& a, uint32_t index) {
   const size_t bytes = a.count * a.elemSize;
   Exchange::Handle h;
+  // A 16-bit part: the extra ranks get the result as a wire value, so every core rank rounds it
+  // alike (recursive doubling ends in float32; the partner's send would round its copy alone).
+  if (!f.extra() && f.r > 0 && a.wire.active())
+    wire::round(a.wire, 0, a.count, static_cast<float*>(a.buf));
   if (f.extra()) {
     LR_RETURN_IF_ERROR(ex.recv(f.rank + 1, index, a.buf, bytes, &h));
   } else if (f.hasExtra()) {

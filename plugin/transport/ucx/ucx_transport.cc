@@ -152,8 +152,6 @@ class UcxTransport final : public Transport {
         break;
       default: return Status::Error(lowrankInternalError, "ucx: unknown algorithm %d", int(algo));
     }
-    // The result as a wire value on every comm rank (wire.h): a no-op where the last send rounded.
-    if (st.ok() && a.wire.active()) wire::round(a.wire, 0, a.count, static_cast<float*>(a.buf));
     return st;
   }
 
