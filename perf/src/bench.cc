@@ -33,6 +33,11 @@ FILE* devNull() {
 
 using Clock = std::chrono::steady_clock;
 
+// LOWRANK_FACTOR_DTYPE's word for lowrankConfig_t.factorDtype.
+const char* factorWord(int t) {
+  return t == lowrankBfloat16 ? "bf16" : t == lowrankFloat16 ? "fp16" : "fp32";
+}
+
 double secondsSince(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
@@ -109,6 +114,7 @@ class Bench {
   int startIter_ = 0;
   double rate_ = 2.0;
   bool alternate_ = false;  // LOWRANK_ALTERNATE in force: one factor allreduce per call
+  int factorDtype_ = lowrankFloat32;  // LOWRANK_FACTOR_DTYPE in force
   std::unique_ptr<Report> report_;
   bool viewWarned_ = false;
   bool startWarned_ = false;
@@ -162,10 +168,11 @@ int Bench::run() {
     report_->note(line);
     std::snprintf(line, sizeof line,
                   "lowrank version %d.%d.%d, comm ranks %d (%s), approximation rank k %d, rounds "
-                  "%d, start iter %d, min compression rate %g, schedule %s",
+                  "%d, start iter %d, min compression rate %g, schedule %s, factors %s on the wire",
                   version / 10000, version / 100 % 100, version % 100, h_.nranks(), h_.kind(),
                   a_.approxRank, a_.rounds, startIter_, rate_,
-                  alternate_ ? "alternating (ACP-SGD: one factor allreduce per call)" : "PowerSGD");
+                  alternate_ ? "alternating (ACP-SGD: one factor allreduce per call)" : "PowerSGD",
+                  factorWord(factorDtype_));
     report_->note(line);
     if (triad_.alone && triad_.shared) {
       std::snprintf(line, sizeof line,
@@ -318,6 +325,7 @@ void Bench::makeComms() {
     startIter_ = inForce.startIter;
     rate_ = inForce.minCompressionRate;
     alternate_ = inForce.alternate == 1;
+    factorDtype_ = inForce.factorDtype;
     if (a_.phases) {
       // compute_us: the same compressed allreduce on a communicator of this comm rank alone (the
       // transport has nothing to do for one rank), every comm rank at once. Not collective.
@@ -435,8 +443,10 @@ void Bench::measurePhases(const Case& c, Mode mode, Row& row) {
   // comm: the factor payload alone, exact float32 allreduces on the real communicator: the exact
   // part with P (+1: the flag carried with P), then Q, back to back. Alternating: the same two,
   // each a call's only allreduce (the exact part and the checks with Q too): half the pair is a call.
-  const size_t n1 = v.pElements + v.exactElements + 1,
-               n2 = v.qElements + (alternate_ ? v.exactElements + 2 : 0);
+  // 16-bit factors: the same bytes (a factor element is half a float32 one), the same messages.
+  const size_t p = factorDtype_ == lowrankFloat32 ? v.pElements : (v.pElements + 1) / 2,
+               q = factorDtype_ == lowrankFloat32 ? v.qElements : (v.qElements + 1) / 2;
+  const size_t n1 = p + v.exactElements + 1, n2 = q + (alternate_ ? v.exactElements + 2 : 0);
   std::vector<float> f1(n1, 1.f), f2(std::max<size_t>(n2, 1), 1.f);
   row.commUs = (alternate_ ? 0.5e6 : 1e6) * timedLoop(std::max(1, std::min(a_.warmup, 3)), a_.iters, [&] {
     h_.check(lowrankAllReduce(f1.data(), f1.data(), n1, lowrankFloat32, lowrankSum, commExact_,
@@ -626,6 +636,7 @@ Row Bench::runMode(Case& c, Mode mode) {
   row.mode = mode;
   row.k = mode == Mode::PowerSgd ? a_.approxRank : 0;
   row.alternate = mode == Mode::PowerSgd && alternate_;
+  if (mode == Mode::PowerSgd) row.factorDtype = factorWord(factorDtype_);
   digest_ = kFnvOffset;
   void* send = send_.get();
   void* recv = nullptr;  // recv_ at the last call (--move: it changes at every call)

@@ -41,20 +41,20 @@ void Report::note(const std::string& line) { std::fprintf(out_, "# %s\n", line.c
 void Report::header() {
   std::fprintf(out_, "#\n");
   std::fprintf(out_,
-      "# %10s  %12s  %8s  %6s  %6s  %-31s  %-31s  %-8s %3s %8s %8s %8s %8s %9s %9s %9s %5s\n", "",
-      "", "", "", "", "            out-of-place", "              in-place", "", "", "", "", "",
-      "", "", "", "", "");
+      "# %10s  %12s  %8s  %6s  %6s  %-31s  %-31s  %-8s %3s %8s %8s %8s %8s %9s %9s %9s %5s %6s\n",
+      "", "", "", "", "", "            out-of-place", "              in-place", "", "", "", "", "",
+      "", "", "", "", "", "");
   std::fprintf(out_,
       "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s  %-8s %3s %8s %8s %8s "
-      "%8s %9s %9s %9s %5s\n",
+      "%8s %9s %9s %9s %5s %6s\n",
       "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time",
       "algbw", "busbw", "#wrong", "mode", "k", "ratio", "relerr", "cumrel", "opt", "compute",
-      "comm", "bound", "eff");
+      "comm", "bound", "eff", "factor");
   std::fprintf(out_,
       "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s  %-8s %3s %8s %8s %8s "
-      "%8s %9s %9s %9s %5s\n",
+      "%8s %9s %9s %9s %5s %6s\n",
       "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)",
-      "", "", "", "", "", "", "", "(us)", "(us)", "(us)", "");
+      "", "", "", "", "", "", "", "(us)", "(us)", "(us)", "", "(wire)");
   std::fflush(out_);
 }
 
@@ -62,14 +62,15 @@ void Report::row(const Row& r) {
   rows_.push_back(r);
   std::fprintf(out_,
       "  %10zu  %12zu  %8s  %6s  %6d  %7.2f  %6.2f  %6.2f  %6s  %7.2f  %6.2f  %6.2f  %6s  %-8s %3d "
-      "%8s %8s %8s %8s %9s %9s %9s %5s\n",
+      "%8s %8s %8s %8s %9s %9s %9s %5s %6s\n",
       r.size, r.count, typeName(r.type), opName(r.op), -1, r.outOfPlace.timeUs, r.outOfPlace.algBw,
       r.outOfPlace.busBw, fmtWrong(r.outOfPlace.nwrong).c_str(), r.inPlace.timeUs, r.inPlace.algBw,
       r.inPlace.busBw, fmtWrong(r.inPlace.nwrong).c_str(), modeName(r.mode), r.k,
       fmtOpt(r.ratio, "%.2f").c_str(), fmtOpt(r.relerr, "%.4f").c_str(),
       fmtOpt(r.cumrelerr, "%.4f").c_str(), fmtOpt(r.relerrOpt, "%.4f").c_str(),
       fmtOpt(r.computeUs, "%.1f").c_str(), fmtOpt(r.commUs, "%.1f").c_str(),
-      fmtOpt(r.boundUs, "%.1f").c_str(), fmtOpt(r.computeEff, "%.2f").c_str());
+      fmtOpt(r.boundUs, "%.1f").c_str(), fmtOpt(r.computeEff, "%.2f").c_str(),
+      r.factorDtype.empty() ? "-" : r.factorDtype.c_str());
   std::fflush(out_);
 }
 
@@ -112,6 +113,8 @@ bool Report::writeJson(const std::string& path, const Args& args, int nranks) co
     l["mode"] = modeName(r.mode);
     l["k"] = r.k;
     l["alternate"] = r.alternate;
+    if (r.factorDtype.empty()) l["factor_dtype"] = nullptr;
+    else l["factor_dtype"] = r.factorDtype;
     l["wire_bytes"] = orNull(r.wireBytes);
     l["ratio"] = orNull(r.ratio);
     l["relerr"] = orNull(r.relerr);

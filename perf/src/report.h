@@ -28,6 +28,7 @@ struct Row {
   Mode mode = Mode::PowerSgd;
   int k = 0;
   bool alternate = false;  // the powersgd row ran alternating PowerSGD (LOWRANK_ALTERNATE)
+  std::string factorDtype;  // the powersgd row: its factors on the wire, "fp32", "bf16", "fp16"
   std::optional<uint64_t> wireBytes;
   std::optional<double> ratio, relerr, cumrelerr, relerrOpt;
   bool expectExact = false;  // #wrong counts as out of bounds (inputs with an exact answer)
