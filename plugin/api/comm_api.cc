@@ -1,4 +1,7 @@
 // Communicator lifetime: unique id, init, destroy, abort, and the comm's size and rank.
+#include <cstddef>
+#include <cstring>
+
 #include "api/config.h"
 #include "api/errors.h"
 #include "api/export.h"
@@ -135,20 +138,26 @@ LOWRANK_API lowrankResult_t lowrankCommSetAllocator(lowrankComm_t comm, lowrankA
 LOWRANK_API lowrankResult_t lowrankCommGetConfig(const lowrankComm_t comm, lowrankConfig_t* config) {
   if (!comm || !config)
     return fail(nullptr, lowrankInvalidArgument, "lowrankCommGetConfig: %s is NULL", comm ? "config" : "comm");
-  if (config->size != sizeof(lowrankConfig_t) || config->magic != LOWRANK_CONFIG_MAGIC)
+  if (!lowrank::api::configSizeKnown(config->size) || config->magic != LOWRANK_CONFIG_MAGIC)
     return fail(nullptr, lowrankInvalidArgument,
                 "lowrankCommGetConfig: config not initialized with LOWRANK_CONFIG_INITIALIZER");
   const lowrank::EngineConfig& c = comm->engine->config();
-  config->approxRank = c.approxRank;
-  config->minCompressionRate = c.minCompressionRate;
-  config->startIter = c.startIter;
-  config->errorFeedback = c.errorFeedback;
-  config->warmStart = c.warmStart;
-  config->orthoEpsilon = c.orthoEpsilon;
-  config->seed = (long long)c.seed;
-  config->timeoutSec = c.timeoutSec;
-  config->pipeline = c.pipeline;
-  config->alternate = c.alternate;
-  config->factorDtype = int(c.factorDtype);
+  lowrankConfig_t full = LOWRANK_CONFIG_INITIALIZER;  // written back as far as the caller's size
+  lowrankConfig_t* out = &full;
+  out->approxRank = c.approxRank;
+  out->minCompressionRate = c.minCompressionRate;
+  out->startIter = c.startIter;
+  out->errorFeedback = c.errorFeedback;
+  out->warmStart = c.warmStart;
+  out->orthoEpsilon = c.orthoEpsilon;
+  out->seed = (long long)c.seed;
+  out->timeoutSec = c.timeoutSec;
+  out->pipeline = c.pipeline;
+  out->alternate = c.alternate;
+  out->factorDtype = int(c.factorDtype);
+  const size_t size = config->size;
+  std::memcpy(reinterpret_cast<char*>(config) + offsetof(lowrankConfig_t, approxRank),
+              reinterpret_cast<const char*>(out) + offsetof(lowrankConfig_t, approxRank),
+              size - offsetof(lowrankConfig_t, approxRank));
   return lowrankSuccess;
 }

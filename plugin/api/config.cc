@@ -1,14 +1,18 @@
 #include "api/config.h"
 
 #include <climits>
+#include <cstddef>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 
 #include "transport/wire.h"
 #include "util/env.h"
 #include "util/log.h"
 
 namespace lowrank::api {
+static_assert(offsetof(lowrankConfig_t, factorDtype) == kConfigSizeBeforeFactorDtype,
+              "the struct before factorDtype ended there");
 namespace {
 
 Status argError(const char* field, const char* want) {
@@ -69,11 +73,12 @@ Status resolveConfig(const lowrankConfig_t* user, EngineConfig* out) {
   c.ucxTune = algo == 1 + ucx::kNumAlgorithms;
   LR_RETURN_IF_ERROR(env::integer("LOWRANK_TEST_FAIL_ALLOC", -1, 1 << 30, &c.testFailAllocRank));
   if (user) {
-    if (user->size != sizeof(lowrankConfig_t) || user->magic != LOWRANK_CONFIG_MAGIC)
+    if (!configSizeKnown(user->size) || user->magic != LOWRANK_CONFIG_MAGIC)
       return Status::Error(lowrankInvalidArgument,
                            "lowrankConfig_t not initialized with LOWRANK_CONFIG_INITIALIZER "
                            "(size %zu, magic 0x%x)", user->size, user->magic);
-    const lowrankConfig_t& u = *user;
+    lowrankConfig_t u = LOWRANK_CONFIG_INITIALIZER;  // fields an older struct lacks: unset
+    std::memcpy(&u, user, user->size);
     if (u.approxRank != LOWRANK_CONFIG_UNDEF_INT) {
       if (u.approxRank < 0 || u.approxRank > (1 << 16)) return argError("approxRank", "in [0, 65536]");
       c.approxRank = u.approxRank;

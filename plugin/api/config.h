@@ -8,6 +8,13 @@
 
 namespace lowrank::api {
 
+// The sizes of lowrankConfig_t this library reads, as NCCL's config: its own, and the one before
+// factorDtype was appended (a program built against that header: the fields it lacks are unset).
+constexpr size_t kConfigSizeBeforeFactorDtype = 80;
+inline bool configSizeKnown(size_t size) {
+  return size == sizeof(lowrankConfig_t) || size == kConfigSizeBeforeFactorDtype;
+}
+
 // user may be null. Errors: lowrankInvalidArgument (bad struct header or out-of-range field),
 // lowrankInvalidUsage (malformed LOWRANK_* variable).
 Status resolveConfig(const lowrankConfig_t* user, EngineConfig* out);

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -244,6 +245,39 @@ TEST(FactorDtype, SettingAndRefusals) {
     EXPECT_NE(std::string(lowrankGetLastError(nullptr)).find("factorDtype"), std::string::npos)
         << lowrankGetLastError(nullptr);
   }
+}
+
+// A program built against the header before factorDtype (lowrankConfig_t of 80 bytes) still
+// works: its config is read as far as its size (factorDtype from LOWRANK_FACTOR_DTYPE), and
+// lowrankCommGetConfig writes no byte past it.
+TEST(FactorDtype, OlderConfigSizeIsReadAndWrittenAsFarAsItGoes) {
+  EnvGuard e("LOWRANK_FACTOR_DTYPE", "bf16");
+  struct Older {
+    lowrankConfig_t c;  // only its first 80 bytes are the program's
+  };
+  static_assert(offsetof(lowrankConfig_t, factorDtype) == 80, "the older struct's size");
+  lowrankConfig_t c = config();
+  c.size = 80;
+  c.factorDtype = 12345;  // past the older struct: never read
+  withComms(1, [&](int, lowrankComm_t comm) {
+    Older got;
+    std::memset(&got, 0xab, sizeof got);
+    got.c.size = 80;
+    got.c.magic = LOWRANK_CONFIG_MAGIC;
+    ASSERT_EQ(lowrankCommGetConfig(comm, &got.c), lowrankSuccess) << lowrankGetLastError(comm);
+    EXPECT_EQ(got.c.approxRank, c.approxRank);
+    unsigned char tail[sizeof(lowrankConfig_t) - 80];
+    std::memcpy(tail, reinterpret_cast<const unsigned char*>(&got.c) + 80, sizeof tail);
+    for (unsigned char b : tail) EXPECT_EQ(b, 0xab) << "written past the caller's 80 bytes";
+    lowrankConfig_t full = LOWRANK_CONFIG_INITIALIZER;
+    ASSERT_EQ(lowrankCommGetConfig(comm, &full), lowrankSuccess);
+    EXPECT_EQ(full.factorDtype, int(lowrankBfloat16)) << "the environment's, not the bytes past 80";
+  }, c);
+  lowrankUniqueId id;
+  ASSERT_EQ(lowrankGetUniqueId(&id), lowrankSuccess);
+  lowrankComm_t comm = nullptr;
+  c.size = 84;  // neither size
+  EXPECT_EQ(lowrankCommInitRankConfig(&comm, 1, id, 0, &c), lowrankInvalidArgument);
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "transport/nccl/nccl_transport.h"
+#include "util/convert.h"
 
 namespace lowrank {
 namespace {
@@ -94,6 +95,34 @@ TEST(NcclTransport, AllreducesInPlaceAndCountsTheRing) {
     EXPECT_EQ(t.counters().bytesSent.load(), 8u * (100 * 4 + 4 / 3));
     EXPECT_EQ(t.counters().messages.load(), 4u);
   });
+}
+
+// 16-bit factors (transport/wire.h) over NCCL: the part goes as its own ncclAllReduce of bfloat16,
+// summed by NCCL in that type, the rest as float32; every rank the same bits, the part a bf16
+// value within one rounding per rank of the sum, the rest exact, the bytes 2 per element of it.
+TEST(NcclTransport, SixteenBitPartGoesAsItsOwnAllreduce) {
+  const int n = 3;
+  const size_t count = 300, lo = 100, hi = 250;
+  std::vector<std::vector<float>> out(n);
+  withTransports(n, [&](int rank, NcclTransport& t) {
+    std::vector<float> x(count);
+    for (size_t i = 0; i < count; ++i) x[i] = i >= lo && i < hi ? 1.f / float(i + rank + 3) : float(i) * (rank + 1);
+    ASSERT_TRUE(t.allreduce(x.data(), count, lowrankFloat32, lowrankSum, Wire{lowrankBfloat16, lo, hi}).ok());
+    for (size_t i = 0; i < count; ++i) {
+      if (i >= lo && i < hi) {
+        double sum = 0;
+        for (int r = 0; r < n; ++r) sum += 1.0 / double(i + r + 3);
+        EXPECT_EQ(x[i], host::toFloat(host::toBf16(x[i]))) << i;
+        EXPECT_NEAR(x[i], sum, n * sum / 256) << i;
+      } else {
+        EXPECT_EQ(x[i], float(i) * 6) << i;
+      }
+    }
+    auto ring = [](uint64_t c) { return (c / n) * 2 * (n - 1) + (c % n) * 2 * (n - 1) / n; };
+    EXPECT_EQ(t.counters().bytesSent.load(), 4 * ring(lo) + 2 * ring(hi - lo) + 4 * ring(count - hi));
+    out[size_t(rank)] = x;
+  });
+  for (int r = 1; r < n; ++r) EXPECT_EQ(out[size_t(r)], out[0]);
 }
 
 TEST(NcclTransport, CountZeroMakesNoNcclCall) {
