@@ -1,5 +1,5 @@
-"""lowrank.torch's hook with factor_dtype (issue 45, lowrankConfig_t.factorDtype): PowerSGD's factors
-on the wire as bf16 or fp16, the exact part and the state float32. DDP over gloo, 2 ranks as
+"""lowrank.torch's hook with factor_dtype (issue 45, lowrankConfig_t.factorDtype): PowerSGD's
+factors on the wire as bf16 or fp16, the exact part and the state float32. DDP over gloo, 2 ranks as
 processes (tests/python/factor_dtype_worker.py), and one process. The FSDP2 hook's factor_dtype:
 tests/python/test_fsdp.py; the refused values of both hooks: conftest.BAD_SETTINGS."""
 import ctypes
