@@ -47,20 +47,34 @@ class Config(ctypes.Structure):
     """lowrankConfig_t. Fields left at their UNDEF value come from LOWRANK_* or the default.
     `alternate`, appended last, took the padding after `pipeline`: the struct's size (what the
     library checks) did not change, so a library older than it ignores the field (Communicator
-    refuses alternate=1 with such a library: it has no lowrankBufferSetAlternate)."""
+    refuses alternate=1 with such a library: it has no lowrankBufferSetAlternate).
+    `factorDtype`, appended after it, made the struct 8 bytes larger (CONFIG_SIZE_NO_FACTOR_DTYPE
+    before), and the library accepts only its own size: a library older than it refuses this
+    struct as "not initialized with LOWRANK_CONFIG_INITIALIZER", so Communicator gives such a
+    library the older size (the fields up to `alternate`) when factor_dtype is fp32 or unset,
+    and refuses bf16 and fp16 naming the missing feature (comm.py, _with_config)."""
     _fields_ = [("size", ctypes.c_size_t), ("magic", ctypes.c_uint), ("version", ctypes.c_uint),
                 ("approxRank", ctypes.c_int), ("minCompressionRate", ctypes.c_double),
                 ("startIter", ctypes.c_int), ("errorFeedback", ctypes.c_int),
                 ("warmStart", ctypes.c_int), ("orthoEpsilon", ctypes.c_double),
                 ("seed", ctypes.c_longlong), ("timeoutSec", ctypes.c_double),
-                ("pipeline", ctypes.c_int), ("alternate", ctypes.c_int)]
+                ("pipeline", ctypes.c_int), ("alternate", ctypes.c_int),
+                ("factorDtype", ctypes.c_int)]
 
     @classmethod
     def initializer(cls):
         """LOWRANK_CONFIG_INITIALIZER: every field unset."""
         return cls(ctypes.sizeof(cls), CONFIG_MAGIC, 100, UNDEF_INT, UNDEF_DOUBLE, UNDEF_INT,
                    UNDEF_INT, UNDEF_INT, UNDEF_DOUBLE, UNDEF_SEED, UNDEF_DOUBLE, UNDEF_INT,
-                   UNDEF_INT)
+                   UNDEF_INT, UNDEF_INT)
+
+
+# sizeof(lowrankConfig_t) of a library older than factorDtype: the fields up to `alternate`,
+# rounded up to the struct's alignment (that of size_t and double).
+CONFIG_SIZE_NO_FACTOR_DTYPE = -(-Config.factorDtype.offset // ctypes.alignment(Config)) * \
+    ctypes.alignment(Config)
+# lowrankConfig_t.factorDtype: the names the package takes and gives back -> lowrankDataType_t
+FACTOR_DTYPES = {"fp32": DTYPES["float32"], "bf16": DTYPES["bfloat16"], "fp16": DTYPES["float16"]}
 
 
 MAX_DIMS = 8        # LOWRANK_MAX_DIMS

@@ -17,7 +17,13 @@ from .errors import InvalidArgumentError, LowrankError, error_for
 CONFIG_FIELDS = {"approx_rank": "approxRank", "min_compression_rate": "minCompressionRate",
                  "start_iter": "startIter", "error_feedback": "errorFeedback",
                  "warm_start": "warmStart", "ortho_epsilon": "orthoEpsilon", "seed": "seed",
-                 "timeout": "timeoutSec", "pipeline": "pipeline", "alternate": "alternate"}
+                 "timeout": "timeoutSec", "pipeline": "pipeline", "alternate": "alternate",
+                 "factor_dtype": "factorDtype"}
+# factor_dtype's spellings -> its name ("fp32", "bf16", "fp16"; torch's dtypes: factor_dtype_name)
+_FACTOR_DTYPE_NAMES = {"fp32": "fp32", "float32": "fp32", "bf16": "bf16", "bfloat16": "bf16",
+                       "fp16": "fp16", "float16": "fp16"}
+FACTOR_DTYPE_VALUES = ("'fp32', 'bf16', 'fp16' (or 'float32', 'bfloat16', 'float16', "
+                       "torch.float32, torch.bfloat16, torch.float16)")
 
 
 def as_int(v):
@@ -29,14 +35,39 @@ def as_int(v):
     return int(v)
 
 
+def factor_dtype_name(value):
+    """The name ("fp32", "bf16" or "fp16") of a factor dtype given as one of FACTOR_DTYPE_VALUES;
+    None for None. TypeError for what is neither a string nor a torch.dtype (16, True),
+    ValueError for another string or dtype ("int8", torch.float64); both name the values taken."""
+    if value is None:
+        return None
+    if type(value).__module__ == "torch" and type(value).__name__ == "dtype":  # not importing torch
+        key = str(value)[len("torch."):]
+    elif isinstance(value, str):
+        key = value
+    else:
+        raise TypeError(f"factor_dtype must be one of {FACTOR_DTYPE_VALUES}, not {value!r}")
+    if key not in _FACTOR_DTYPE_NAMES:
+        raise ValueError(f"factor_dtype must be one of {FACTOR_DTYPE_VALUES}, not {value!r}")
+    return _FACTOR_DTYPE_NAMES[key]
+
+
 def make_config(**kwargs):
     """A lowrankConfig_t with the given fields set (keywords of CONFIG_FIELDS; None = unset: the
-    LOWRANK_* variable or the default applies). Unknown keywords raise TypeError."""
+    LOWRANK_* variable or the default applies). factor_dtype: a name (factor_dtype_name), set
+    as its lowrankDataType_t. Unknown keywords raise TypeError; a bad factor_dtype
+    InvalidArgumentError."""
     cfg = _capi.Config.initializer()
     for key, value in kwargs.items():
         if key not in CONFIG_FIELDS:
             raise TypeError(f"unknown lowrank config field {key!r} (known: {', '.join(CONFIG_FIELDS)})")
         if value is None:
+            continue
+        if key == "factor_dtype":
+            try:
+                cfg.factorDtype = _capi.FACTOR_DTYPES[factor_dtype_name(value)]
+            except (TypeError, ValueError) as e:
+                raise InvalidArgumentError(4, f"config {e}", "make_config") from None
             continue
         if isinstance(value, bool):
             value = int(value)
@@ -167,7 +198,10 @@ class Communicator:
             raise LowrankError(5, f"{lib.lowrank_path} is older than this package: no "
                                   "alternating PowerSGD (config alternate)", name)
         h = ctypes.c_void_p()
-        rc = _entry(lib, fn, name)(ctypes.byref(h), *args, ctypes.byref(cfg))
+        call = _entry(lib, fn, name)
+        rc = call(ctypes.byref(h), *args, ctypes.byref(cfg))
+        if rc and _older_config(lib, rc, cfg, name):  # the older size (refused nothing else)
+            rc = call(ctypes.byref(h), *args, ctypes.byref(cfg))
         if rc:
             raise _fail(lib, rc, name)
         return cls(h.value, device=device)
@@ -463,13 +497,21 @@ class Communicator:
         self._allocator = (funcs, self._allocator)
 
     def config(self):
-        """The configuration in force (every field resolved), as a dict of CONFIG_FIELDS keys
-        (alternate 0 from a library older than alternating PowerSGD, which never alternates)."""
+        """The configuration in force (every field resolved), as a dict of CONFIG_FIELDS keys;
+        factor_dtype as its name, "fp32", "bf16" or "fp16" (alternate 0 and factor_dtype "fp32"
+        from a library older than them, which never alternates and sends float32 factors)."""
         cfg = _capi.Config.initializer()
-        self._call("lowrankCommGetConfig", ctypes.byref(cfg))
+        try:
+            self._call("lowrankCommGetConfig", ctypes.byref(cfg))
+        except InvalidArgumentError as e:  # GetConfig's message is the thread's, not the comm's
+            if not _older_config(self._lib, e.code, cfg, "lowrankCommGetConfig"):
+                raise
+            self._call("lowrankCommGetConfig", ctypes.byref(cfg))
         out = {key: getattr(cfg, field) for key, field in CONFIG_FIELDS.items()}
         if out["alternate"] == _capi.UNDEF_INT:  # not written by an older library
             out["alternate"] = 0
+        names = {code: name for name, code in _capi.FACTOR_DTYPES.items()}
+        out["factor_dtype"] = names.get(out["factor_dtype"], "fp32")  # UNDEF: an older library
         return out
 
     # ---- lifetime ------------------------------------------------------------------------------
@@ -543,6 +585,27 @@ class Communicator:
 
 
 _COMM = object()  # stands for the communicator's handle in _call's arguments
+
+
+def _older_config(lib, rc, cfg, name):
+    """Whether the call that returned rc refused `cfg` (a Config of this package's size) as a
+    library older than lowrankConfig_t.factorDtype does: its size is not that library's, so the
+    call did nothing. Then cfg takes the older size (the fields up to alternate), for the caller
+    to call again, unless it asks for 16-bit factors, which such a library cannot send:
+    LowrankError (lowrankInvalidUsage) naming the missing feature. The refusal's text is this
+    thread's last error (the calls that take a config report theirs there)."""
+    if rc != _capi.INVALID_ARGUMENT or cfg.size != ctypes.sizeof(_capi.Config):
+        return False
+    message = (lib.lowrankGetLastError(None) or b"").decode(errors="replace")
+    if "LOWRANK_CONFIG_INITIALIZER" not in message:
+        return False
+    if cfg.factorDtype not in (_capi.UNDEF_INT, _capi.FACTOR_DTYPES["fp32"]):
+        names = {code: n for n, code in _capi.FACTOR_DTYPES.items()}
+        raise LowrankError(5, f"{lib.lowrank_path} is older than this package: no 16-bit factors "
+                              f"(config factor_dtype {names.get(cfg.factorDtype)!r}; its "
+                              "lowrankConfig_t has no factorDtype)", name)
+    cfg.size = _capi.CONFIG_SIZE_NO_FACTOR_DTYPE
+    return True
 _ALTERNATE_FN = "lowrankBufferSetAlternate"  # in libraries with alternating PowerSGD
 
 

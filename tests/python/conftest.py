@@ -154,4 +154,10 @@ BAD_SETTINGS = [
     (dict(alternate=None), TypeError, "alternate must be True or False, not None"),
     (dict(alternate=True, warm_start=False), ValueError,
      "alternate=True needs warm_start=True"),
+    (dict(factor_dtype="int8"), ValueError,
+     "factor_dtype must be one of 'fp32', 'bf16', 'fp16' (or 'float32', 'bfloat16', 'float16', "
+     "torch.float32, torch.bfloat16, torch.float16), not 'int8'"),
+    (dict(factor_dtype="BF16"), ValueError, "factor_dtype must be one of 'fp32', 'bf16'"),
+    (dict(factor_dtype=16), TypeError, "factor_dtype must be one of 'fp32', 'bf16'"),
+    (dict(factor_dtype=True), TypeError, "factor_dtype must be one of 'fp32', 'bf16'"),
 ]

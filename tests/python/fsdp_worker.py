@@ -4,6 +4,7 @@ shards over gloo (rank = replica * 2 + shard). Prints "RESULT <json>" at the end
     fsdp_worker.py native K START          hook (1-D shard mesh) vs native HSDP (2-D mesh)
     fsdp_worker.py match K START           hook vs a Communicator driven directly on the same
                                            flat shards, the layout derived here independently
+    fsdp_worker.py match_bf16 K START      the same, both with factor_dtype "bf16"
     fsdp_worker.py accum                   hook calls with set_requires_gradient_sync(False)
     fsdp_worker.py ckpt full|save|resume|nohook DIR   checkpoint with torch.distributed.checkpoint
     fsdp_worker.py peer_death VICTIM       the victim SIGKILLs itself in its hook
@@ -182,16 +183,16 @@ def declaration(params, shard):
     return decl, numel
 
 
-def match(k, start, steps=6):
+def match(k, start, steps=6, factor_dtype="fp32"):
     """Each group's reduced flat shard vs a second communicator with the same settings driven
     directly on a copy of the flat input, declared with the independent layout: bit for bit."""
     _, shard_mesh, rgroup = meshes()
     model = make(shard_mesh)
     state = fsdp.PowerSGDState(rgroup, matrix_approximation_rank=k, start_powerSGD_iter=start,
-                               random_seed=7)
+                               random_seed=7, factor_dtype=factor_dtype)
     hooks = fsdp.register(model, state)
     ref = communicator_from_process_group(rgroup, "cpu", approx_rank=k, seed=7, start_iter=start,
-                                          min_compression_rate=2.0)
+                                          min_compression_rate=2.0, factor_dtype=factor_dtype)
     names = {m: n for n, m in model.named_modules()}
     groups = [names[m] for m, _ in hooks]
     layout = expected_layout(groups)
@@ -221,6 +222,7 @@ def match(k, start, steps=6):
     lay = {g: [r.fqn for r in rs] for g, rs in state.layouts().items()}
     result(mismatches=mismatches, compared=compared, groups=len(groups), steps=steps,
            compressed=st["compressedCalls"], calls=st["calls"], ratio=st["ratio"],
+           factor_dtype=state.communicator().config()["factor_dtype"],
            layout_same=lay == {g: [n for n, _ in v] for g, v in layout.items()},
            sizes_same=all(sizes[u.name] == u.numel for u in state._units))
     state.close()
@@ -348,6 +350,8 @@ if __name__ == "__main__":
         fsdp_ckpt.main(*args)
     else:
         {"native": native, "match": match, "accum": accum, "errors": errors, "shards4": shards4,
-         "peer_death": peer_death}[what](*[int(a) for a in args])
+         "peer_death": peer_death,
+         "match_bf16": lambda k, start: match(k, start, steps=3, factor_dtype="bf16")}[what](
+            *[int(a) for a in args])
     dist.barrier()
     dist.destroy_process_group()

@@ -60,6 +60,18 @@ def test_compressed_equals_direct_allreduce(k, start):
         assert r["mismatches"] == [] and r["compared"] == r["groups"] * r["steps"], r
         assert r["groups"] == 3 and r["layout_same"] and r["sizes_same"], r
         assert r["compressed"] > 0 and r["ratio"] > 1.5, r
+        assert r["factor_dtype"] == "fp32", r
+
+
+@needs_fsdp2
+def test_bf16_factors_equal_direct_allreduce():
+    """factor_dtype="bf16" reaches lowrank: each group's reduced flat shard equals a Communicator
+    made with factor_dtype "bf16" driven directly on the same input, bit for bit (a hook that
+    sent float32 factors would differ: the wire rounds them), and the communicator reports
+    it."""
+    for r in results(run_ranks(WORLD, "match_bf16", 2, 1, timeout=150, worker=W)):
+        assert r["mismatches"] == [] and r["compared"] == r["groups"] * r["steps"], r
+        assert r["compressed"] > 0 and r["factor_dtype"] == "bf16", r
 
 
 @needs_fsdp2

@@ -39,7 +39,10 @@ class Checkpoint:
             and vice versa; saved and loaded alternating, each tensor goes on at its saved phase,
             which lowrank's bytes hold with the kept P. A state_dict saved before alternate
             existed has none and loads, as alternate=False when unpickled; load_state_dict never
-            changes the loading state's own alternate);
+            changes the loading state's own alternate), factor_dtype ("fp32", "bf16", "fp16" or
+            None: the state lowrank saves is float32 whatever the factors travel in, so a state
+            saved with one loads with another; one saved before the option loads as "fp32" when
+            unpickled, and load_state_dict keeps the loading state's own);
           "iter", "next_stats_report": the step counters (ints);
           "rank", "world_size": this rank in process_group and the group's size (None if
             torch.distributed is not initialized);
@@ -89,7 +92,8 @@ class Checkpoint:
                 "config": {k: getattr(self, k) for k in CHECKED},
                 "options": dict(zip(OPTIONS, (self.compression_stats_logging_frequency,
                                               self.batch_tensors_with_same_shape, self._timeout,
-                                              self._pipeline, self._alternate))),
+                                              self._pipeline, self._alternate,
+                                              self._factor_dtype))),
                 "iter": self.iter, "next_stats_report": self.next_stats_report,
                 "rank": rank, "world_size": world, "buckets": list(buckets),
                 "adaptive": None if self._adaptive is None else

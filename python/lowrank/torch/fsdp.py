@@ -180,6 +180,11 @@ class PowerSGDState:
       alternate (False; True: alternating PowerSGD, ACP-SGD of Zhang, Zhang, Shi, Chu, Li, ICDCS
       2023: one factor allreduce per hook call, P and Q on alternate calls, P first; needs
       warm_start=True; CPU and CUDA buckets (CUDA tested on the emulation only); as the DDP hook's alternate, where it is described),
+      factor_dtype ("fp32"; "bf16" or "fp16": 16-bit factors on the wire, half the factor bytes of
+      every compressed call, the host transport summing in float32 (tested on CPU buckets);
+      torch.bfloat16 and the like too; None: LOWRANK_FACTOR_DTYPE's; the same on every replica,
+      else every replica raises lowrankInvalidUsage at the first compressed call; not saved by
+      state_dict; as the DDP hook's factor_dtype, where it is described),
       device ("cpu" or "cuda"; default "cuda" for an NCCL group), op (None: FSDP's convention, see
       below; or "avg" / "sum").
     The op: with a 1-D mesh FSDP2 averages over the shard group in its reduce-scatter (fp32, bf16)
@@ -189,17 +194,17 @@ class PowerSGDState:
     called, native HSDP divides by f alone and sums over the replicas: op None sums then too
     (read from FSDP's param group at each call; "avg" if that attribute is absent).
     Raises ValueError or TypeError for a setting outside lowrank's range (as the DDP hook's, each
-    named; alternate=True with warm_start=False), LowrankError (torch.distributed not
-    initialized; lowrank's init errors).
+    named; alternate=True with warm_start=False; a factor_dtype not among those above),
+    LowrankError (torch.distributed not initialized; lowrank's init errors).
     Thread safety: the hook runs on the autograd thread (CPU: it blocks there until the
     allreduce is done; CUDA: it only queues on the current stream, FSDP's all-reduce stream)."""
 
     def __init__(self, replicate_group, matrix_approximation_rank=1, start_powerSGD_iter=1_000,
                  min_compression_rate=2, use_error_feedback=True, warm_start=True,
                  orthogonalization_epsilon=0, random_seed=0, *, timeout=None, pipeline=None,
-                 alternate=False, device=None, op=None):
+                 alternate=False, factor_dtype="fp32", device=None, op=None):
         settings = {k: v for k, v in locals().items()
-                    if k in CHECKED + ("timeout", "pipeline", "alternate")}
+                    if k in CHECKED + ("timeout", "pipeline", "alternate", "factor_dtype")}
         check_settings(settings)  # each as the DDP hook's
         if op not in (None, "avg", "sum"):
             raise ValueError(f"op must be None, 'avg' or 'sum', not {op!r}")
@@ -286,9 +291,9 @@ class PowerSGDState:
         """This rank's hook state, to save beside FSDP's sharded state dict (every rank its own
         file: the residuals differ across replicas). Plain Python types:
           "format": "lowrank.torch.fsdp.PowerSGDState", "version": 1;
-          "config": the settings load_state_dict checks (as the DDP hook's; not alternate,
-            which is not saved: a state saved under either schedule loads under the other, as
-            the DDP hook's);
+          "config": the settings load_state_dict checks (as the DDP hook's; not alternate nor
+            factor_dtype, which are not saved: a state saved under either schedule, or with any
+            factor dtype, loads under the other, as the DDP hook's);
           "replica", "replicas": this rank in the replica group and its size;
           "params": {parameter FQN: {"shard", "shards", "id", "shape" (as declared), "state":
             bytes of Communicator.save_state (format 2: that id's residual, warm-start Q and

@@ -90,6 +90,22 @@ class PowerSGDState(Numbering, Checkpoint, Runtime):
         keeps each tensor's residual and warm-start Q; into alternate=True the alternation
         starts with a P step), one saved alternating goes on at its saved phase, and a
         state_dict saved before this option loads too (see state_dict, "options").
+      factor_dtype ("fp32"): the dtype PowerSGD's factors P and Q travel in: "fp32", "bf16" or
+        "fp16" ("float32", "bfloat16", "float16" and torch.float32, torch.bfloat16,
+        torch.float16 name the same); None: LOWRANK_FACTOR_DTYPE's (default fp32). "bf16" and
+        "fp16" halve the factor bytes of every compressed step (the exact part, the 1-D
+        tensors and the warm-up stay float32): the host transport (CPU buckets) rounds each
+        factor send once to 16 bits and sums in float32 (docs/design.md, "16-bit factors");
+        CUDA buckets: as lowrankConfig_t.factorDtype says (tested on CPU buckets only). The
+        residual and warm-start Q lowrank keeps are float32, and each residual is taken
+        against the factors as they arrived, so error feedback keeps what the wire drops.
+        lowrankConfig_t.factorDtype; the hook's value (its default too) wins over
+        LOWRANK_FACTOR_DTYPE. Every rank must give the same:
+        ranks that differ all raise lowrankInvalidUsage naming the factor dtype at the first
+        compressed step, none hangs. Not checked by load_state_dict: the state does not depend
+        on it, so a state saved with one factor dtype loads with another (state_dict, "options";
+        one saved before this option loads as "fp32" when unpickled). A library older than the
+        option refuses "bf16" and "fp16" (LowrankError naming 16-bit factors).
       device: "cpu", "cuda" (the current CUDA device) or "cuda:N", the communicator to make now
         (default: "cuda" for an NCCL group, else "cpu"); a bucket on another device makes that
         device's at its first step (one communicator per CUDA device, on that device).
@@ -120,8 +136,9 @@ class PowerSGDState(Numbering, Checkpoint, Runtime):
     Raises LowrankError if torch.distributed is not initialized or lowrank cannot start;
     ValueError or TypeError for an argument outside lowrank's range (an int where one is needed,
     matrix_approximation_rank in [0, 65536], min_compression_rate >= 1, a flag that is not a
-    bool, ...), for alternate=True with warm_start=False, and for bad exclude, rank_of or model
-    (each named).
+    bool, ...), for alternate=True with warm_start=False, for a factor_dtype not among those
+    above (ValueError; TypeError for one that is neither a string nor a torch.dtype), and for
+    bad exclude, rank_of or model (each named).
     Thread safety: one state serves one DDP model; its hook is called by DDP's autograd thread.
 
     The ids: every parameter is numbered in the order DDP first hands it to the hook in the
@@ -133,8 +150,8 @@ class PowerSGDState(Numbering, Checkpoint, Runtime):
                  min_compression_rate=2, use_error_feedback=True, warm_start=True,
                  orthogonalization_epsilon=0, random_seed=0,
                  compression_stats_logging_frequency=10_000, batch_tensors_with_same_shape=False,
-                 *, timeout=None, pipeline=None, alternate=False, device=None, exclude=None,
-                 rank_of=None, model=None, adaptive=None):
+                 *, timeout=None, pipeline=None, alternate=False, factor_dtype="fp32",
+                 device=None, exclude=None, rank_of=None, model=None, adaptive=None):
         settings = {k: v for k, v in locals().items() if k in CHECKED + OPTIONS}
         check_settings(settings)  # these and the next checked before anything is made
         ranks = TensorRanks(exclude, rank_of, model)
@@ -168,7 +185,7 @@ class PowerSGDState(Numbering, Checkpoint, Runtime):
         self.compression_stats_logging_frequency = max(1, kw["compression_stats_logging_frequency"])
         self.iter = self.next_stats_report = 0
         self._timeout, self._pipeline = kw["timeout"], kw["pipeline"]
-        self._alternate = kw["alternate"]
+        self._alternate, self._factor_dtype = kw["alternate"], kw["factor_dtype"]
         self._config = communicator_config(kw)  # lowrank's per-id warm-up is start_powerSGD_iter
         self._comms = {}    # "cpu" / "cuda:N" (comm_key) -> Communicator
         self._workers = {}  # the same keys -> Worker
