@@ -24,9 +24,13 @@ case $kind in
     # Left out: exports (nm only); the mutants (rebuilds of the device schedule that must fail);
     # the kernel tests on the emulation (3 min here; the engine tests run the same kernels); the
     # engine tests in the default stream order: they run here in the random one (the same memory
-    # touched), which .ci/run leaves to this build (the release build runs the default order).
+    # touched), which .ci/run leaves to this build (the release build runs the default order); the
+    # GPU script's emulated steps (its two-rank check runs here as gpu_two_ranks_emulated; the rest
+    # is the kernels, left out above: about 60 s under ASan) and the adaptive check in the default
+    # order (the random one runs here; the release build runs both).
     exclude=(shim_exports nccl_double_exports gpu_engine_mutants_caught gpu_kernels_emulated
-             gpu_ortho_emulated_without_cusolver gpu_engine_emulated)
+             gpu_ortho_emulated_without_cusolver gpu_engine_emulated gpu_device_checks_emulated
+             gpu_adaptive_same_step_emulated)
     # 200 calls on two streams (51 s under ASan; twice: with and without memory pools): the emulation runs one thread, so the calls add
     # no interleaving, only the same memory touched again; the release build runs them
     export GTEST_FILTER=-DeviceStreams.TwoHundredCalls* ;;

@@ -6,7 +6,7 @@
 #include <cstdio>
 #include <cstring>
 
-#include "transport/wire.h"
+#include "util/dtype.h"
 #include "util/env.h"
 #include "util/log.h"
 
@@ -144,7 +144,7 @@ void logConfig(const EngineConfig& c, int rank, int nranks) {
           "warmStart %d, alternate %d, factors %s, orthoEpsilon %g, seed %llu, timeout %g s, pipeline %d "
           "(chunk %llu elements), host allreduce %s (alpha %g us, beta %g ns/byte)",
           rank, nranks, c.approxRank, c.minCompressionRate, c.startIter, int(c.errorFeedback),
-          int(c.warmStart), int(c.alternate), wire::factorDtypeName(c.factorDtype), c.orthoEpsilon, (unsigned long long)c.seed, c.timeoutSec,
+          int(c.warmStart), int(c.alternate), factorDtypeName(c.factorDtype), c.orthoEpsilon, (unsigned long long)c.seed, c.timeoutSec,
           int(c.pipeline), (unsigned long long)c.pipelineChunk,
           c.ucxAlgorithm ? ucx::algorithmName(*c.ucxAlgorithm) : c.ucxTune ? "tuned" : "by cost", c.ucxCost.alphaSec * 1e6,
           c.ucxCost.betaSecPerByte * 1e9);

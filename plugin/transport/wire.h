@@ -17,6 +17,7 @@
 #include <cstdint>
 
 #include "lowrank/lowrank.h"
+#include "util/dtype.h"
 
 namespace lowrank {
 
@@ -46,10 +47,7 @@ void decode(const Wire& w, size_t off, size_t len, const void* in, float* dst);
 // Rounds the elements of [lo, hi) among [off, off + len) in place (buf points at element off).
 void round(const Wire& w, size_t off, size_t len, float* buf);
 
-// "fp32", "bf16", "fp16": LOWRANK_FACTOR_DTYPE's words for float32, bfloat16, float16.
-inline const char* factorDtypeName(lowrankDataType_t t) {
-  return t == lowrankBfloat16 ? "bf16" : t == lowrankFloat16 ? "fp16" : t == lowrankFloat32 ? "fp32" : "?";
-}
+using lowrank::factorDtypeName;  // util/dtype.h
 
 }  // namespace wire
 }  // namespace lowrank

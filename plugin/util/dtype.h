@@ -37,6 +37,12 @@ inline int dtypeMantissaBits(int t) {
 const char* dtypeName(lowrankDataType_t t);  // "float", "half", ... as nccl-tests names them
 const char* opName(lowrankRedOp_t op);       // "sum", "prod", "max", "min", "avg"
 
+// "fp32", "bf16", "fp16": LOWRANK_FACTOR_DTYPE's words for the dtypes factors travel in
+// (lowrankConfig_t.factorDtype); "?" for others.
+inline const char* factorDtypeName(lowrankDataType_t t) {
+  return t == lowrankBfloat16 ? "bf16" : t == lowrankFloat16 ? "fp16" : t == lowrankFloat32 ? "fp32" : "?";
+}
+
 // True for the dtypes PowerSGD compresses (float32, float16, bfloat16).
 inline bool dtypeCompressible(int t) {
   return t == lowrankFloat32 || t == lowrankFloat16 || t == lowrankBfloat16;
