@@ -118,7 +118,8 @@ TEST(NcclTransport, SixteenBitPartGoesAsItsOwnAllreduce) {
         EXPECT_EQ(x[i], float(i) * 6) << i;
       }
     }
-    auto ring = [](uint64_t c) { return (c / n) * 2 * (n - 1) + (c % n) * 2 * (n - 1) / n; };
+    const uint64_t N = n;
+    auto ring = [N](uint64_t c) { return (c / N) * 2 * (N - 1) + (c % N) * 2 * (N - 1) / N; };
     EXPECT_EQ(t.counters().bytesSent.load(), 4 * ring(lo) + 2 * ring(hi - lo) + 4 * ring(count - hi));
     out[size_t(rank)] = x;
   });
