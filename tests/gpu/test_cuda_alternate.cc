@@ -5,6 +5,7 @@
 // count), decompressAlternate against host::decompressAndUpdateError without E (and its checks),
 // and unitFactorIfRejected against its definition.
 #include "tests/gpu/kernel_test_support.h"
+#include "util/convert.h"
 
 namespace lowrank::gputest {
 namespace {

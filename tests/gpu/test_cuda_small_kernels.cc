@@ -1,6 +1,7 @@
 // scatterQ, packExact / unpackExact, scale, setFloat, toWire / fromWire (16-bit factors), empty
 // tables and refused dtypes.
 #include "tests/gpu/kernel_test_support.h"
+#include "util/convert.h"
 
 namespace lowrank::gputest {
 namespace {

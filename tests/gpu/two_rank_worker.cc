@@ -359,8 +359,13 @@ std::vector<float> alternate(int rank, int nranks, const std::string& idFile, nc
 // 16-bit factors (issue 45) on two comm ranks, per tensor in chunks of 2048 elements, for
 // factorDtype float32, bfloat16 and float16, PowerSGD's schedule and the alternating one (one
 // buffer each, lowrankBufferSetAlternate): the device engine against the host engine (a host
-// communicator over UCX with the same factorDtype) within 2^-6 relative over 3 calls (a few
-// bfloat16 units: test_cuda_factor_dtype.cc says why; 1e-4 for float32), and every call's
+// communicator over UCX with the same factorDtype) over 3 calls. bfloat16: both round each
+// rank's factor once and the sum of the two once (NCCL's ring at N = 2 adds in float and rounds
+// once), so they differ only where their float32 factors (1e-6 apart) straddle a rounding
+// boundary, one unit (2^-8) of a few elements: within 2e-3 (emulation: 5e-8). float16: the host
+// rounds to float16, the device to bfloat16 (docs/design.md, "On a device"): within 2^-6, twice
+// bfloat16's rounding of P and Q (2^-9 each) with room for 3 calls of warm start (emulation:
+// 7.7e-3). float32: 1e-4, as the other device checks. And every call's
 // bytesSent (lowrankStats_t) equal to NCCL's ring model at N = 2 (each rank sends each element
 // once): 4 bytes per exact element and per check word, 2 per 16-bit factor element, 4 per float32
 // one; PowerSGD: 4 E + w (P + Q) + 8, alternating: 4 E + w P + 8 (P step), 4 E + w Q + 8 (Q step),
@@ -370,6 +375,7 @@ std::vector<float> alternate(int rank, int nranks, const std::string& idFile, nc
 std::vector<float> factorDtypes(int rank, int nranks, const std::string& idFile, ncclComm_t nccl,
                                 cudaStream_t s) {
   std::vector<float> all;
+  double worst[3] = {0, 0, 0};  // per factor dtype: the largest device vs host difference
   const char* chunkWas = getenv("LOWRANK_PIPELINE_CHUNK");
   const std::string chunk = chunkWas ? chunkWas : "";
   setenv("LOWRANK_PIPELINE_CHUNK", "2048", 1);
@@ -400,7 +406,7 @@ std::vector<float> factorDtypes(int rank, int nranks, const std::string& idFile,
       return all;
     }
     if (rank == 0) unlink(tag.c_str());  // every rank has joined
-    const double tol = fd == lowrankFloat32 ? 1e-4 : 0x1p-6;
+    const double tol = fd == lowrankFloat32 ? 1e-4 : fd == lowrankBfloat16 ? 2e-3 : 0x1p-6;
     const uint64_t w = fd == lowrankFloat32 ? 4 : 2;
     for (int alt = 0; alt < 2; ++alt) {
       std::vector<float> hostOut(count);
@@ -425,6 +431,8 @@ std::vector<float> factorDtypes(int rank, int nranks, const std::string& idFile,
         lowrankGetStats(dev, &after);
         const std::vector<float> got = fromDevice(out, count, lowrankFloat32);
         const double e = relErr(got, hostOut);
+        double& wd = worst[fd == lowrankFloat32 ? 0 : fd == lowrankBfloat16 ? 1 : 2];
+        wd = std::max(wd, e);
         CHECK(e < tol, "factor dtype %d, %s, call %d: device vs host engine, relative difference "
               "%.3g (bound %.3g)", fd, alt ? "alternating" : "PowerSGD", call, e, tol);
         all.insert(all.end(), got.begin(), got.end());
@@ -470,7 +478,8 @@ std::vector<float> factorDtypes(int rank, int nranks, const std::string& idFile,
   }
   if (chunkWas) setenv("LOWRANK_PIPELINE_CHUNK", chunk.c_str(), 1);
   else unsetenv("LOWRANK_PIPELINE_CHUNK");
-  printf("rank %d: 16-bit factors: 3 dtypes x 2 schedules x 3 calls checked\n", rank);
+  printf("rank %d: 16-bit factors: 3 dtypes x 2 schedules x 3 calls checked; device vs host at "
+         "most %.2g (fp32), %.2g (bf16), %.2g (fp16)\n", rank, worst[0], worst[1], worst[2]);
   return all;
 }
 
