@@ -131,7 +131,9 @@ typedef struct {
                            lowrankBfloat16 / lowrankFloat16 for half the bytes of every compressed
                            step (docs/design.md, "16-bit factors"). On the host transport each send
                            rounds once and every sum is taken in float32; on a device, NCCL sums
-                           bfloat16. The exact part and the payload's checks stay float32. Must be
+                           bfloat16, and a float16 request travels as bfloat16 there (float16's
+                           range does not hold factors of every scale). The exact part and the
+                           payload's checks stay float32. Must be
                            the same on every comm rank (the plan check fails every rank otherwise).
                            LOWRANK_FACTOR_DTYPE=fp32|bf16|fp16, default fp32. */
 } lowrankConfig_t;
@@ -538,11 +540,12 @@ typedef struct {
   uint64_t compressedElements; /* input elements that went through compression */
   uint64_t exactElements;      /* input elements allreduced exactly */
   uint64_t payloadElements;    /* elements handed to the transport: P, Q and exact parts */
-  uint64_t elementsSent;       /* elements this rank put on the wire by the host engine: counted
-                                  by the UCX transport; over NCCL, the ring's 2 (N - 1) / N of each
-                                  payload (busbw's factor), not a count. Device buffers' traffic is
-                                  NCCL's alone and not counted here */
-  uint64_t bytesSent;          /* bytes of elementsSent */
+  uint64_t elementsSent;       /* elements this rank put on the wire: counted by the UCX
+                                  transport; over NCCL (host buffers through the NCCL transport,
+                                  and device buffers: their plan checks, exact calls and factor
+                                  allreduces), the ring's 2 (N - 1) / N of each call's elements
+                                  (busbw's factor), not a count */
+  uint64_t bytesSent;          /* bytes of elementsSent (a 16-bit factor element: 2) */
   double ratio;                /* (compressedElements + exactElements) / payloadElements: input
                                   elements per element handed to the transport; 0 before any */
   uint64_t stateBytes;         /* bytes of per-buffer state held now: per buffer, its float32
@@ -610,7 +613,8 @@ typedef struct {
                               Q allreduce's): 2 * 4 * sum of k * m */
   uint64_t payloadBytes;   /* the P allreduce's payload: 4 * (exact elements + sum of n * k + 2) */
   uint64_t workspaceBytes; /* device: the orthonormalization workspaces (float64), the partial
-                              sums of passes 1 and 2, cuSOLVER's; host: 0 */
+                              sums of passes 1 and 2, cuSOLVER's, and with 16-bit factors their
+                              16-bit copy on the wire; host: 0 */
   uint64_t tableBytes;     /* device: the launch tables (block, chunk and matrix descriptors and
                               their prefix sums); host: 0 */
   uint64_t pinnedBytes;    /* device: pinned host memory of the buffer (its ring of per-call

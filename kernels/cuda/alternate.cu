@@ -29,7 +29,7 @@ template <typename T, int K>
 __global__ void __launch_bounds__(kThreads, minBlocks1(K))
     stepPKernel(const DevBlock* __restrict blocks, const uint64_t* __restrict prefix,
                 uint32_t nBlocks, const T* __restrict g, float* __restrict e,
-                const float* __restrict qt, float* p, float* nonFinite) {
+                const float* __restrict qt, float* p, float* nonFinite, int wire) {
   constexpr int RW = rowsPerWarpA(K);
   constexpr int U = stepsPerLoad1(K);
   constexpr int kLanesPerSum = 32 / K;
@@ -103,7 +103,8 @@ __global__ void __launch_bounds__(kThreads, minBlocks1(K))
       const float v = warpTransposeSum<K>(acc[r], lane);
       const uint64_t i = i0 + r;
       const uint32_t c = c0 + lane / kLanesPerSum;
-      if (lane % kLanesPerSum == 0 && c < k && i < rows) p[x.d.p + i * k + c] = v;
+      // 16-bit factors: P as the wire will carry it, so that the residual keeps what it drops.
+      if (lane % kLanesPerSum == 0 && c < k && i < rows) p[x.d.p + i * k + c] = roundToWire(v, wire);
     }
   }
   __syncwarp();  // the warp's P rows written, and visible to all its lanes
@@ -148,6 +149,18 @@ __global__ void __launch_bounds__(kThreads, minBlocks1(K))
   addBlockCount(bad, nonFinite);
 }
 
+// 16-bit factors, the Q step: each block's Qt (k x cols at qt + d.qt, row stride qld) rounded in
+// place to the wire's dtype before the residual is taken. One CUDA block per block of the table.
+__global__ void __launch_bounds__(kThreads)
+    roundQKernel(const DevBlock* __restrict blocks, float* __restrict qt, int wire) {
+  const BlockDesc d = blocks[blockIdx.x].d;
+  const uint64_t cols = d.cols, size = cols * d.k;
+  for (uint64_t idx = threadIdx.x; idx < size; idx += kThreads) {
+    float& v = qt[d.qt + (idx / cols) * d.qld + idx % cols];
+    v = roundToWire(v, wire);
+  }
+}
+
 // A rejected call's factor replaced by the first k unit vectors (rows r = c of each matrix 1, the
 // rest 0): orthonormal and the same on every comm rank. One CUDA block per matrix.
 __global__ void __launch_bounds__(kThreads)
@@ -165,7 +178,8 @@ __global__ void __launch_bounds__(kThreads)
 }  // namespace
 
 cudaError_t alternateStepP(const BlockTable* t, const void* g, lowrankDataType_t dtype, float* e,
-                           const float* qt, float* p, float* nonFinite, cudaStream_t stream) {
+                           const float* qt, float* p, float* nonFinite, cudaStream_t stream,
+                           lowrankDataType_t wire) {
   if (!t) return cudaErrorInvalidValue;
   if (!e) return errorFeedbackAndP(t, g, dtype, e, qt, p, nonFinite, stream);  // no residual
   if (t->total[kTilesA] == 0) return cudaSuccess;
@@ -174,16 +188,22 @@ cudaError_t alternateStepP(const BlockTable* t, const void* g, lowrankDataType_t
     return withBucket(t->bucket, [&](auto bucket) {
       constexpr int K = decltype(bucket)::value;
       return launch(stepPKernel<T, K>, t->total[kTilesA], kThreads, stream, t->blocks,
-                    t->pre(kTilesA), t->n, static_cast<const T*>(g), e, qt, p, nonFinite);
+                    t->pre(kTilesA), t->n, static_cast<const T*>(g), e, qt, p, nonFinite,
+                    int(wire));
     });
   });
 }
 
 cudaError_t alternateStepQ(const BlockTable* t, const void* g, lowrankDataType_t dtype, float* e,
-                           const float* p, float* qt, float* nonFinite, cudaStream_t stream) {
+                           const float* p, float* qt, float* nonFinite, cudaStream_t stream,
+                           lowrankDataType_t wire) {
   if (!t) return cudaErrorInvalidValue;
-  const cudaError_t err = computeQCounting(t, g, dtype, e, p, qt, nonFinite, stream);
+  cudaError_t err = computeQCounting(t, g, dtype, e, p, qt, nonFinite, stream);
   if (err != cudaSuccess || !e) return err;
+  if ((wire == lowrankBfloat16 || wire == lowrankFloat16) && t->n) {
+    err = launch(roundQKernel, t->n, kThreads, stream, t->blocks, qt, int(wire));
+    if (err != cudaSuccess) return err;
+  }
   return subtractLowRank(t, e, p, qt, stream);
 }
 

@@ -36,6 +36,14 @@ __device__ __forceinline__ __nv_bfloat16 fromF<__nv_bfloat16>(float f) {
   return __float2bfloat16_rn(f);
 }
 
+// A factor as a 16-bit wire carries it (wire lowrankBfloat16 or lowrankFloat16, round to nearest
+// even; any other: unchanged): the host's roundToWire (kernels/host/powersgd_kernels.cc).
+__device__ __forceinline__ float roundToWire(float x, int wire) {
+  if (wire == lowrankBfloat16) return toF(fromF<__nv_bfloat16>(x));
+  if (wire == lowrankFloat16) return toF(fromF<__half>(x));
+  return x;
+}
+
 // NaN or Inf (exponent all ones), as host nonFinite.
 __device__ __forceinline__ bool isNonFinite(float x) {
   return (__float_as_uint(x) & 0x7f800000u) == 0x7f800000u;

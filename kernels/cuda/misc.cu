@@ -1,4 +1,5 @@
-// Small element-wise launches: scale (host twin host::scale), setFloat, and scatterQ, the warm
+// Small element-wise launches: scale (host twin host::scale), setFloat, toWire / fromWire (16-bit
+// factors on the wire: host twins util/convert.h's toBf16 / toHalf and toFloat), and scatterQ, the warm
 // start's copy of the wire Qbar of each column block into the whole-tensor Qt (host twin: the
 // engine's copy loop; nothing is written when the call is not trusted).
 #include <algorithm>
@@ -17,6 +18,22 @@ __global__ void __launch_bounds__(kThreads) scaleKernel(float* __restrict x, uin
 }
 
 __global__ void setFloatKernel(float* x, float v) { *x = v; }
+
+template <typename H>
+__global__ void __launch_bounds__(kThreads)
+    toWireKernel(const float* __restrict x, uint64_t n, H* __restrict out) {
+  const uint64_t stride = uint64_t(gridDim.x) * kThreads;
+  for (uint64_t i = uint64_t(blockIdx.x) * kThreads + threadIdx.x; i < n; i += stride)
+    out[i] = fromF<H>(x[i]);
+}
+
+template <typename H>
+__global__ void __launch_bounds__(kThreads)
+    fromWireKernel(const H* __restrict in, uint64_t n, float* __restrict x) {
+  const uint64_t stride = uint64_t(gridDim.x) * kThreads;
+  for (uint64_t i = uint64_t(blockIdx.x) * kThreads + threadIdx.x; i < n; i += stride)
+    x[i] = toF(in[i]);
+}
 
 __global__ void __launch_bounds__(kThreads)
     scatterQKernel(const ScatterTable::Dev* __restrict blocks, const uint64_t* __restrict prefix,
@@ -44,6 +61,30 @@ cudaError_t scale(float* x, size_t n, float s, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   const uint64_t blocks = std::min<uint64_t>(ceilDiv(n, kThreads), 65536);
   return launch(scaleKernel, blocks, kThreads, stream, x, uint64_t(n), s);
+}
+
+cudaError_t toWire(const float* x, size_t n, void* out, lowrankDataType_t wire,
+                   cudaStream_t stream) {
+  if (wire != lowrankBfloat16 && wire != lowrankFloat16) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  const uint64_t blocks = std::min<uint64_t>(ceilDiv(n, kThreads), 65536);
+  if (wire == lowrankBfloat16)
+    return launch(toWireKernel<__nv_bfloat16>, blocks, kThreads, stream, x, uint64_t(n),
+                  static_cast<__nv_bfloat16*>(out));
+  return launch(toWireKernel<__half>, blocks, kThreads, stream, x, uint64_t(n),
+                static_cast<__half*>(out));
+}
+
+cudaError_t fromWire(const void* in, size_t n, float* x, lowrankDataType_t wire,
+                     cudaStream_t stream) {
+  if (wire != lowrankBfloat16 && wire != lowrankFloat16) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  const uint64_t blocks = std::min<uint64_t>(ceilDiv(n, kThreads), 65536);
+  if (wire == lowrankBfloat16)
+    return launch(fromWireKernel<__nv_bfloat16>, blocks, kThreads, stream,
+                  static_cast<const __nv_bfloat16*>(in), uint64_t(n), x);
+  return launch(fromWireKernel<__half>, blocks, kThreads, stream, static_cast<const __half*>(in),
+                uint64_t(n), x);
 }
 
 cudaError_t setFloat(float* x, float v, cudaStream_t stream) {

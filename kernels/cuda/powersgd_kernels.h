@@ -125,11 +125,16 @@ cudaError_t decompressAndUpdateError(const BlockTable* t, float* e, const float*
 // then E -= P Q^T by pass 3's tiles.
 // e null: M = G, no residual kept. Both add to *nonFinite the count of elements of M that are NaN,
 // Inf or not below the block's limit, as pass 1 (the Q step's blocks need their tensor's limit).
-// Host twins: host::alternateStepP, host::alternateStepQ.
+// wire (16-bit factors, lowrankBfloat16 or lowrankFloat16): the step's own factor is rounded to
+// it before the residual is taken, as its allreduce will carry it, so that the residual keeps what
+// the wire drops (with e only; lowrankFloat32: untouched).
+// Host twins: host::alternateStepP, host::alternateStepQ (their `wire`).
 cudaError_t alternateStepP(const BlockTable* t, const void* g, lowrankDataType_t dtype, float* e,
-                           const float* qt, float* p, float* nonFinite, cudaStream_t stream);
+                           const float* qt, float* p, float* nonFinite, cudaStream_t stream,
+                           lowrankDataType_t wire = lowrankFloat32);
 cudaError_t alternateStepQ(const BlockTable* t, const void* g, lowrankDataType_t dtype, float* e,
-                           const float* p, float* qt, float* nonFinite, cudaStream_t stream);
+                           const float* p, float* qt, float* nonFinite, cudaStream_t stream,
+                           lowrankDataType_t wire = lowrankFloat32);
 // The alternating decompression (row blocks after a P step, column blocks after a Q step):
 // out = scale * P Qbar^T (cast to dtype); E is neither read nor written (its residual was taken
 // before the allreduce), except on a call not to be trusted (checks, as pass 3): out = NaN and
@@ -162,6 +167,13 @@ cudaError_t packExact(const ExactTable* t, const void* g, lowrankDataType_t dtyp
                       float* nonFinite, cudaStream_t stream);
 cudaError_t unpackExact(const ExactTable* t, const float* payload, float scale, void* out,
                         lowrankDataType_t dtype, cudaStream_t stream);
+
+// 16-bit factors on the wire (wire lowrankBfloat16 or lowrankFloat16): n floats of x rounded to
+// nearest even into out (n 16-bit words), and back (exact). Host twins: host::toBf16 / toHalf and
+// toFloat (util/convert.h), as transport/wire.h encodes and decodes.
+cudaError_t toWire(const float* x, size_t n, void* out, lowrankDataType_t wire, cudaStream_t stream);
+cudaError_t fromWire(const void* in, size_t n, float* x, lowrankDataType_t wire,
+                     cudaStream_t stream);
 
 // x *= s over n floats. Host twin: host::scale.
 cudaError_t scale(float* x, size_t n, float s, cudaStream_t stream);

@@ -1,7 +1,7 @@
 /* The table between liblowrank and its CUDA backend, liblowrank_cuda.so, which liblowrank loads
  * with dlopen the first time a device buffer appears (plugin/engine/cuda_loader.cc), so that a
  * CPU-only program loads no CUDA library. Plain C and versioned, as NCCL's plugin tables: the
- * backend exports `lowrankCudaBackendV8`; liblowrank refuses a table whose `version` is not the
+ * backend exports `lowrankCudaBackendV9`; liblowrank refuses a table whose `version` is not the
  * one it was built with (naming the path and both versions).
  *
  * Who does what. liblowrank keeps a device buffer's life (plugin/engine/device_backend.h): exact or
@@ -37,11 +37,14 @@
 extern "C" {
 #endif
 
-#define LOWRANK_CUDA_BACKEND_VERSION 8 /* 7: stateCreate takes an allocator and the call's stream,
+#define LOWRANK_CUDA_BACKEND_VERSION 9 /* 7: stateCreate takes an allocator and the call's stream,
                                           and reports its memory by kind; 8: alternating PowerSGD
                                           (issue 44): lowrankCudaPlan_t.alternate (the wire then
                                           holds a Q step's payload), runCompressed's qStep,
-                                          stateSave / stateLoad's p (the kept P) */
+                                          stateSave / stateLoad's p (the kept P); 9: 16-bit
+                                          factors (issue 45): lowrankCudaPlan_t.factorDtype,
+                                          and `traffic` (the bytes the backend's NCCL calls
+                                          sent, for lowrankStats_t) */
 
 /* The payload of allreduce #1, host and device alike: [exact part (exactElems floats) | P of every
  * compressed tensor (pElems) | non-finite count | op code]. The last two let every comm rank take
@@ -62,7 +65,7 @@ static inline lowrankPayloadLayout_t lowrankPayload(uint64_t exactElems, uint64_
 static inline float lowrankPayloadOpCode(int op) { return op == 0 ? 1.f : 2.f; }
 /* Words of the plan agreement (liblowrank's PlanCheck, engine/plan.h), max-allreduced as uint64. */
 #define LOWRANK_PLAN_CHECK_WORDS 5
-#define LOWRANK_CUDA_BACKEND_SYMBOL "lowrankCudaBackendV8"
+#define LOWRANK_CUDA_BACKEND_SYMBOL "lowrankCudaBackendV9"
 /* A NUL-terminated line, what the backend was built for, read by `python -m lowrank` without
  * initializing CUDA: "cuda=13000 arch=sm_80,sm_90,compute_90 cudart=static" (cuda: CUDART_VERSION, 1000 * major +
  * 10 * minor; 0 for the CPU emulation). */
@@ -124,7 +127,13 @@ typedef struct lowrankCudaPlan {
   const lowrankCudaChunk_t* pChunks;      uint64_t nPChunks;  /* >= 1; the last carries the checks */
   const lowrankCudaChunk_t* qChunks;      uint64_t nQChunks;  /* >= 1 */
   int32_t alternate;       /* 1: alternating PowerSGD (ACP-SGD; runCompressed's qStep) */
-  int32_t pad_;
+  /* lowrankDataType_t the factors travel in (issue 45): lowrankFloat32, or lowrankBfloat16 /
+   * lowrankFloat16: every factor allreduce then converts the factor part of its floats (P of a
+   * P chunk, Qt of a Q chunk) into a 16-bit scratch, allreduces it as ncclBfloat16 / ncclFloat16
+   * and converts it back; the exact part and the two check words stay float32, in calls of their
+   * own. Alternating, each step's own factor is rounded to it before its residual is taken.
+   * (liblowrank passes bfloat16 for a float16 request: docs/design.md, "16-bit factors".) */
+  int32_t factorDtype;
 } lowrankCudaPlan_t;
 
 /* Device memory from the application (lowrankCommSetAllocator): both functions null for CUDA's own
@@ -135,7 +144,9 @@ typedef struct lowrankCudaAllocator {
   void* userdata;
 } lowrankCudaAllocator_t;
 
-/* The bytes a state holds, by kind (lowrankMemoryInfo_t's fields of the same names). */
+/* The bytes a state holds, by kind (lowrankMemoryInfo_t's fields of the same names). A plan with
+ * 16-bit factors holds a scratch of 2 bytes per factor element of its largest phase (the 16-bit
+ * copy of the factors on the wire), counted in `workspace`. */
 typedef struct lowrankCudaMemory {
   uint64_t residual, factors, payload, workspace, tables, pinned;
 } lowrankCudaMemory_t;
@@ -223,11 +234,17 @@ typedef struct lowrankCudaBackend {
    * (timeout, NCCL's asynchronous error, abort); what was collected before it is counted. */
   int (*collectChecks)(lowrankCudaState_t* state, int wait, uint32_t* rejected,
                        uint32_t* opMismatches, lowrankCudaError_t* error);
+
+  /* What the comm's NCCL calls have sent since commCreate, counted as each call is issued, in
+   * NCCL's ring model (lowrankNcclRingElements: 2 (N - 1) / N of each call's elements) times each
+   * call's element size: the plan checks, exact calls and every factor allreduce (a 16-bit factor
+   * element 2 bytes). For lowrankStats_t.elementsSent / bytesSent. Any thread. */
+  void (*traffic)(lowrankCudaComm_t* comm, uint64_t* elements, uint64_t* bytes);
 } lowrankCudaBackend_t;
 
 /* The table of a liblowrank_cuda.so: its one exported symbol (LOWRANK_CUDA_BACKEND_SYMBOL), looked
  * up with dlsym. */
-extern const lowrankCudaBackend_t lowrankCudaBackendV8;
+extern const lowrankCudaBackend_t lowrankCudaBackendV9;
 
 #ifdef __cplusplus
 }

@@ -9,6 +9,7 @@
 #define LOWRANK_ABI_REAL_NCCL_H_
 
 #include <stddef.h>
+#include <stdint.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -43,6 +44,14 @@ typedef struct lowrankRealNccl {
   const char* (*getErrorString)(int result);
   const char* (*getLastError)(void* comm); /* optional: NCCL >= 2.13 */
 } lowrankRealNccl_t;
+
+/* What an ncclAllReduce of `count` elements over `nranks` comm ranks sends from each rank in NCCL's
+ * ring model: 2 (N - 1) steps of count / N elements (busbw's factor; no overflow for any count). The
+ * one statement of it, for the NCCL transport's counters and the CUDA backend's. */
+static inline uint64_t lowrankNcclRingElements(uint64_t count, uint64_t nranks) {
+  if (nranks < 2) return 0;
+  return (count / nranks) * 2 * (nranks - 1) + (count % nranks) * 2 * (nranks - 1) / nranks;
+}
 
 #ifdef __cplusplus
 }

@@ -142,6 +142,7 @@ int planCheck(lowrankCudaComm_t* c, uint64_t* words, lowrankCudaError_t* error) 
       return dc.api->allReduce(dc.planCheck, dc.planCheck, LOWRANK_PLAN_CHECK_WORDS, lowrankUint64,
                                lowrankMax, dc.comm, dc.stream);
     }));
+    dc.countSent(LOWRANK_PLAN_CHECK_WORDS, sizeof(uint64_t));
     LR_CUDA(cudaMemcpyAsync(dc.hostPlanCheck, dc.planCheck, kBytes, cudaMemcpyDeviceToHost, dc.stream));
     Err waited = waitDevice(dc, nullptr, dc.stream, "the plan check");
     if (waited.code == lowrankTimeout)  // the one wait where a caller's open group shows
@@ -154,15 +155,29 @@ int planCheck(lowrankCudaComm_t* c, uint64_t* words, lowrankCudaError_t* error) 
   return s.report(error);
 }
 
+// Bytes of an element of lowrankDataType_t `t` (NCCL's numbering): util/dtype.h's dtypeSize, which
+// the backend does not compile (it sees no header of the common layer).
+size_t elementBytes(int t) {
+  switch (t) {
+    case lowrankInt8: case lowrankUint8: return 1;
+    case lowrankFloat16: case lowrankBfloat16: return 2;
+    case lowrankInt32: case lowrankUint32: case lowrankFloat32: return 4;
+    case lowrankInt64: case lowrankUint64: case lowrankFloat64: return 8;
+    default: return 0;
+  }
+}
+
 int exactAllReduce(lowrankCudaComm_t* c, const void* send, void* recv, size_t count, int dtype,
                    int op, void* stream, lowrankCudaError_t* error) {
   const DeviceComm& dc = c->dc;
   const DeviceScope on(dc.device);
   if (!on.status().ok()) return on.status().report(error);
   (void)cudaGetLastError();  // an error the application left in the runtime is not ours
-  return ncclIssue(dc, "ncclAllReduce", [&] {
-           return dc.api->allReduce(send, recv, count, dtype, op, dc.comm, stream);
-         }).report(error);
+  const Err s = ncclIssue(dc, "ncclAllReduce", [&] {
+    return dc.api->allReduce(send, recv, count, dtype, op, dc.comm, stream);
+  });
+  if (s.ok()) dc.countSent(count, elementBytes(dtype));
+  return s.report(error);
 }
 
 int stateCreate(lowrankCudaComm_t* c, const lowrankCudaPlan_t* plan,
@@ -171,6 +186,10 @@ int stateCreate(lowrankCudaComm_t* c, const lowrankCudaPlan_t* plan,
   const RelaxedCaptureMode relaxed;  // never breaks another thread's capture (capture_mode.h)
   const DeviceScope on(c->dc.device);
   if (!on.status().ok()) return on.status().report(error);
+  if (plan->factorDtype != lowrankFloat32 && plan->factorDtype != lowrankBfloat16 &&
+      plan->factorDtype != lowrankFloat16)
+    return Err::Fail(lowrankInvalidArgument, "CUDA backend: factor dtype %d is not float32, "
+                     "bfloat16 or float16", int(plan->factorDtype)).report(error);
   auto* st = new (std::nothrow) lowrankCudaState();
   if (!st) return Err::Fail(lowrankSystemError, "out of host memory").report(error);
   const lowrankCudaAllocator_t own{};
@@ -286,6 +305,11 @@ int collectChecks(lowrankCudaState_t* st, int wait, uint32_t* rejected, uint32_t
   return b.collectChecks(n, rejected, opMismatches).report(error);
 }
 
+void traffic(lowrankCudaComm_t* c, uint64_t* elements, uint64_t* bytes) {
+  *elements = c ? c->dc.elementsSent.load(std::memory_order_relaxed) : 0;
+  *bytes = c ? c->dc.bytesSent.load(std::memory_order_relaxed) : 0;
+}
+
 }  // namespace
 }  // namespace lowrank::cuda
 
@@ -302,7 +326,7 @@ const char lowrankCudaBuildInfo[] = "cuda=" LOWRANK_STR(CUDART_VERSION) " arch="
                                     " cudart=static";
 
 extern "C" __attribute__((visibility("default")))
-const lowrankCudaBackend_t lowrankCudaBackendV8 = {
+const lowrankCudaBackend_t lowrankCudaBackendV9 = {
     LOWRANK_CUDA_BACKEND_VERSION,
     sizeof(lowrankCudaBackend_t),
     &lowrank::cuda::commCreate,
@@ -316,4 +340,5 @@ const lowrankCudaBackend_t lowrankCudaBackendV8 = {
     &lowrank::cuda::stateSave,
     &lowrank::cuda::stateLoad,
     &lowrank::cuda::collectChecks,
+    &lowrank::cuda::traffic,
 };

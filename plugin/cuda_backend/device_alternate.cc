@@ -24,6 +24,9 @@ Err runAlternateOnDevice(DeviceBuffer& b, const DeviceComm& dc, const void* send
   float* checks = pay + at.flag;         // the non-finite count, then the op code
   const float opCode = lowrankPayloadOpCode(op);
   const float expectedOp = opCode * float(N);
+  // 16-bit factors: each step rounds its own factor to the wire before taking the residual (the
+  // allreduce then carries those values exactly), as the host's alternateStepP / Q.
+  const auto wire = lowrankDataType_t(pl.factorDtype);
 
   // The kept factor, the same on every comm rank, orthonormalized (the fresh Q already is). A Q
   // step orthonormalizes each tensor's P before the first Q chunk that reads it (below).
@@ -44,19 +47,21 @@ Err runAlternateOnDevice(DeviceBuffer& b, const DeviceComm& dc, const void* send
   cudaEvent_t last = nullptr;
   if (!qStep) {
     for (PChunkState& ch : b.pChunks) {
-      LR_CUDA(alternateStepP(ch.blocks, send, dtype, b.e, b.qt, p, checks, s));
+      LR_CUDA(alternateStepP(ch.blocks, send, dtype, b.e, b.qt, p, checks, s, wire));
       LR_CUDA(cudaEventRecord(ch.computed, s));
-      LR_TRY(reduceOn(dc, b.payload + ch.offset, ch.count, ch.computed, ch.reduced));
+      LR_TRY(reduceOn(dc, b.payload + ch.offset, ch.count, ch.computed, ch.reduced,
+                      pFactors(b, ch)));
     }
     last = b.pChunks.back().reduced;
   } else {
     for (size_t c = 0; c < b.qChunks.size(); ++c) {
       QChunkState& ch = b.qChunks[c];
       if (ch.ortho) LR_CUDA(orthonormalize(ch.ortho, p, pl.orthoEpsilon, s));
-      LR_CUDA(alternateStepQ(ch.blocks, send, dtype, b.e, p, qw, checks, s));
+      LR_CUDA(alternateStepQ(ch.blocks, send, dtype, b.e, p, qw, checks, s, wire));
       LR_CUDA(cudaEventRecord(ch.computed, s));
       const size_t withChecks = c + 1 == b.qChunks.size() ? 2 : 0;
-      LR_TRY(reduceOn(dc, qw + ch.offset, ch.count + withChecks, ch.computed, ch.reduced));
+      LR_TRY(reduceOn(dc, qw + ch.offset, ch.count + withChecks, ch.computed, ch.reduced,
+                      factorsOf(b, 0, ch.count, ch.offset)));
     }
     last = b.qChunks.back().reduced;
   }

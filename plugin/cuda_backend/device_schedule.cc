@@ -1,5 +1,6 @@
 #include "cuda_backend/device_schedule.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "cuda_backend/device_wait.h"
@@ -7,14 +8,48 @@
 namespace lowrank::cuda {
 namespace schedule {
 
-Err reduceOn(const DeviceComm& dc, float* x, size_t count, cudaEvent_t ready, cudaEvent_t reduced) {
+namespace {
+Err reduceFloats(const DeviceComm& dc, float* x, size_t count) {
+  if (!count) return Err::Ok();
+  LR_TRY(ncclIssue(dc, "ncclAllReduce of PowerSGD factors", [&] {
+    return dc.api->allReduce(x, x, count, lowrankFloat32, lowrankSum, dc.comm, dc.stream);
+  }));
+  dc.countSent(count, sizeof(float));
+  return Err::Ok();
+}
+}  // namespace
+
+Err reduceOn(const DeviceComm& dc, float* x, size_t count, cudaEvent_t ready, cudaEvent_t reduced,
+             const Factors& f) {
   LR_CUDA(cudaStreamWaitEvent(dc.stream, ready, 0));
-  if (count)
-    LR_TRY(ncclIssue(dc, "ncclAllReduce of PowerSGD factors", [&] {
-      return dc.api->allReduce(x, x, count, lowrankFloat32, lowrankSum, dc.comm, dc.stream);
+  const bool half = f.dtype != lowrankFloat32 && f.hi > f.lo;
+  if (!half) {
+    LR_TRY(reduceFloats(dc, x, count));
+  } else {
+    // [0, lo) float32 (none in the schedules: the exact part has its call), [lo, hi) 16-bit,
+    // [hi, count) float32 (the checks of the last chunk), one NCCL call each, in that order.
+    const size_t n = f.hi - f.lo;
+    LR_TRY(reduceFloats(dc, x, f.lo));
+    LR_CUDA(toWire(x + f.lo, n, f.scratch, f.dtype, dc.stream));
+    LR_TRY(ncclIssue(dc, "ncclAllReduce of PowerSGD factors (16-bit)", [&] {
+      return dc.api->allReduce(f.scratch, f.scratch, n, f.dtype, lowrankSum, dc.comm, dc.stream);
     }));
+    dc.countSent(n, sizeof(uint16_t));
+    LR_CUDA(fromWire(f.scratch, n, x + f.lo, f.dtype, dc.stream));
+    LR_TRY(reduceFloats(dc, x + f.hi, count - f.hi));
+  }
   LR_CUDA(cudaEventRecord(reduced, dc.stream));
   return Err::Ok();
+}
+
+Factors factorsOf(const DeviceBuffer& b, size_t lo, size_t hi, size_t factorBase) {
+  Factors f;
+  if (b.plan.factorDtype == lowrankFloat32 || !b.wire16 || hi <= lo) return f;
+  f.dtype = lowrankDataType_t(b.plan.factorDtype);
+  f.lo = lo;
+  f.hi = hi;
+  f.scratch = b.wire16 + factorBase;
+  return f;
 }
 
 // A fresh draw is liblowrank's (the same numbers as the host engine, orthonormalized on the
@@ -46,6 +81,14 @@ Err queueChecks(DeviceBuffer& b, const float* checks, float expectedOp, cudaEven
   b.expectedOp[slot] = expectedOp;
   ++b.checksPending;
   return Err::Ok();
+}
+
+// A P chunk's factors: its floats of the payload's P area [exactElems, flag) (the last chunk also
+// carries the two checks, which stay float32).
+Factors pFactors(const DeviceBuffer& b, const PChunkState& ch) {
+  const lowrankPayloadLayout_t at = lowrankPayload(b.plan.exactElems, b.plan.pElems);
+  const size_t from = std::max<size_t>(ch.offset, at.p), to = std::min<size_t>(ch.offset + ch.count, at.flag);
+  return to > from ? factorsOf(b, from - ch.offset, to - ch.offset, from - at.p) : Factors{};
 }
 
 }  // namespace schedule
@@ -80,7 +123,8 @@ Err runCompressedOnDevice(DeviceBuffer& b, const DeviceComm& dc, const void* sen
   for (PChunkState& ch : b.pChunks) {
     LR_CUDA(errorFeedbackAndP(ch.blocks, send, dtype, b.e, b.qt, p, checks, s));
     LR_CUDA(cudaEventRecord(ch.computed, s));
-    LR_TRY(reduceOn(dc, b.payload + ch.offset, ch.count, ch.computed, ch.reduced));
+    LR_TRY(reduceOn(dc, b.payload + ch.offset, ch.count, ch.computed, ch.reduced,
+                    pFactors(b, ch)));
   }
 
   // Pass 2 by column blocks; a tensor's P is orthonormalized once its last P chunk is reduced.
@@ -91,7 +135,8 @@ Err runCompressedOnDevice(DeviceBuffer& b, const DeviceComm& dc, const void* sen
     }
     LR_CUDA(computeQ(ch.blocks, send, dtype, b.e, p, b.wire, s));
     LR_CUDA(cudaEventRecord(ch.computed, s));
-    LR_TRY(reduceOn(dc, b.wire + ch.offset, ch.count, ch.computed, ch.reduced));
+    LR_TRY(reduceOn(dc, b.wire + ch.offset, ch.count, ch.computed, ch.reduced,
+                    factorsOf(b, 0, ch.count, ch.offset)));
   }
 
   // The checks are in once the last P chunk is reduced: copy them for the engine's counters,

@@ -40,6 +40,14 @@ struct DeviceComm {
   mutable std::atomic<int64_t> abortDeadlineNs{0};
   mutable std::atomic<bool> stuck{false}; // a wait timed out: teardown does not wait again
   mutable std::mutex ncclMu;              // a poll of NCCL against commAbort (the comm may go)
+  // What the comm's NCCL calls sent (the table's `traffic`): NCCL's ring model of each call,
+  // counted as it is issued (countSent).
+  mutable std::atomic<uint64_t> elementsSent{0}, bytesSent{0};
+  void countSent(size_t count, size_t elemBytes) const {
+    const uint64_t e = lowrankNcclRingElements(count, uint64_t(nranks));
+    elementsSent.fetch_add(e, std::memory_order_relaxed);
+    bytesSent.fetch_add(e * elemBytes, std::memory_order_relaxed);
+  }
 };
 
 // Issues NCCL collective `what` on dc's communicator (call() makes it and returns its
@@ -80,8 +88,25 @@ Err runAlternateOnDevice(DeviceBuffer& b, const DeviceComm& dc, const void* send
 
 // Shared by both schedules (device_schedule.cc).
 namespace schedule {
-// An NCCL sum allreduce of float32 in place on the communication stream, after `ready`.
-Err reduceOn(const DeviceComm& dc, float* x, size_t count, cudaEvent_t ready, cudaEvent_t reduced);
+// The factor part of an allreduce (16-bit factors, issue 45): x[lo, hi) of the floats reduced are
+// factors, which travel in `dtype` (lowrankBfloat16 or lowrankFloat16; lowrankFloat32: none) through
+// the 16-bit scratch at `scratch` (hi - lo words, the buffer's wire16 at the factor's own place).
+struct Factors {
+  lowrankDataType_t dtype = lowrankFloat32;
+  size_t lo = 0, hi = 0;
+  uint16_t* scratch = nullptr;
+};
+// An NCCL sum allreduce of float32 in place on the communication stream, after `ready`; with a
+// 16-bit factor part f: x[lo, hi) converted into f.scratch, allreduced as ncclBfloat16 /
+// ncclFloat16 and converted back (on the communication stream), the floats before and after it
+// (the checks) in float32 calls of their own. Each call counted (DeviceComm::countSent).
+Err reduceOn(const DeviceComm& dc, float* x, size_t count, cudaEvent_t ready, cudaEvent_t reduced,
+             const Factors& f = {});
+// The factor part [lo, hi) (indices of the allreduced slice) of a slice whose factors start at
+// `factorBase` floats into their area (P area or Q wire): the scratch at the same place.
+Factors factorsOf(const DeviceBuffer& b, size_t lo, size_t hi, size_t factorBase);
+// A P chunk's factor part: its floats of the payload's P area (not the checks the last one carries).
+Factors pFactors(const DeviceBuffer& b, const PChunkState& ch);
 // Q for this call: a fresh draw staged through the comm's pinned pool, or the last call's Qbar
 // orthonormalized on the device (warm start).
 Err prepareQ(DeviceBuffer& b, const DeviceComm& dc, const float* freshQ, cudaStream_t s);

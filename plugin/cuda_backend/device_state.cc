@@ -125,7 +125,10 @@ Err DeviceBuffer::allocate(const lowrankCudaPlan_t& pl, const DeviceComm& dc,
     const uint64_t wireElems =
         pl.alternate ? lowrankPayload(pl.exactElems, pl.qElems).elems : pl.qElems;
     LR_TRY(deviceAlloc(&wire, wireElems, &factors, on, allocator));
-    bytes = residual + payloadBytes + factors;
+    size_t scratch16 = 0;
+    if (pl.factorDtype != lowrankFloat32)
+      LR_TRY(deviceAlloc(&wire16, std::max<uint64_t>(pl.pElems, pl.qElems), &scratch16, on, allocator));
+    bytes = residual + payloadBytes + factors + scratch16;
     memory.residual = residual;
     memory.payload = payloadBytes;
     memory.factors = factors;
@@ -202,7 +205,7 @@ Err DeviceBuffer::allocate(const lowrankCudaPlan_t& pl, const DeviceComm& dc,
                                        &scatter, on, &mem),
                     mem, "scatter table"));
     memory.tables = mem.tables;
-    memory.workspace = mem.workspace;
+    memory.workspace = mem.workspace + scratch16;
     // Without memory pools the tables went up by synchronous copies from pageable memory, on the
     // legacy default stream, which a non-blocking stream is not ordered with, and such a copy may
     // return before its data lands: the compute stream waits for that stream's work so far (no
@@ -235,7 +238,7 @@ void DeviceBuffer::release() {
   if (async && comm->stream && forked && cudaEventRecord(forked, comm->stream) == cudaSuccess)
     (void)cudaStreamWaitEvent(compute, forked, 0);
   for (void* p : {static_cast<void*>(e), static_cast<void*>(payload), static_cast<void*>(qt),
-                  static_cast<void*>(wire)}) {
+                  static_cast<void*>(wire), static_cast<void*>(wire16)}) {
     if (!p) continue;
     if (allocator.free) allocator.free(p, on, allocator.userdata);
     else if (on) cudaFreeAsync(p, on);

@@ -48,6 +48,10 @@ struct DeviceBuffer {
   float* payload = nullptr;  // exact part | P | non-finite count | op
   float* qt = nullptr;       // Qt of every compressed tensor (whole-tensor layout)
   float* wire = nullptr;     // Qt by column blocks, as the Q chunks travel
+  // 16-bit factors (plan.factorDtype bfloat16 or float16): the factors as they travel, 2 bytes per
+  // element of the larger factor area (P or Q; a chunk's at its factors' own place), counted in
+  // memory.workspace. Null for float32 factors.
+  uint16_t* wire16 = nullptr;
 
   ExactTable* exact = nullptr;
   OrthoTable* orthoQ = nullptr;   // every compressed tensor's Qt (warm start)
@@ -66,7 +70,7 @@ struct DeviceBuffer {
   cudaEvent_t checksCopied[kCheckSlots] = {};   // slot i holds its call's checks once completed
   float expectedOp[kCheckSlots] = {};           // what slot i's op word must be for its call
   size_t checksFirst = 0, checksPending = 0;    // the oldest pending slot; how many are pending
-  size_t bytes = 0;                             // device memory of e, payload, qt and wire
+  size_t bytes = 0;                             // device memory of e, payload, qt, wire, wire16
   lowrankCudaMemory_t memory{};                 // every byte held, by kind (lowrankBufferGetMemory)
   // Where the device memory comes from (lowrankCommSetAllocator's; none: CUDA's), and where it
   // goes back: the tables keep their own copy.

@@ -10,6 +10,15 @@
 namespace lowrank {
 namespace {
 
+// The dtype a device buffer's factors travel in through NCCL: float16 requests travel as bfloat16
+// (docs/design.md, "16-bit factors", "On a device"): NCCL sums float16 in float16, whose range
+// (65504, normals from 6.1e-5) does not hold factors of any scale, and no scaling that fits
+// every step is known before the sum without one more collective; bfloat16 keeps float32's range
+// at the same 2 bytes.
+int32_t deviceFactorDtype(lowrankDataType_t t) {
+  return t == lowrankFloat32 ? lowrankFloat32 : lowrankBfloat16;
+}
+
 lowrankCudaBlock_t block(const BlockSpan& s) {
   return {.tensor = s.tensor, .first = s.first, .offset = s.offset, .valid = s.valid, .ld = s.ld,
           .rows = s.rows, .cols = s.cols, .p = s.p, .qt = s.qt, .qld = s.qld, .k = s.k, .pad_ = 0};
@@ -53,7 +62,7 @@ struct CudaPlan {
             .colBlocks = colBlocks.data(), .nColBlocks = colBlocks.size(),
             .pChunks = pChunks.data(), .nPChunks = pChunks.size(),
             .qChunks = qChunks.data(), .nQChunks = qChunks.size(), .alternate = pl.alternate,
-            .pad_ = 0};
+            .factorDtype = deviceFactorDtype(pl.factorDtype)};
   }
 };
 
@@ -126,6 +135,10 @@ Status DeviceBackend::fromBackend(int code, const lowrankCudaError_t& error) {
   const lowrankResult_t c = code > lowrankSuccess && code < lowrankNumResults
                                 ? lowrankResult_t(code) : lowrankInternalError;
   return Status::Error(c, "%s", error.message);
+}
+
+void DeviceBackend::traffic(uint64_t* elements, uint64_t* bytes) const {
+  be_->traffic(comm_, elements, bytes);
 }
 
 Status DeviceBackend::exact(const Call& c) {

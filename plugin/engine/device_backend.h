@@ -44,6 +44,9 @@ class DeviceBackend final : public BufferBackend {
               const float* p) override;
   Status collect(BackendState& state, const void* buf, int wait, uint64_t* rejected) override;
   bool broken() const override { return ncclFailed_; }
+  // What the backend's NCCL calls have sent (plan checks, exact calls, factors), in NCCL's ring
+  // model: lowrankStats_t.elementsSent / bytesSent of device buffers.
+  void traffic(uint64_t* elements, uint64_t* bytes) const;
   // Any thread: the device waits end at once and never touch NCCL again (the engine then may
   // ncclCommAbort); later calls fail (the engine refuses them first).
   void abort();

@@ -337,6 +337,12 @@ void Engine::stats(lowrankStats_t* stats) {
   const auto& t = transport_->counters();
   stats->elementsSent = t.elementsSent.load();
   stats->bytesSent = t.bytesSent.load();
+  if (device_) {  // device buffers' NCCL calls, counted by the backend as they are issued
+    uint64_t elements = 0, bytes = 0;
+    device_->traffic(&elements, &bytes);
+    stats->elementsSent += elements;
+    stats->bytesSent += bytes;
+  }
   stats->ratio = c.payloadElements
                      ? double(c.compressedElements + c.exactElements) / double(c.payloadElements)
                      : 0.0;

@@ -73,7 +73,7 @@ inline double relErr(const std::vector<float>& a, const std::vector<float>& b) {
 
 // The device engine, not the host engine, ran recv's calls: a device plan has chunks even when not
 // pipelined (a host plan then has none), the comm's counters count `compressedCalls` and device
-// state is held, and the host engine put nothing on the wire (device traffic is NCCL's alone).
+// state is held. (One comm rank: nothing goes on any wire, host or device.)
 inline void expectDeviceEngineRan(lowrankComm_t comm, const void* recv, uint64_t compressedCalls) {
   lowrankBufferView_t view;
   ASSERT_EQ(lowrankBufferGetView(comm, recv, &view), lowrankSuccess);
@@ -83,7 +83,7 @@ inline void expectDeviceEngineRan(lowrankComm_t comm, const void* recv, uint64_t
   ASSERT_EQ(lowrankGetStats(comm, &st), lowrankSuccess);
   EXPECT_EQ(st.compressedCalls, compressedCalls);
   EXPECT_GT(st.stateBytes, 0u);
-  EXPECT_EQ(st.elementsSent, 0u) << "the host engine sent factors";
+  EXPECT_EQ(st.elementsSent, 0u) << "one comm rank sent elements";
 }
 
 // The elements of the tensors of `shapes`.

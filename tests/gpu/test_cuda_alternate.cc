@@ -5,6 +5,7 @@
 // count), decompressAlternate against host::decompressAndUpdateError without E (and its checks),
 // and unitFactorIfRejected against its definition.
 #include "tests/gpu/kernel_test_support.h"
+#include "util/convert.h"
 
 namespace lowrank::gputest {
 namespace {
@@ -157,6 +158,119 @@ TEST_P(AlternateStepQ, MatchesHostTwin) {
 
 INSTANTIATE_TEST_SUITE_P(Kernels, AlternateStepQ, ::testing::ValuesIn(alternateCases()),
                          passCaseName);
+
+// 16-bit factors (the steps' `wire`): each step's own factor comes out as the wire carries it
+// (every value a bfloat16 / float16 value), within one unit of the wire's last place of the host
+// twin's (both round nearly the same float), and the residual is taken from that rounded factor:
+// E + P Q^T = M to float32 rounding (with the factor unrounded it would be off by about 2^-9
+// |P| |Q|, a thousand times the tolerance).
+class AlternateStepWire : public ::testing::TestWithParam<lowrankDataType_t> {};
+
+TEST_P(AlternateStepWire, FactorRoundedBeforeTheResidual) {
+  SKIP_WITHOUT_DEVICE();
+  const lowrankDataType_t wire = GetParam();
+  const auto onWire = [&](float x) {
+    return wire == lowrankBfloat16 ? host::toFloat(host::toBf16(x)) : host::toFloat(host::toHalf(x));
+  };
+  const double ulp = wire == lowrankBfloat16 ? 0x1p-7 : 0x1p-10;  // relative, at worst
+  const Buffer b = makeBuffer(standardTensors(), ksFor(kMixedSmall, 6));
+  const std::vector<uint8_t> g = toBytes(fillElements(b, normal(b.count, 71), kNaN), lowrankFloat32);
+  const std::vector<float> e0 = fillElements(b, normal(b.count, 72, 0.3f), kNaN);
+  const std::vector<float> m = mOf(g, lowrankFloat32, e0, true);
+  const std::vector<char> mask = elementMask(b);
+  // |E - (M - F)| within 1e-5 of |M| + |F|'s bound; F(pos) the rank-k product and its magnitude.
+  const auto expectResidual = [&](const std::vector<float>& e, auto&& product, const char* what) {
+    int reported = 0;
+    for (uint64_t pos = 0; pos < b.count; ++pos) {
+      if (!mask[pos]) continue;
+      double f = 0, mag = 0;
+      product(pos, &f, &mag);
+      if (std::fabs(double(e[pos]) - (double(m[pos]) - f)) > 1e-5 * (std::fabs(m[pos]) + mag) + 1e-30 &&
+          reported++ < 10)
+        ADD_FAILURE() << what << ": E at " << pos << " = " << e[pos] << ", M - P Q^T = " << m[pos] - f;
+    }
+  };
+  const auto expectFactor = [&](const std::vector<float>& dev, const std::vector<float>& hst,
+                                const char* what) {
+    int reported = 0;
+    for (size_t i = 0; i < dev.size(); ++i) {
+      if (hst[i] == kUnwritten) continue;
+      const bool ok = dev[i] == onWire(dev[i]) &&
+                      std::fabs(double(dev[i]) - hst[i]) <= ulp * std::fabs(hst[i]) + 1e-30;
+      if (!ok && reported++ < 10)
+        ADD_FAILURE() << what << "[" << i << "]: device " << dev[i] << ", host " << hst[i];
+    }
+  };
+
+  {  // P step
+    const std::vector<float> qt = normal(b.qCount, 73, 0.2f);
+    const std::vector<cu::BlockDesc> blocks = rowBlocks(b, INFINITY);
+    std::vector<float> he = e0, hp(b.pCount, kUnwritten);
+    for (const cu::BlockDesc& d : blocks)
+      host::alternateStepP(g.data() + d.offset * 4, lowrankFloat32, he.data() + d.offset,
+                           viewOf(d), qt.data() + d.qt, int(d.k), hp.data() + d.p, d.limit, wire);
+    DeviceArray<uint8_t> dg(g);
+    DeviceArray<float> de(e0), dq(qt), dp(std::vector<float>(b.pCount, kUnwritten)),
+        dbad(std::vector<float>{0.f});
+    BlockTableHolder tbl;
+    CUDA_OK(cu::createBlockTable(blocks.data(), blocks.size(), &tbl.t));
+    CUDA_OK(cu::alternateStepP(tbl.t, dg.get(), lowrankFloat32, de.get(), dq.get(), dp.get(),
+                               dbad.get(), nullptr, wire));
+    const std::vector<float> p = dp.download(), e = de.download();
+    expectFactor(p, hp, "P");
+    std::vector<const cu::BlockDesc*> of(b.count, nullptr);
+    std::vector<uint64_t> row(b.count, 0), col(b.count, 0);
+    for (const cu::BlockDesc& d : blocks)
+      forEachElement(d, [&](uint64_t pos, uint64_t i, uint64_t j) { of[pos] = &d; row[pos] = i; col[pos] = j; });
+    expectResidual(e, [&](uint64_t pos, double* f, double* mag) {
+      const cu::BlockDesc& d = *of[pos];
+      for (uint32_t c = 0; c < d.k; ++c) {
+        const double t = double(p[d.p + row[pos] * d.k + c]) * qt[d.qt + c * d.qld + col[pos]];
+        *f += t;
+        *mag += std::fabs(t);
+      }
+    }, "P step");
+  }
+  {  // Q step
+    const std::vector<float> p = normal(b.pCount, 74, 0.2f);
+    ColBlocks cb = colBlocks(b);
+    for (cu::BlockDesc& d : cb.d) d.limit = INFINITY;
+    std::vector<float> he = e0, qh(cb.hostCount, kUnwritten);
+    for (size_t bi = 0; bi < cb.d.size(); ++bi) {
+      const cu::BlockDesc& d = cb.d[bi];
+      host::alternateStepQ(g.data() + d.offset * 4, lowrankFloat32, he.data() + d.offset,
+                           viewOf(d), p.data() + d.p, int(d.k), qh.data() + cb.hostQ[bi], d.limit,
+                           wire);
+    }
+    DeviceArray<uint8_t> dg(g);
+    DeviceArray<float> de(e0), dp(p), dwire(std::vector<float>(cb.wireCount, kUnwritten)),
+        dbad(std::vector<float>{0.f});
+    BlockTableHolder tbl;
+    CUDA_OK(cu::createBlockTable(cb.d.data(), cb.d.size(), &tbl.t));
+    CUDA_OK(cu::alternateStepQ(tbl.t, dg.get(), lowrankFloat32, de.get(), dp.get(), dwire.get(),
+                               dbad.get(), nullptr, wire));
+    const std::vector<float> q = wireToHost(cb, dwire.download(), kUnwritten), e = de.download();
+    expectFactor(q, qh, "Q");
+    std::vector<size_t> of(b.count, 0);
+    std::vector<uint64_t> row(b.count, 0), col(b.count, 0);
+    for (size_t bi = 0; bi < cb.d.size(); ++bi)
+      forEachElement(cb.d[bi], [&](uint64_t pos, uint64_t i, uint64_t j) { of[pos] = bi; row[pos] = i; col[pos] = j; });
+    expectResidual(e, [&](uint64_t pos, double* f, double* mag) {
+      const cu::BlockDesc& d = cb.d[of[pos]];
+      for (uint32_t c = 0; c < d.k; ++c) {
+        const double t = double(p[d.p + row[pos] * d.k + c]) * q[cb.hostQ[of[pos]] + c * d.cols + col[pos]];
+        *f += t;
+        *mag += std::fabs(t);
+      }
+    }, "Q step");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Kernels, AlternateStepWire,
+                         ::testing::Values(lowrankBfloat16, lowrankFloat16),
+                         [](const ::testing::TestParamInfo<lowrankDataType_t>& i) {
+                           return std::string(dtypeName(i.param));
+                         });
 
 struct NonFiniteCase {
   lowrankDataType_t dtype;

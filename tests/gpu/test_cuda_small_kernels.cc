@@ -1,5 +1,7 @@
-// scatterQ, packExact / unpackExact, scale, setFloat, empty tables and refused dtypes.
+// scatterQ, packExact / unpackExact, scale, setFloat, toWire / fromWire (16-bit factors), empty
+// tables and refused dtypes.
 #include "tests/gpu/kernel_test_support.h"
+#include "util/convert.h"
 
 namespace lowrank::gputest {
 namespace {
@@ -110,6 +112,47 @@ TEST(Small, ScaleAndSetFloat) {
   x[7] = 42.f;
   expectSameFloats(d, x, "x");
   CUDA_OK(cu::scale(dx.get(), 0, 0.5f, nullptr));  // nothing to do
+}
+
+// 16-bit factors on the wire: toWire rounds as the host's toBf16 / toHalf (nearest even; ties,
+// overflow to Inf in float16, subnormals, -0 included; a NaN a NaN), bit for bit, and fromWire
+// gives back the host's toFloat of each word; other dtypes are refused.
+TEST(Small, ToWireAndBackAsTheHostConverts) {
+  SKIP_WITHOUT_DEVICE();
+  std::vector<float> x = normal(70001, 23);
+  for (size_t i = 0; i < x.size(); i += 7) x[i] *= 1e5f;  // beyond float16's range
+  for (size_t i = 3; i < x.size(); i += 11) x[i] *= 1e-6f;  // float16 subnormals
+  const float specials[] = {0.f, -0.f, 1.f + 0x1p-8f, 1.f + 0x1p-11f, 1.f + 3 * 0x1p-8f, 65520.f,
+                            65519.f, 3e38f, 1e-40f, INFINITY, -INFINITY, kNaN};
+  std::copy(std::begin(specials), std::end(specials), x.begin());
+  DeviceArray<float> dx(x);
+  DeviceArray<uint16_t> d16(x.size());
+  for (lowrankDataType_t wire : {lowrankBfloat16, lowrankFloat16}) {
+    SCOPED_TRACE(dtypeName(wire));
+    CUDA_OK(cu::toWire(dx.get(), x.size() - 1, d16.get(), wire, nullptr));  // all but the last
+    const std::vector<uint16_t> bits = d16.download();
+    std::vector<float> want(x.size() - 1);
+    for (size_t i = 0; i + 1 < x.size(); ++i) {
+      const uint16_t h = wire == lowrankBfloat16 ? host::toBf16(x[i]).bits : host::toHalf(x[i]).bits;
+      const auto decode = [&](uint16_t w) {
+        return wire == lowrankBfloat16 ? host::toFloat(host::bf16_t{w}) : host::toFloat(host::half_t{w});
+      };
+      if (std::isnan(x[i])) {  // a NaN stays a NaN, payload aside (common.cuh)
+        ASSERT_TRUE(std::isnan(decode(bits[i])));
+      } else {
+        ASSERT_EQ(bits[i], h) << "element " << i << " = " << x[i];
+      }
+      want[i] = decode(bits[i]);
+    }
+    DeviceArray<float> back(x.size());
+    CUDA_OK(cu::fromWire(d16.get(), x.size() - 1, back.get(), wire, nullptr));
+    std::vector<float> got = back.download();
+    got.pop_back();
+    expectSameFloats(got, want, "fromWire");
+    CUDA_OK(cu::toWire(dx.get(), 0, d16.get(), wire, nullptr));  // nothing to do
+  }
+  EXPECT_EQ(cu::toWire(dx.get(), 4, d16.get(), lowrankFloat32, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(cu::fromWire(d16.get(), 4, dx.get(), lowrankInt8, nullptr), cudaErrorInvalidValue);
 }
 
 // Tables without anything to do: every launch is a no-op that succeeds.

@@ -411,7 +411,6 @@ TEST_P(DeviceTensorIds, AnotherGroupingCarriesEachIdsState) {
     lowrankStats_t st;
     ASSERT_EQ(lowrankGetStats(comm, &st), lowrankSuccess);
     EXPECT_EQ(st.compressedCalls, uint64_t(first + 2 * (calls - first)));
-    EXPECT_EQ(st.elementsSent, 0u) << "the host engine sent factors";
     for (void* x : {all, bufCa, bufB}) EXPECT_EQ(lowrankBufferRelease(comm, x), lowrankSuccess);
     EXPECT_EQ(stateBytes(comm), 0u);
   });

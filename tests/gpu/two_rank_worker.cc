@@ -8,8 +8,9 @@
 //     mismatched counts refused on every rank; a checkpoint restored into new communicators goes
 //     on bit for bit, and a restore on one rank only is refused on both; tensors with ids
 //     (lowrankBufferSetTensors) at a new address every call, regrouped, and restored from a
-//     format-2 checkpoint into another bucketing go on bit for bit; exits non-zero on any
-//     failure.
+//     format-2 checkpoint into another bucketing go on bit for bit; 16-bit factors (bfloat16,
+//     float16) against the host engine, their bytes on the wire, a disagreement refused on both
+//     ranks; exits non-zero on any failure.
 //   two_rank_worker deadpeer RANK NRANKS IDFILE TIMEOUT_SEC [owned]
 //     compressed calls queued back to back with no host synchronization until one fails; prints
 //     "ready" after 5 calls (dead_peer_check.py then kills one rank), then the failure and the
@@ -171,6 +172,8 @@ void checkpoint(int rank, int nranks, const std::string& idFile);
 void tensorIds(int rank, int nranks, const std::string& idFile);
 std::vector<float> alternate(int rank, int nranks, const std::string& idFile, ncclComm_t nccl,
                              cudaStream_t s);
+std::vector<float> factorDtypes(int rank, int nranks, const std::string& idFile, ncclComm_t nccl,
+                                cudaStream_t s);
 
 int check(int rank, int nranks, const std::string& idFile, const std::string& outFile) {
   ncclComm_t nccl = joinNccl(rank, nranks, idFile);
@@ -232,6 +235,9 @@ int check(int rank, int nranks, const std::string& idFile, const std::string& ou
   // Alternating PowerSGD's outputs go to the cross-rank comparison too.
   const std::vector<float> alt = alternate(rank, nranks, idFile, nccl, s);
   res.insert(res.end(), alt.begin(), alt.end());
+  // And 16-bit factors' (issue 45).
+  const std::vector<float> f16 = factorDtypes(rank, nranks, idFile, nccl, s);
+  res.insert(res.end(), f16.begin(), f16.end());
   std::ofstream(outFile, std::ios::binary)
       .write(reinterpret_cast<const char*>(res.data()), res.size() * 4);
   lowrankBufferView_t view;
@@ -347,6 +353,133 @@ std::vector<float> alternate(int rank, int nranks, const std::string& idFile, nc
   if (chunkWas) setenv("LOWRANK_PIPELINE_CHUNK", chunk.c_str(), 1);
   else unsetenv("LOWRANK_PIPELINE_CHUNK");
   printf("rank %d: alternating PowerSGD: 2 x 10 calls checked\n", rank);
+  return all;
+}
+
+// 16-bit factors (issue 45) on two comm ranks, per tensor in chunks of 2048 elements, for
+// factorDtype float32, bfloat16 and float16, PowerSGD's schedule and the alternating one (one
+// buffer each, lowrankBufferSetAlternate): the device engine against the host engine (a host
+// communicator over UCX with the same factorDtype) over 3 calls. bfloat16: both round each
+// rank's factor once and the sum of the two once (NCCL's ring at N = 2 adds in float and rounds
+// once), so they differ only where their float32 factors (1e-6 apart) straddle a rounding
+// boundary, one unit (2^-8) of a few elements: within 2e-3 (emulation: 5e-8). float16: the host
+// rounds to float16, the device to bfloat16 (docs/design.md, "On a device"): within 2^-6, twice
+// bfloat16's rounding of P and Q (2^-9 each) with room for 3 calls of warm start (emulation:
+// 7.7e-3). float32: 1e-4, as the other device checks. And every call's
+// bytesSent (lowrankStats_t) equal to NCCL's ring model at N = 2 (each rank sends each element
+// once): 4 bytes per exact element and per check word, 2 per 16-bit factor element, 4 per float32
+// one; PowerSGD: 4 E + w (P + Q) + 8, alternating: 4 E + w P + 8 (P step), 4 E + w Q + 8 (Q step),
+// w the factor element's bytes. Then comm ranks that disagree on the factor dtype (bfloat16 on
+// rank 0, float32 on rank 1) both fail the call with lowrankInvalidUsage. Returns the device
+// outputs (compared across ranks by two_rank_check.sh).
+std::vector<float> factorDtypes(int rank, int nranks, const std::string& idFile, ncclComm_t nccl,
+                                cudaStream_t s) {
+  std::vector<float> all;
+  double worst[3] = {0, 0, 0};  // per factor dtype: the largest device vs host difference
+  const char* chunkWas = getenv("LOWRANK_PIPELINE_CHUNK");
+  const std::string chunk = chunkWas ? chunkWas : "";
+  setenv("LOWRANK_PIPELINE_CHUNK", "2048", 1);
+  const std::vector<std::vector<size_t>> shapes = {{96, 200}, {300}, {128, 3, 3, 17}};
+  size_t count = 0;
+  std::vector<int> ndims;
+  std::vector<const size_t*> dims;
+  for (const auto& sh : shapes) {
+    size_t n = 1;
+    for (size_t d : sh) n *= d;
+    count += n;
+    ndims.push_back(int(sh.size()));
+    dims.push_back(sh.data());
+  }
+  for (const int fd : {int(lowrankFloat32), int(lowrankBfloat16), int(lowrankFloat16)}) {
+    lowrankConfig_t cfg = config(4);
+    cfg.factorDtype = fd;
+    cfg.seed = 23;
+    const std::string tag = idFile + ".fd" + std::to_string(fd);
+    const lowrankUniqueId id = shareId<lowrankUniqueId>(rank, tag, [](lowrankUniqueId* i) {
+      lowrankGetUniqueId(i);
+    });
+    lowrankConfig_t hostCfg = cfg;
+    lowrankComm_t host = nullptr, dev = nullptr;
+    if (lowrankCommInitRankConfig(&host, nranks, id, rank, &hostCfg) != lowrankSuccess ||
+        lowrankCommInitFromNcclConfig(&dev, nccl, &cfg) != lowrankSuccess) {
+      CHECK(false, "factor dtype %d: communicators: %s", fd, lowrankGetLastError(nullptr));
+      return all;
+    }
+    if (rank == 0) unlink(tag.c_str());  // every rank has joined
+    const double tol = fd == lowrankFloat32 ? 1e-4 : fd == lowrankBfloat16 ? 2e-3 : 0x1p-6;
+    const uint64_t w = fd == lowrankFloat32 ? 4 : 2;
+    for (int alt = 0; alt < 2; ++alt) {
+      std::vector<float> hostOut(count);
+      void* out = nullptr;
+      cudaMalloc(&out, count * 4);
+      for (lowrankComm_t c : {host, dev}) {
+        void* b = c == host ? static_cast<void*>(hostOut.data()) : out;
+        lowrankBufferSetLayout(c, b, int(shapes.size()), ndims.data(), dims.data());
+        lowrankBufferSetAlternate(c, b, alt);
+      }
+      for (int call = 0; call < 3; ++call) {
+        const std::vector<float> x = decayingInput(1, count, rank, 60 + call);
+        CHECK(lowrankAllReduce(x.data(), hostOut.data(), count, lowrankFloat32, lowrankAvg, host,
+                               nullptr) == lowrankSuccess,
+              "factor dtype %d: host call %d: %s", fd, call, lowrankGetLastError(host));
+        void* g = toDevice(x, lowrankFloat32);
+        lowrankStats_t before, after;
+        lowrankGetStats(dev, &before);
+        CHECK(lowrankAllReduce(g, out, count, lowrankFloat32, lowrankAvg, dev, s) == lowrankSuccess,
+              "factor dtype %d: device call %d: %s", fd, call, lowrankGetLastError(dev));
+        cudaStreamSynchronize(s);
+        lowrankGetStats(dev, &after);
+        const std::vector<float> got = fromDevice(out, count, lowrankFloat32);
+        const double e = relErr(got, hostOut);
+        double& wd = worst[fd == lowrankFloat32 ? 0 : fd == lowrankBfloat16 ? 1 : 2];
+        wd = std::max(wd, e);
+        CHECK(e < tol, "factor dtype %d, %s, call %d: device vs host engine, relative difference "
+              "%.3g (bound %.3g)", fd, alt ? "alternating" : "PowerSGD", call, e, tol);
+        all.insert(all.end(), got.begin(), got.end());
+        cudaFree(g);
+        lowrankBufferView_t view;
+        lowrankBufferGetView(dev, out, &view);
+        const uint64_t E = view.exactElements, P = view.pElements, Q = view.qElements;
+        // the first call also makes the plan check: LOWRANK_PLAN_CHECK_WORDS uint64 words
+        const uint64_t plan = call == 0 ? 5 * 8 : 0;
+        const uint64_t want = plan + 4 * E + 8 +
+                              (!alt ? w * (P + Q) : call % 2 == 0 ? w * P : w * Q);
+        if (nranks == 2)
+          CHECK(after.bytesSent - before.bytesSent == want,
+                "factor dtype %d, %s, call %d: bytesSent grew by %llu, the model says %llu", fd,
+                alt ? "alternating" : "PowerSGD", call,
+                (unsigned long long)(after.bytesSent - before.bytesSent), (unsigned long long)want);
+      }
+      lowrankBufferRelease(dev, out);
+      lowrankBufferRelease(host, hostOut.data());
+      cudaFree(out);
+    }
+    lowrankCommDestroy(dev);
+    lowrankCommDestroy(host);
+  }
+  // Comm ranks that disagree on the factor dtype fail together (the plan check).
+  {
+    lowrankConfig_t cfg = config(4);
+    cfg.factorDtype = rank == 0 ? lowrankBfloat16 : lowrankFloat32;
+    lowrankComm_t dev = nullptr;
+    if (lowrankCommInitFromNcclConfig(&dev, nccl, &cfg) != lowrankSuccess) {
+      CHECK(false, "factor dtype disagreement: communicator: %s", lowrankGetLastError(nullptr));
+    } else {
+      const std::vector<float> x = decayingInput(1, count, rank, 70);
+      void* g = toDevice(x, lowrankFloat32);
+      lowrankBufferSetLayout(dev, g, int(shapes.size()), ndims.data(), dims.data());
+      const lowrankResult_t r = lowrankAllReduce(g, g, count, lowrankFloat32, lowrankAvg, dev, s);
+      CHECK(r == lowrankInvalidUsage, "ranks disagreeing on the factor dtype: result %d (%s), want "
+            "lowrankInvalidUsage", int(r), lowrankGetLastError(dev));
+      cudaStreamSynchronize(s);
+      cudaFree(g);
+      lowrankCommDestroy(dev);
+    }
+  }
+  if (chunkWas) setenv("LOWRANK_PIPELINE_CHUNK", chunk.c_str(), 1);
+  else unsetenv("LOWRANK_PIPELINE_CHUNK");
+  printf("rank %d: 16-bit factors: 3 dtypes x 2 schedules x 3 calls checked; device vs host at "
+         "most %.2g (fp32), %.2g (bf16), %.2g (fp16)\n", rank, worst[0], worst[1], worst[2]);
   return all;
 }
 

@@ -5,6 +5,7 @@
 // orthonormalization's one-block term alone: shapes with n <= 256, m <= 512 and n k, m k < 4096
 // (no multi-block or cuSOLVER path, no partial sums of passes 1 and 2). alternate: ACP-SGD's
 // plan, whose Q wire holds a Q step's payload (exact part | Q | 2 checks: Plan::qWireElems).
+// factors16: 16-bit factors (LOWRANK_FACTOR_DTYPE bf16 / fp16), whose device scratch is workspace.
 #pragma once
 #include <gtest/gtest.h>
 
@@ -15,7 +16,8 @@
 namespace lowrank::testing {
 
 inline lowrankMemoryInfo_t memoryFormula(const std::vector<std::vector<size_t>>& shapes, size_t k,
-                                         bool device, bool alternate = false) {
+                                         bool device, bool alternate = false,
+                                         bool factors16 = false) {
   size_t count = 0, exact = 0, nk = 0, mk = 0, ortho = 0;
   for (const auto& s : shapes) {
     size_t numel = 1;
@@ -38,6 +40,7 @@ inline lowrankMemoryInfo_t memoryFormula(const std::vector<std::vector<size_t>>&
   f.payloadBytes = 4 * (exact + nk + 2);
   if (device) {
     f.workspaceBytes = 8 * ortho;
+    if (factors16) f.workspaceBytes += 2 * (nk > mk ? nk : mk);  // the factors as they travel
     f.pinnedBytes = 64;  // the ring of 4 calls' 2 check floats, in a 64-byte block
   }
   return f;

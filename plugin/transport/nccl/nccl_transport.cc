@@ -98,8 +98,8 @@ Status NcclTransport::run(void* buf, size_t count, lowrankDataType_t dtype, lowr
   LR_RETURN_IF_ERROR(nccl::settle(*api_, comm_, r, timeoutSec_, "ncclAllReduce"));
   LR_RETURN_IF_ERROR(waitDone());  // queued: now the stream
   // What the ring sends: 2 (N-1) steps of count/N elements (no overflow for any count).
-  const uint64_t n = uint64_t(size_), c = count, es = dtypeSize(dtype);
-  const uint64_t elems = (c / n) * 2 * (n - 1) + (c % n) * 2 * (n - 1) / n;
+  const uint64_t n = uint64_t(size_), es = dtypeSize(dtype);
+  const uint64_t elems = lowrankNcclRingElements(count, n);
   counters_.elementsSent.fetch_add(elems, std::memory_order_relaxed);
   counters_.bytesSent.fetch_add(elems * es, std::memory_order_relaxed);
   counters_.messages.fetch_add(2 * (n - 1), std::memory_order_relaxed);

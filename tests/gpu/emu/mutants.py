@@ -166,11 +166,18 @@ MUTANTS = {
         "times too large (one comm rank cannot tell)",
         "      LR_CUDA(scale(b.payload + ch.offset, factor, 1.f / float(N), s));\n",
         "      (void)factor;\n"),
+    # Issue 45: 16-bit factors on the device.
+    "factor_dtype_ignored": (
+        "device_schedule.cc",
+        "factorDtype ignored on the device: every factor allreduce stays float32 (twice the "
+        "bytes, and the outputs not the host engine's with 16-bit factors)",
+        "  if (b.plan.factorDtype == lowrankFloat32 || !b.wire16 || hi <= lo) return f;\n",
+        "  return f;\n"),
     "workspace_not_reported": (
         "device_state.cc",
         "memory under-reported: lowrankBufferGetMemory leaves out the orthonormalization and "
         "block workspaces (workspaceBytes 0, the total short by them)",
-        "    memory.workspace = mem.workspace;\n",
+        "    memory.workspace = mem.workspace + scratch16;\n",
         ""),
 }
 
@@ -201,6 +208,7 @@ FIRST = {
     "workspace_not_reported": "DeviceMemory.*",
     "alternate_rejected_p_kept": "DeviceEngineAlternate.ErrorFeedbackInvariantAndRejectedSteps",
     "alternate_pbar_not_averaged": "two-rank",
+    "factor_dtype_ignored": "DeviceFactorDtype.FactorsTravelAsBfloat16",
 }
 
 
