@@ -132,8 +132,10 @@ typedef struct {
                            step (docs/design.md, "16-bit factors"). On the host transport each send
                            rounds once and every sum is taken in float32; on a device, NCCL sums
                            bfloat16, and a float16 request travels as bfloat16 there (float16's
-                           range does not hold factors of every scale). The exact part and the
-                           payload's checks stay float32. Must be
+                           range does not hold factors of every scale); on the host, a call whose
+                           inputs could overflow float16 factors is allreduced exactly (counted in
+                           lowrankStats_t.fallbackCalls). The exact part and the payload's checks
+                           stay float32. Must be
                            the same on every comm rank (the plan check fails every rank otherwise).
                            LOWRANK_FACTOR_DTYPE=fp32|bf16|fp16, default fp32. */
 } lowrankConfig_t;

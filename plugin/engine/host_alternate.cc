@@ -55,7 +55,7 @@ Status runAlternateOnHost(HostState& st, const Plan& pl, const EngineConfig& cfg
     const Chunk& ch = chunks[c];
     for (size_t b = ch.first; b < ch.last; ++b) {
       const BlockSpan s = qStep ? colSpan(pl, pl.colBlocks[b]) : rowSpan(pl, pl.rowBlocks[b]);
-      const float limit = phases::overflowLimit(pl.tensors[s.tensor], N);
+      const float limit = phases::overflowLimit(pl.tensors[s.tensor], N, pl.factorDtype);
       bad += qStep ? host::alternateStepQ(send + s.offset * es, pl.dtype, e ? e + s.offset : nullptr,
                                           s.view(), p + s.p, s.k, pay + base + s.qt, limit,
                                           pl.factorDtype)

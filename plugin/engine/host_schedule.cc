@@ -87,7 +87,7 @@ Status runCompressedOnHost(HostState& st, const Plan& pl, const EngineConfig& cf
       const BlockSpan s = rowSpan(pl, pl.rowBlocks[b]);
       bad += host::errorFeedbackAndP(send + s.offset * es, pl.dtype, e ? e + s.offset : nullptr,
                                      s.view(), qt + s.qt, s.k, p + s.p,
-                                     phases::overflowLimit(pl.tensors[s.tensor], N));
+                                     phases::overflowLimit(pl.tensors[s.tensor], N, pl.factorDtype));
     }
     if (c + 1 == pl.pChunks.size()) {  // the checks: the non-finite count (exact in float), the op
       pay[pl.payload().flag] = float(std::min<size_t>(bad, size_t(1) << 20));

@@ -30,9 +30,9 @@ void initialQ(const Plan& pl, const EngineConfig& cfg, const uint64_t* tensorCal
       drawQ(pl.tensors[i], cfg, qStream(pl, i, tensorCalls[i]), qt + pl.tensors[i].qOffset);
 }
 
-float overflowLimit(const TensorPlan& t, int N) {
+float overflowLimit(const TensorPlan& t, int N, lowrankDataType_t factorDtype) {
   const double grow = 16.0 * N * t.k * std::sqrt(double(std::max(t.view.rows, t.view.cols)));
-  return float(double(FLT_MAX) / grow);
+  return float((factorDtype == lowrankFloat16 ? 65504.0 : double(FLT_MAX)) / grow);
 }
 
 }  // namespace lowrank::phases

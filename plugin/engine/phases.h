@@ -27,7 +27,10 @@ void drawQ(const TensorPlan& t, const EngineConfig& cfg, uint64_t stream, float*
 
 // Inputs at or above this magnitude could overflow float32 in P, Q or the output (|P|, |Q| and
 // |P Qbar^T| are at most N k sqrt(max(n, m)) max|M|): pass 1 counts them with the non-finite ones,
-// so such a call falls back to an exact allreduce on every rank, as a NaN would.
-float overflowLimit(const TensorPlan& t, int N);
+// so such a call falls back to an exact allreduce on every rank, as a NaN would. factorDtype: the
+// type the factors travel in on the host wire: float16 (largest 65504) gives its own, far lower
+// bound, so that no factor message overflows to Inf (bfloat16 has float32's range; a device sends
+// float16 requests as bfloat16).
+float overflowLimit(const TensorPlan& t, int N, lowrankDataType_t factorDtype = lowrankFloat32);
 
 }  // namespace lowrank::phases

@@ -195,6 +195,26 @@ TEST(FactorDtype, ErrorFeedbackKeepsWhatTheWireDrops) {
   }
 }
 
+// float16 factors overflow at 65504: a call whose inputs could make a factor message Inf falls back
+// to an exact allreduce on every rank (as a NaN input does), where bfloat16 factors (float32's range)
+// compress the same inputs. An input of 1e3 is far below float32's bound and above float16's
+// (65504 / (16 N k sqrt(40)) at N 2, k 2: about 162).
+TEST(FactorDtype, Float16FactorsThatCouldOverflowGoExact) {
+  for (lowrankDataType_t t : {lowrankFloat16, lowrankBfloat16}) {
+    withComms(2, [&](int r, lowrankComm_t comm) {
+      std::vector<float> buf(kCount), g = gaussian(kCount, 41 + r);
+      for (size_t i = 0; i < 10; ++i) g[i] *= 1e3f;
+      setLayout(comm, buf.data());
+      ASSERT_EQ(lowrankAllReduce(g.data(), buf.data(), kCount, lowrankFloat32, lowrankSum, comm,
+                                 nullptr), lowrankSuccess) << lowrankGetLastError(comm);
+      lowrankStats_t st;
+      ASSERT_EQ(lowrankGetStats(comm, &st), lowrankSuccess);
+      for (float x : buf) ASSERT_TRUE(std::isfinite(x));
+      EXPECT_EQ(st.fallbackCalls, t == lowrankFloat16 ? 1u : 0u) << lowrank::wire::factorDtypeName(t);
+    }, factors(t));
+  }
+}
+
 // A comm rank with other factors than its peers: every rank's first call fails (the plan check),
 // none hangs, and the message names the factor dtype.
 TEST(FactorDtype, RanksThatDisagreeFailTogether) {
