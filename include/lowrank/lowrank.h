@@ -128,8 +128,9 @@ typedef struct {
                            warmStart 1. LOWRANK_ALTERNATE, default 0; per buffer:
                            lowrankBufferSetAlternate. */
   int factorDtype;      /* the dtype PowerSGD's factors P and Q travel in: lowrankFloat32, or
-                           lowrankBfloat16 / lowrankFloat16 for half the bytes of every compressed
-                           step (docs/design.md, "16-bit factors"). On the host transport each send
+                           lowrankBfloat16 / lowrankFloat16 for half the factors' bytes
+                           (docs/design.md, "16-bit factors"; prefer bfloat16: float16 spans 6e-5
+                           to 65504, small factors lose bits). On the host transport each send
                            rounds once and every sum is taken in float32; on a device, NCCL sums
                            bfloat16, and a float16 request travels as bfloat16 there (float16's
                            range does not hold factors of every scale); on the host, a call whose

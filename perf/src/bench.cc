@@ -685,7 +685,7 @@ Row Bench::runMode(Case& c, Mode mode) {
 
   // ---- accuracy, out-of-place, from a fresh buffer state
   const double tolAbs = isFloating(c.type)
-                            ? relTolerance(mode, c.type) * maxAbs(ref, c.count)
+                            ? relTolerance(mode, c.type, factorDtype_) * maxAbs(ref, c.count)
                             : (c.op == lowrankAvg ? 1.0 : 0.0);
   h_.check(lowrankBufferReset(commOf(mode), stateBuf(mode)), commOf(mode), "lowrankBufferReset");
   h_.barrier();

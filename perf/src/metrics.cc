@@ -46,10 +46,11 @@ double maxAbs(const double* v, size_t count) {
   return m;
 }
 
-double relTolerance(Mode mode, lowrankDataType_t type) {
+double relTolerance(Mode mode, lowrankDataType_t type, int factorDtype) {
   if (!isFloating(type)) return 0.0;
-  if (type == lowrankBfloat16) return 3e-2;
-  if (type == lowrankFloat16 || mode == Mode::Fp16) return 1e-2;
+  const bool factors16 = mode == Mode::PowerSgd && factorDtype != lowrankFloat32;
+  if (type == lowrankBfloat16 || (factors16 && factorDtype == lowrankBfloat16)) return 3e-2;
+  if (type == lowrankFloat16 || mode == Mode::Fp16 || factors16) return 1e-2;
   if (type == lowrankFloat64) return 1e-10;
   return 1e-4;
 }

@@ -19,8 +19,11 @@ double relErrDouble(const double* out, const double* ref, double scale, size_t c
 double maxAbs(const double* v, size_t count);
 
 // Relative tolerance of #wrong: float32 (powersgd, exact) 1e-4, half or mode fp16 1e-2,
-// bfloat16 3e-2, double 1e-10; integer types are compared exactly (avg: within 1).
-double relTolerance(Mode mode, lowrankDataType_t type);
+// bfloat16 3e-2, double 1e-10; integer types are compared exactly (avg: within 1). PowerSGD with
+// 16-bit factors (factorDtype, lowrankConfig_t's; LOWRANK_FACTOR_DTYPE): as the factors' type,
+// the factors' rounding (2^-9 bf16, 2^-12 fp16 relative) being what the exact rank-k inputs then
+// get back.
+double relTolerance(Mode mode, lowrankDataType_t type, int factorDtype = lowrankFloat32);
 
 // Elements with |out - ref| > tolAbs, a non-finite out where ref is finite counted too.
 size_t countWrong(const void* out, lowrankDataType_t type, const double* ref, size_t count,

@@ -41,11 +41,12 @@ Status resolveConfig(const lowrankConfig_t* user, EngineConfig* out) {
   LR_RETURN_IF_ERROR(env::boolean("LOWRANK_PIPELINE", &c.pipeline));
   LR_RETURN_IF_ERROR(env::boolean("LOWRANK_ALTERNATE", &c.alternate));
   {
-    const char* names[3] = {"fp32", "bf16", "fp16"};
+    // the short words, and the long ones Python's factor_dtype takes too (any case, as every choice)
+    const char* names[6] = {"fp32", "bf16", "fp16", "float32", "bfloat16", "float16"};
     const lowrankDataType_t types[3] = {lowrankFloat32, lowrankBfloat16, lowrankFloat16};
     int i = 0;
-    LR_RETURN_IF_ERROR(env::choice("LOWRANK_FACTOR_DTYPE", names, 3, &i));
-    c.factorDtype = types[i];
+    LR_RETURN_IF_ERROR(env::choice("LOWRANK_FACTOR_DTYPE", names, 6, &i));
+    c.factorDtype = types[i % 3];
   }
   int chunk = int(c.pipelineChunk);
   LR_RETURN_IF_ERROR(env::integer("LOWRANK_PIPELINE_CHUNK", 1, 1 << 30, &chunk));
@@ -123,7 +124,10 @@ Status resolveConfig(const lowrankConfig_t* user, EngineConfig* out) {
     if (u.factorDtype != LOWRANK_CONFIG_UNDEF_INT) {
       if (u.factorDtype != lowrankFloat32 && u.factorDtype != lowrankBfloat16 &&
           u.factorDtype != lowrankFloat16)
-        return argError("factorDtype", "lowrankFloat32, lowrankBfloat16 or lowrankFloat16");
+        return Status::Error(lowrankInvalidArgument,
+                             "lowrankConfig_t.factorDtype must be lowrankFloat32, lowrankBfloat16 or "
+                             "lowrankFloat16 (%d, %d or %d), not %d", int(lowrankFloat32),
+                             int(lowrankBfloat16), int(lowrankFloat16), u.factorDtype);
       c.factorDtype = lowrankDataType_t(u.factorDtype);
     }
   }

@@ -45,11 +45,12 @@ constexpr Variable kTable[] = {
     {"LOWRANK_ALTERNATE", "comm", "0/1, true/false, yes/no, on/off", "0",
      "alternating PowerSGD (ACP-SGD): one factor allreduce per call, P and Q on alternate calls; "
      "needs LOWRANK_WARM_START=1. Must be the same on every rank"},
-    {"LOWRANK_FACTOR_DTYPE", "comm", "fp32, bf16, fp16", "fp32",
-     "the dtype PowerSGD's factors travel in: bf16 or fp16 halve the bytes of every compressed step"
-     " (host: each send rounds once, sums in float32, and a call whose inputs could overflow fp16"
-     " goes exact; device: NCCL sums bfloat16, fp16 included: docs/design.md, \"On a device\")."
-     " Must be the same on every rank"},
+    {"LOWRANK_FACTOR_DTYPE", "comm", "fp32, bf16, fp16 (or float32, bfloat16, float16)", "fp32",
+     "the dtype PowerSGD's factors travel in: bf16 or fp16 halve the factors' bytes (host: each"
+     " send rounds once, sums in float32; fp16 spans 6e-5 to 65504: a call whose inputs could"
+     " overflow it goes exact, small factors lose bits, so prefer bf16; device: NCCL sums bfloat16,"
+     " fp16 included). The PyTorch hooks' factor_dtype wins over it. Must be the same on every"
+     " rank"},
     {"LOWRANK_PIPELINE_CHUNK", "comm", "integer 1 .. 2^30", "8388608",
      "elements of the gradient matrix per chunk; buffers with fewer than two chunks of compressed "
      "elements are not chunked. Must be the same on every rank"},

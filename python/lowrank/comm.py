@@ -36,7 +36,8 @@ def as_int(v):
 
 
 def factor_dtype_name(value):
-    """The name ("fp32", "bf16" or "fp16") of a factor dtype given as one of FACTOR_DTYPE_VALUES;
+    """The name ("fp32", "bf16" or "fp16") of a factor dtype given as one of FACTOR_DTYPE_VALUES
+    (strings in any case, as LOWRANK_FACTOR_DTYPE's);
     None for None. TypeError for what is neither a string nor a torch.dtype (16, True),
     ValueError for another string or dtype ("int8", torch.float64); both name the values taken."""
     if value is None:
@@ -44,7 +45,7 @@ def factor_dtype_name(value):
     if type(value).__module__ == "torch" and type(value).__name__ == "dtype":  # not importing torch
         key = str(value)[len("torch."):]
     elif isinstance(value, str):
-        key = value
+        key = value.lower()  # any case, as LOWRANK_FACTOR_DTYPE
     else:
         raise TypeError(f"factor_dtype must be one of {FACTOR_DTYPE_VALUES}, not {value!r}")
     if key not in _FACTOR_DTYPE_NAMES:

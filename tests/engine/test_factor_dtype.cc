@@ -231,7 +231,8 @@ TEST(FactorDtype, RanksThatDisagreeFailTogether) {
 
 TEST(FactorDtype, SettingAndRefusals) {
   for (auto [word, t] : {std::pair<const char*, lowrankDataType_t>{"fp32", lowrankFloat32},
-                         {"bf16", lowrankBfloat16}, {"fp16", lowrankFloat16}}) {
+                         {"bf16", lowrankBfloat16}, {"fp16", lowrankFloat16},
+                         {"bfloat16", lowrankBfloat16}, {"FP16", lowrankFloat16}}) {
     EnvGuard e("LOWRANK_FACTOR_DTYPE", word);
     lowrankConfig_t c = config();
     withComms(1, [&](int, lowrankComm_t comm) {
@@ -264,6 +265,8 @@ TEST(FactorDtype, SettingAndRefusals) {
     EXPECT_EQ(lowrankCommInitRankConfig(&comm, 1, id, 0, &c), lowrankInvalidArgument) << bad;
     EXPECT_NE(std::string(lowrankGetLastError(nullptr)).find("factorDtype"), std::string::npos)
         << lowrankGetLastError(nullptr);
+    EXPECT_NE(std::string(lowrankGetLastError(nullptr)).find("not " + std::to_string(bad)),
+              std::string::npos) << lowrankGetLastError(nullptr);
   }
 }
 

@@ -157,7 +157,7 @@ BAD_SETTINGS = [
     (dict(factor_dtype="int8"), ValueError,
      "factor_dtype must be one of 'fp32', 'bf16', 'fp16' (or 'float32', 'bfloat16', 'float16', "
      "torch.float32, torch.bfloat16, torch.float16), not 'int8'"),
-    (dict(factor_dtype="BF16"), ValueError, "factor_dtype must be one of 'fp32', 'bf16'"),
+    (dict(factor_dtype="bf 16"), ValueError, "factor_dtype must be one of 'fp32', 'bf16'"),
     (dict(factor_dtype=16), TypeError, "factor_dtype must be one of 'fp32', 'bf16'"),
     (dict(factor_dtype=True), TypeError, "factor_dtype must be one of 'fp32', 'bf16'"),
 ]

@@ -101,12 +101,13 @@ def test_communicator_factor_dtype_and_bad_values():
     import lowrank
     for given, name in (("fp32", "fp32"), ("bf16", "bf16"), ("fp16", "fp16"),
                         ("float32", "fp32"), ("bfloat16", "bf16"), ("float16", "fp16"),
+                        ("BF16", "bf16"), ("Float16", "fp16"),
                         (torch.float32, "fp32"), (torch.bfloat16, "bf16"),
                         (torch.float16, "fp16"), (torch.half, "fp16"), (None, "fp32")):
         with lowrank.Communicator.init_rank(1, lowrank.get_unique_id(), 0,
                                             factor_dtype=given) as c:
             assert c.config()["factor_dtype"] == name, given
-    for bad in ("int8", "bf 16", "BF16", 16, 9, True, torch.float64, 2.0):
+    for bad in ("int8", "bf 16", "bf16 ", 16, 9, True, torch.float64, 2.0):
         with pytest.raises(lowrank.InvalidArgumentError) as e:
             lowrank.make_config(factor_dtype=bad)
         assert isinstance(e.value, ValueError)
