@@ -279,15 +279,6 @@ MatrixView colsOf(const MatrixView& v, size_t c0, size_t cols) {
 // residual) reads it from cache: the step then moves 12 bytes per element, as one pass.
 constexpr size_t kTileBytes = 1 << 20;
 
-// 16-bit factors: the rank's own factor as the wire will carry it (the send rounds alike, to the
-// same bits), so that the residual keeps what the wire drops.
-void roundToWire(float* x, size_t n, lowrankDataType_t wire) {
-  if (wire == lowrankBfloat16)
-    for (size_t i = 0; i < n; ++i) x[i] = toFloat(toBf16(x[i]));
-  else if (wire == lowrankFloat16)
-    for (size_t i = 0; i < n; ++i) x[i] = toFloat(toHalf(x[i]));
-}
-
 template <typename T>
 size_t stepP(const T* g, float* e, const MatrixView& v, const float* qt, int k, float* p,
              float limit, lowrankDataType_t wire) {
@@ -299,7 +290,7 @@ size_t stepP(const T* g, float* e, const MatrixView& v, const float* qt, int k, 
     if (s.valid == 0) break;
     const size_t at = r0 * v.stride();
     bad += pass1(g + at, e + at, s, qt, k, p + r0 * k, limit);
-    roundToWire(p + r0 * k, s.rows * size_t(k), wire);
+    roundTo(wire, p + r0 * k, s.rows * size_t(k));  // as the send will: the residual keeps it
     subtractLowRank(e + at, s, p + r0 * k, qt, v.cols, k);
   }
   return bad;
@@ -322,7 +313,7 @@ size_t stepQ(const T* g, float* e, const MatrixView& v, const float* p, int k, f
     const MatrixView s = colsOf(v, c0, w);
     if (s.valid == 0) break;
     pass2<T, true>(g + c0, e + c0, s, p, k, part.data(), &bad, lim);
-    roundToWire(part.data(), size_t(k) * w, wire);
+    roundTo(wire, part.data(), size_t(k) * w);
     subtractLowRank(e + c0, s, p, part.data(), w, k);
     for (int j = 0; j < k; ++j)
       std::copy_n(part.data() + size_t(j) * w, w, qt + size_t(j) * v.cols + c0);

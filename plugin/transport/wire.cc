@@ -63,12 +63,7 @@ void decode(const Wire& w, size_t off, size_t len, const void* in, float* dst) {
 
 void round(const Wire& w, size_t off, size_t len, float* buf) {
   const Parts p(w, off, len);
-  float* x = buf + p.before;
-  if (w.dtype == lowrankBfloat16) {
-    for (size_t i = 0; i < p.encoded; ++i) x[i] = host::toFloat(host::toBf16(x[i]));
-  } else {
-    for (size_t i = 0; i < p.encoded; ++i) x[i] = host::toFloat(host::toHalf(x[i]));
-  }
+  host::roundTo(w.dtype, buf + p.before, p.encoded);
 }
 
 }  // namespace lowrank::wire

@@ -1,6 +1,7 @@
 // float16 / bfloat16 <-> float32 conversions, round-to-nearest-even, NaN and Inf preserved.
 // Header-only so that kernels inline them in their inner loops.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 
@@ -83,5 +84,15 @@ template <typename T> inline T fromFloat(float f);
 template <> inline float fromFloat<float>(float f) { return f; }
 template <> inline half_t fromFloat<half_t>(float f) { return toHalf(f); }
 template <> inline bf16_t fromFloat<bf16_t>(float f) { return toBf16(f); }
+
+// Rounds n floats in place to the values of dtype t (bfloat16 or float16, to nearest even); other
+// dtypes leave them as they are. The 16-bit factors' rounding (transport/wire.h, the alternating
+// kernels' own factor): one loop, so both round to the same bits.
+inline void roundTo(lowrankDataType_t t, float* x, size_t n) {
+  if (t == lowrankBfloat16)
+    for (size_t i = 0; i < n; ++i) x[i] = toFloat(toBf16(x[i]));
+  else if (t == lowrankFloat16)
+    for (size_t i = 0; i < n; ++i) x[i] = toFloat(toHalf(x[i]));
+}
 
 }  // namespace lowrank::host
