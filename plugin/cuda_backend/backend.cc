@@ -17,6 +17,7 @@
 #include "cuda_backend/device_schedule.h"
 #include "cuda_backend/device_state.h"
 #include "cuda_backend/device_wait.h"
+#include "util/dtype.h"  // dtypeSize (header only)
 
 struct lowrankCudaComm {
   lowrank::cuda::DeviceComm dc;
@@ -155,18 +156,6 @@ int planCheck(lowrankCudaComm_t* c, uint64_t* words, lowrankCudaError_t* error) 
   return s.report(error);
 }
 
-// Bytes of an element of lowrankDataType_t `t` (NCCL's numbering): util/dtype.h's dtypeSize, which
-// the backend does not compile (it sees no header of the common layer).
-size_t elementBytes(int t) {
-  switch (t) {
-    case lowrankInt8: case lowrankUint8: return 1;
-    case lowrankFloat16: case lowrankBfloat16: return 2;
-    case lowrankInt32: case lowrankUint32: case lowrankFloat32: return 4;
-    case lowrankInt64: case lowrankUint64: case lowrankFloat64: return 8;
-    default: return 0;
-  }
-}
-
 int exactAllReduce(lowrankCudaComm_t* c, const void* send, void* recv, size_t count, int dtype,
                    int op, void* stream, lowrankCudaError_t* error) {
   const DeviceComm& dc = c->dc;
@@ -176,7 +165,7 @@ int exactAllReduce(lowrankCudaComm_t* c, const void* send, void* recv, size_t co
   const Err s = ncclIssue(dc, "ncclAllReduce", [&] {
     return dc.api->allReduce(send, recv, count, dtype, op, dc.comm, stream);
   });
-  if (s.ok()) dc.countSent(count, elementBytes(dtype));
+  if (s.ok()) dc.countSent(count, dtypeSize(dtype));
   return s.report(error);
 }
 
