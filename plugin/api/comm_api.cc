@@ -142,22 +142,21 @@ LOWRANK_API lowrankResult_t lowrankCommGetConfig(const lowrankComm_t comm, lowra
     return fail(nullptr, lowrankInvalidArgument,
                 "lowrankCommGetConfig: config not initialized with LOWRANK_CONFIG_INITIALIZER");
   const lowrank::EngineConfig& c = comm->engine->config();
-  lowrankConfig_t full = LOWRANK_CONFIG_INITIALIZER;  // written back as far as the caller's size
-  lowrankConfig_t* out = &full;
-  out->approxRank = c.approxRank;
-  out->minCompressionRate = c.minCompressionRate;
-  out->startIter = c.startIter;
-  out->errorFeedback = c.errorFeedback;
-  out->warmStart = c.warmStart;
-  out->orthoEpsilon = c.orthoEpsilon;
-  out->seed = (long long)c.seed;
-  out->timeoutSec = c.timeoutSec;
-  out->pipeline = c.pipeline;
-  out->alternate = c.alternate;
-  out->factorDtype = int(c.factorDtype);
+  lowrankConfig_t out = LOWRANK_CONFIG_INITIALIZER;  // written back as far as the caller's size
+  out.approxRank = c.approxRank;
+  out.minCompressionRate = c.minCompressionRate;
+  out.startIter = c.startIter;
+  out.errorFeedback = c.errorFeedback;
+  out.warmStart = c.warmStart;
+  out.orthoEpsilon = c.orthoEpsilon;
+  out.seed = (long long)c.seed;
+  out.timeoutSec = c.timeoutSec;
+  out.pipeline = c.pipeline;
+  out.alternate = c.alternate;
+  out.factorDtype = int(c.factorDtype);
   const size_t size = config->size;
   std::memcpy(reinterpret_cast<char*>(config) + offsetof(lowrankConfig_t, approxRank),
-              reinterpret_cast<const char*>(out) + offsetof(lowrankConfig_t, approxRank),
+              reinterpret_cast<const char*>(&out) + offsetof(lowrankConfig_t, approxRank),
               size - offsetof(lowrankConfig_t, approxRank));
   return lowrankSuccess;
 }
