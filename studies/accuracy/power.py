@@ -1,14 +1,16 @@
 #!/usr/bin/env python3
-"""The margins and seeds of plan_alternate.toml (alternating PowerSGD against PowerSGD at k), by a
-power calculation on the spreads the accuracy study already measured (results/runs/*.json).
-Its printout is pasted, as comments, into the plan; it runs nothing.
+"""The margins and seeds of plan_alternate.toml (alternating PowerSGD against PowerSGD at k) and of
+plan_bf16.toml (bf16 factors against fp32 factors at k), by a power calculation on the spreads the
+accuracy study already measured (results/runs/*.json). Its printout is pasted, as comments, into
+the plan; it runs nothing.
 
-  /usr/bin/python3 -m studies.accuracy.power
+  /usr/bin/python3 -m studies.accuracy.power [--plan bf16]
 
 The test (plan_alternate.toml, [rule]): per seed s, d_s = how much worse the alternating arm is
 than PowerSGD at k (CNN: PowerSGD's test accuracy - the arm's; transformer: the arm's test loss -
 PowerSGD's); non-inferior when mean(d) + t(0.95, n - 1) sd(d) / sqrt(n) < delta.
 """
+import argparse
 import glob
 import json
 import math
@@ -23,7 +25,20 @@ from studies.lib import runlabel, stats
 
 RUNS = os.path.join(report.RESULTS, "runs")
 EST_S = {"cnn": 42, "transformer": 60}  # seconds per run (plan.toml's [estimate_s])
-ARMS = 3                                # PowerSGD at k, alternating at k and at 2k
+# Per plan: arms run per seed, the seconds a run takes, and the pairs of arms whose paired sd
+# plans the seeds (the largest is taken).
+PLANS = {
+    # PowerSGD at k, alternating at k and at 2k; any two compressing arms at k 2 or 4 (alternation
+    # changes the compressor more than a second implementation does)
+    "alternate": dict(arms=3, est_s=EST_S, pairs=[
+        (("lowrank", 2), ("torch-powersgd-waited", 2)), (("lowrank", 2), ("lowrank", 4)),
+        (("lowrank", 4), ("torch-powersgd-waited", 4)), (("lowrank", 2), ("torch-powersgd-waited", 4))]),
+    # fp32 and bf16 factors at k = 2: the same compressor perturbed, as a second implementation of
+    # it is (two libraries' PowerSGD at the same k: their float sums differ); run times as measured
+    # in results_alternate/run.log (lowrank k=2: CNN 50 s, transformer 52 s)
+    "bf16": dict(arms=2, est_s={"cnn": 50, "transformer": 52}, pairs=[
+        (("lowrank", 2), ("torch-powersgd-waited", 2)), (("lowrank", 4), ("torch-powersgd-waited", 4))]),
+}
 
 
 def finals(runs=RUNS):
@@ -58,6 +73,9 @@ def power(delta, sd, n, true_diff=0.0, alpha=0.05):
 
 
 def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--plan", choices=sorted(PLANS), default="alternate")
+    p = PLANS[ap.parse_args().plan]
     f = finals()
     ref = {m: f[(m, "lowrank", 2)] for m in ("cnn", "transformer")}
     # delta: the study's own margins (plan.toml [targets]): CNN 0.5 points of accuracy; the
@@ -68,20 +86,18 @@ def main():
         between = statistics.stdev(ref[m].values())
         print(f"{m}: PowerSGD k=2 over {len(ref[m])} seeds: mean {statistics.fmean(ref[m].values()):.4f}, "
               f"sd {between:.4f} (x sqrt 2, unpaired: {math.sqrt(2) * between:.4f}); delta {delta[m]}")
-        pairs = [(("lowrank", 2), ("torch-powersgd-waited", 2)), (("lowrank", 2), ("lowrank", 4)),
-                 (("lowrank", 4), ("torch-powersgd-waited", 4)), (("lowrank", 2), ("torch-powersgd-waited", 4))]
         sds = []
-        for a, b in pairs:
+        for a, b in p["pairs"]:
             n, s = paired_sd(f, (m, *a), (m, *b))
             sds.append(s)
             print(f"  paired sd {a[0]} k={a[1]} - {b[0]} k={b[1]}: {s:.4f} ({n} seeds)")
-        sd[m] = max(sds)  # planning sd: the largest between two compressing arms at k 2 or 4
+        sd[m] = max(sds)  # planning sd: the largest of the plan's pairs
         print(f"  planning sd {sd[m]:.4f}")
     print("P(non-inferior) by seeds, at true difference 0 / delta/2; at 1.5 x planning sd, true 0:")
     for m in ("cnn", "transformer"):
         for n in range(3, 9):
             print(f"  {m} n={n}: {power(delta[m], sd[m], n):.2f} / {power(delta[m], sd[m], n, delta[m] / 2):.2f}"
-                  f"; {power(delta[m], 1.5 * sd[m], n):.2f}  ({ARMS * n * EST_S[m] / 60:.1f} min)")
+                  f"; {power(delta[m], 1.5 * sd[m], n):.2f}  ({p['arms'] * n * p['est_s'][m] / 60:.1f} min)")
 
 
 if __name__ == "__main__":

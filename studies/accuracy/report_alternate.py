@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""The verdicts of plan_alternate.toml (issue 44: alternating PowerSGD against PowerSGD at k = 2),
-from the runs studies.accuracy.run --plan alternate wrote: per model and alternating arm the
-paired differences per seed, one-sided 95% t bounds (studies/lib/stats.py), and the plan's rule
-([rule]): non-inferior / inferior / undecided.
+"""The verdicts of a paired-arms plan: plan_alternate.toml (issue 44: alternating PowerSGD against
+PowerSGD at k = 2) or plan_bf16.toml (issue 45: bf16 factors against fp32 factors), from the runs
+studies.accuracy.run --plan alternate|bf16 wrote: per model and arm the paired differences per
+seed against the plan's reference, one-sided 95% t bounds (studies/lib/stats.py), and the plan's
+rule ([rule]): non-inferior / inferior / undecided.
 
-  /usr/bin/python3 -m studies.accuracy.report_alternate [--results DIR]
+  /usr/bin/python3 -m studies.accuracy.report_alternate [--plan bf16] [--results DIR]
 
 Reads DIR/runs/*.json (default: the plan's `results`), each checked by studies/lib/provenance.py
 (the plan has no exceptions: a run whose library was not built from its revision is refused);
@@ -24,10 +25,22 @@ from studies.lib import plan as planfile
 from studies.lib import provenance, runlabel, stats
 from studies.lib.launch import ROOT
 
-PLAN = planfile.load(__file__, "plan_alternate.toml")
+PLANS = {"alternate": "plan_alternate.toml", "bf16": "plan_bf16.toml"}  # --plan
+PLAN_FILE = PLANS["alternate"]
+PLAN = planfile.load(__file__, PLAN_FILE)
 RULE = PLAN["rule"]
 RESULTS = os.path.join(ROOT, PLAN["results"])  # --results
 METRIC = {"cnn": "test_accuracy", "transformer": "test_loss"}
+
+
+def use_plan(which):
+    """Read the plan `which` (a key of PLANS) for what follows; returns its results folder."""
+    global PLAN_FILE, PLAN, RULE, RESULTS
+    PLAN_FILE = PLANS[which]
+    PLAN = planfile.load(__file__, PLAN_FILE)
+    RULE = PLAN["rule"]
+    RESULTS = os.path.join(ROOT, PLAN["results"])
+    return RESULTS
 
 
 def arm_label(arm):
@@ -170,16 +183,17 @@ def _fmt(model, x, signed=False):
 
 def write_summary(results, arms, tests, prov):
     with open(os.path.join(results, "summary.json"), "w") as f:
-        json.dump(dict(plan="studies/accuracy/plan_alternate.toml", rule=dict(RULE), arms=arms, tests=tests,
+        json.dump(dict(plan="studies/accuracy/" + PLAN_FILE, rule=dict(RULE), arms=arms, tests=tests,
                        provenance=prov, report_revision=provenance.revision()), f, indent=1)
     rel = os.path.relpath(results, ROOT)
-    lines = ["# Alternating PowerSGD (ACP-SGD) against PowerSGD: accuracy", "",
+    n_tests = len(PLAN["models"]) * (len(PLAN["arms"]) - 1)
+    lines = [f"# {PLAN['title']}: accuracy", "",
              f"Written by studies/accuracy/report_alternate.py from {rel}/runs/*.json, the plan "
-             "studies/accuracy/plan_alternate.toml (fixed before the runs). d per seed: how much worse "
+             f"studies/accuracy/{PLAN_FILE} (fixed before the runs). d per seed: how much worse "
              "the arm is than the reference (CNN: the reference's final test accuracy minus the arm's, "
              "in points; transformer: the arm's final test loss minus the reference's, in nats). "
              f"[L, U]: one-sided {100 * (1 - RULE['alpha']):g}% bounds D ∓ t(0.95, n - 1) SE. "
-             "non-inferior: U < delta; inferior: L > delta; undecided otherwise. Four tests, each at "
+             f"non-inferior: U < delta; inferior: L > delta; undecided otherwise. {n_tests} tests, each at "
              "its own one-sided 5%; no claim combines them.", "",
              "## Verdicts", "",
              "| model | arm vs reference | n (planned) | D | L | U | delta | verdict | beside it |",
@@ -192,7 +206,7 @@ def write_summary(results, arms, tests, prov):
     notes = [f"- {t['model']}, {t['label']}: seeds left out (an arm missing after the rerun): "
              + ", ".join(f"{s} ({', '.join(a)})" for s, a in t["left_out"].items())
              for t in tests if t["left_out"]]
-    lines += [""] + (notes or ["Every planned seed is complete in all three arms."])
+    lines += [""] + (notes or [f"Every planned seed is complete in all {len(PLAN['arms'])} arms."])
     lines += ["", "Units: CNN in accuracy points (0.50 = half a point; 1 test image = 0.28), transformer "
               "in nats per character.", "", "## Per seed", ""]
     for t in tests:
@@ -247,8 +261,11 @@ def report(results=RESULTS):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--results", default=RESULTS, help="folder of runs/ and the summary")
+    ap.add_argument("--plan", choices=sorted(PLANS), default="alternate")
+    ap.add_argument("--results", help="folder of runs/ and the summary (default: the plan's)")
     args = ap.parse_args()
+    results = use_plan(args.plan)
+    args.results = args.results or results
     if not glob.glob(os.path.join(args.results, "runs", "*.json")):
         sys.exit(f"studies.accuracy.report_alternate: no runs ({args.results}/runs/*.json)")
     report(args.results)

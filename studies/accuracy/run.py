@@ -39,7 +39,7 @@ from studies.lib import launch, provenance
 from studies.lib import plan as planfile
 
 PLAN = planfile.load(__file__)
-PLANS = {"accuracy": "plan.toml", "alternate": "plan_alternate.toml"}  # --plan
+PLANS = {"accuracy": "plan.toml", "alternate": "plan_alternate.toml", "bf16": "plan_bf16.toml"}  # --plan
 DRIVER = "studies.train.train"
 RESULTS = report.RESULTS  # --results
 IMG = report.IMG          # --img
@@ -64,10 +64,19 @@ def configs(ranks, arms=None):
 
 def reducer_args(reducer):
     """The driver's arguments for a reducer label (runlabel.reducer's): lowrank-alternate is
-    --reducer lowrank --alternate."""
-    if reducer == "lowrank-alternate":
-        return ["--reducer", "lowrank", "--alternate"]
-    return ["--reducer", reducer]
+    --reducer lowrank --alternate, lowrank-bf16 --reducer lowrank --factor-dtype bf16 (both:
+    lowrank-alternate-bf16)."""
+    if reducer == "lowrank-exact" or not reducer.startswith("lowrank"):
+        return ["--reducer", reducer]
+    out = ["--reducer", "lowrank"]
+    for part in reducer.split("-")[1:]:
+        if part == "alternate":
+            out.append("--alternate")
+        elif part in ("bf16", "fp16"):
+            out += ["--factor-dtype", part]
+        else:
+            raise ValueError(f"reducer label {reducer!r}: unknown part {part!r}")
+    return out
 
 
 def name(model, reducer, k, seed):
@@ -147,9 +156,10 @@ def main():
     results = os.path.join(launch.ROOT, PLAN["results"]) if "results" in PLAN else RESULTS
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--plan", choices=sorted(PLANS), default="accuracy",
-                    help="the plan file: accuracy (plan.toml, issue 12's study) or alternate "
-                         "(plan_alternate.toml, issue 44: its arms, seeds, results folder, and "
-                         "report_alternate.py's verdicts)")
+                    help="the plan file: accuracy (plan.toml, issue 12's study), alternate "
+                         "(plan_alternate.toml, issue 44) or bf16 (plan_bf16.toml, issue 45): the "
+                         "last two give their arms, seeds, results folder, and report_alternate.py's "
+                         "verdicts")
     ap.add_argument("--python", default=sys.executable,
                     help="the Python with torch that runs the driver (default: this one; the study "
                          "used /opt/venv-t2/bin/python, torch 2.11 with MKL)")
@@ -163,7 +173,8 @@ def main():
                     help="start_powerSGD_iter of both hooks")
     ap.add_argument("--run-timeout", type=float, default=PLAN["run_timeout_s"],
                     help="seconds before a run is killed")
-    ap.add_argument("--retries", type=int, default=1 if which == "alternate" else 0,
+    paired = which != "accuracy"  # a paired-arms plan (report_alternate.py's)
+    ap.add_argument("--retries", type=int, default=1 if paired else 0,
                     help="reruns of a run that fails, at once, same seed and build (default: 1 with "
                          "--plan alternate, its rule's; else 0)")
     ap.add_argument("--budget-min", type=float, help="launch no new run after this many minutes")
@@ -173,20 +184,21 @@ def main():
     ap.add_argument("--img", default=IMG, help="folder of the figures")
     ap.add_argument("--dry-run", action="store_true", help="print the runs left, run nothing")
     args = ap.parse_args()
-    args.arms = [list(a) for a in PLAN["arms"]] if which == "alternate" else None
+    args.arms = [list(a) for a in PLAN["arms"]] if paired else None
     RESULTS = os.path.abspath(args.results)
-    if which == "alternate" and not args.dry_run:
+    if paired and not args.dry_run:
         lib = os.environ.get("LOWRANK_LIBRARY")
         if not lib or not os.path.exists(lib):
-            sys.exit("studies.accuracy.run --plan alternate: set LOWRANK_LIBRARY to the liblowrank "
+            sys.exit(f"studies.accuracy.run --plan {which}: set LOWRANK_LIBRARY to the liblowrank "
                      "every arm loads (the plan: one build for all arms; each run records its path "
                      f"and sha256), not {lib!r}")
         provenance.refuse_unless_ready("studies.accuracy.run", launch.ROOT, args.python, need_root=False)
     run_all(args)
     if args.dry_run:
         return
-    if which == "alternate":
+    if paired:
         from studies.accuracy import report_alternate
+        report_alternate.use_plan(which)
         report_alternate.report(RESULTS)
     else:
         report.report(RESULTS, args.img, args.ranks)

@@ -3,18 +3,23 @@ time_report.py). Runs written before the fair baseline (studies/train/torch_base
 reducer "torch-powersgd" and no "torch_powersgd_wrapper": that hook was waited per bucket, so
 they are "torch-powersgd-waited"; the name "torch-powersgd" now means the chained hook. A lowrank
 run with config "alternate" set (train.py --alternate, issue 44: PowerSGDState(alternate=True)) is
-"lowrank-alternate", a reducer of its own, never merged with PowerSGD's runs."""
+"lowrank-alternate", a reducer of its own, never merged with PowerSGD's runs. A lowrank run with
+config "factor_dtype" other than fp32 (train.py --factor-dtype, issue 45) takes the type as a
+suffix: "lowrank-bf16", "lowrank-alternate-bf16" (runs before issue 45 have no such field: fp32)."""
 
 
 def reducer(config):
     r = config["reducer"]
     if r == "torch-powersgd" and config.get("torch_powersgd_wrapper", "waited") == "waited":
         return "torch-powersgd-waited"
-    if r == "lowrank" and config.get("alternate"):
-        return "lowrank-alternate"
-    return r
+    if r != "lowrank":
+        return r
+    dtype = config.get("factor_dtype") or "fp32"
+    return r + ("-alternate" if config.get("alternate") else "") + \
+        ("" if dtype == "fp32" else "-" + dtype)
 
 
 def has_rank(name):
     """Whether the reducer takes an approximation rank (its runs are keyed by it)."""
-    return name in ("torch-powersgd", "torch-powersgd-waited", "lowrank", "lowrank-alternate")
+    return name in ("torch-powersgd", "torch-powersgd-waited") or (
+        name.startswith("lowrank") and name != "lowrank-exact")

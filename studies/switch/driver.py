@@ -195,7 +195,7 @@ def run(args):
 
 def parse(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--reducers", default=",".join(switch_hook.NAMES),
+    ap.add_argument("--reducers", default=",".join(RUN["reducers"]),
                     help="comma-separated, from " + ", ".join(switch_hook.NAMES))
     ap.add_argument("--run-index", type=int, default=0, help="selects the Latin square's row")
     ap.add_argument("--setting", default="unlabelled",

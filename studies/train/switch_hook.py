@@ -9,8 +9,18 @@ import os
 
 from studies.train import torch_baseline
 
-NAMES = ["local", "allreduce", "fp16", "torch-powersgd", "lowrank", "lowrank-ring"]
-LOWRANK = ("lowrank", "lowrank-ring")  # lowrank's hook: the measured choice; the ring forced
+NAMES = ["local", "allreduce", "fp16", "torch-powersgd", "lowrank", "lowrank-ring", "lowrank-bf16",
+         "lowrank-alternate", "lowrank-alternate-bf16"]
+# lowrank's hook, each with its own state and communicator: {name: its PowerSGDState options and
+# LOWRANK_UCX_ALGO (None: the library's measured choice)}. -ring: the ring forced; -alternate:
+# alternating PowerSGD (issue 44); -bf16: factors in bfloat16 on the wire (issue 45).
+LOWRANK = {
+    "lowrank": ({}, None),
+    "lowrank-ring": ({}, "ring"),
+    "lowrank-bf16": ({"factor_dtype": "bf16"}, None),
+    "lowrank-alternate": ({"alternate": True}, None),
+    "lowrank-alternate-bf16": ({"alternate": True, "factor_dtype": "bf16"}, None),
+}
 
 
 def _local(_state, bucket):
@@ -36,8 +46,7 @@ class Switch:
             elif name == "torch-powersgd":
                 self.reducers[name] = torch_baseline.make("chained", None, rank, start_iter, seed)
             elif name in LOWRANK:
-                self.reducers[name] = _lowrank(rank, start_iter, seed,
-                                               "ring" if name == "lowrank-ring" else None)
+                self.reducers[name] = _lowrank(rank, start_iter, seed, *LOWRANK[name])
             else:
                 raise ValueError(f"unknown reducer {name!r}; known: {', '.join(NAMES)}")
         self.current = names[0]
@@ -61,16 +70,17 @@ class Switch:
             st.close()
 
 
-def _lowrank(rank, start_iter, seed, algo):
-    """lowrank's (state, hook); algo: LOWRANK_UCX_ALGO while its communicator is made (read at
-    creation, docs/environment.md), None for the library's measured choice."""
+def _lowrank(rank, start_iter, seed, options, algo):
+    """lowrank's (state, hook); options: more PowerSGDState arguments; algo: LOWRANK_UCX_ALGO while
+    its communicator is made (read at creation, docs/environment.md), None for the library's
+    measured choice."""
     from lowrank.torch import PowerSGDState, powerSGD_hook
     old = os.environ.pop("LOWRANK_UCX_ALGO", None)
     try:
         if algo:
             os.environ["LOWRANK_UCX_ALGO"] = algo
         state = PowerSGDState(process_group=None, matrix_approximation_rank=rank,
-                              start_powerSGD_iter=start_iter, random_seed=seed)
+                              start_powerSGD_iter=start_iter, random_seed=seed, **options)
         state.communicator("cpu")  # made now, under this environment
     finally:
         os.environ.pop("LOWRANK_UCX_ALGO", None)

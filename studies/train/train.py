@@ -30,6 +30,8 @@ needs its own --lr), --start-frac F (compression from round(F x steps)), and for
 window one epoch unless --adaptive-window; the JSON's rank_trace holds each change of the ks).
 --alternate (issue 44, with --reducer lowrank): alternating PowerSGD, PowerSGDState(alternate=True);
 the JSON's config.alternate says so and studies/lib/runlabel.py labels such a run lowrank-alternate.
+--factor-dtype bf16|fp16 (issue 45, with --reducer lowrank): the factors in 16 bits on the wire,
+PowerSGDState(factor_dtype=...); labelled lowrank-bf16 (lowrank-alternate-bf16 with --alternate).
 lowrank's JSON also holds bits_after_warmup: its bytesSent from the first compressed step on.
 --evals-per-epoch E (issue 42's time to accuracy, studies/tta): the test set evaluated after each
 1/E of an epoch's steps; the JSON's `evals` lists every evaluation point (epoch, step, train_s: the
@@ -56,7 +58,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from studies.lib import launch, provenance
+from studies.lib import launch, provenance, runlabel
 from studies.lib.launch import ROOT as REPO
 from studies.lib.ports import free_master_port
 from studies.train import charlm, digits, torch_baseline
@@ -253,9 +255,14 @@ def model_bits_per_step(reducer, shapes, k, world, compressed_step):
         return 0.0
     if reducer == "fp16":
         return 16.0 * grad * r
-    if reducer in TORCH_POWERSGD + ("lowrank", "lowrank-ring") and compressed_step:
+    lowrank = reducer.startswith("lowrank") and reducer != "lowrank-exact"
+    if (reducer in TORCH_POWERSGD or lowrank) and compressed_step:
         pq, exact, _, _ = powersgd_split(shapes, k)
-        return 32.0 * (pq + exact) * r
+        # studies/train/switch_hook.py's variants: -alternate sends P or Q, half of P + Q over an
+        # even number of steps; -bf16/-fp16 send the factors in 16 bits (the exact part in 32).
+        pq_bits = 16.0 if reducer.endswith(("-bf16", "-fp16")) else 32.0
+        pq_share = 0.5 if "-alternate" in reducer else 1.0
+        return (pq_bits * pq_share * pq + 32.0 * exact) * r
     return 32.0 * grad * r
 
 
@@ -419,6 +426,8 @@ def run(args):
             extra.update(rank_of=dict(args.rank_of), model=module)
         if args.alternate:
             extra.update(alternate=True)  # ACP-SGD: one factor allreduce per step, P then Q
+        if args.factor_dtype != "fp32":
+            extra.update(factor_dtype=args.factor_dtype)  # issue 45: factors in 16 bits on the wire
         if args.adaptive:
             from lowrank.torch.adaptive import AdaptiveRank
             extra.update(adaptive=AdaptiveRank(args.adaptive[0], args.adaptive[1],
@@ -466,6 +475,7 @@ def run(args):
               + f": {world} workers, {task.steps} steps of {args.batch} per epoch, "
               f"{grad} parameters; torch {torch.__version__}", flush=True)
     epochs, step, bits_total, prev_sent = [], 0, 0.0, 0
+    bits_name = runlabel.reducer(config)  # lowrank's variants (alternate, factor dtype) by name
     # The evaluation points (--evals-per-epoch): after these steps of each epoch; `evals` holds one
     # record per point, its train_s the run's training time so far with every evaluation left out.
     try:
@@ -514,7 +524,7 @@ def run(args):
             batch_ms.append(1000.0 * (time.perf_counter() - t0))
             loss_sum += lv
             compressed = step >= start_iter
-            bits_model += model_bits_per_step(args.reducer, shapes, args.rank, world, compressed)
+            bits_model += model_bits_per_step(bits_name, shapes, args.rank, world, compressed)
             if args.adaptive:  # tensor_ranks waits for the step's work: only in adaptive runs
                 ks = lowrank_state.tensor_ranks()
                 if not rank_trace or rank_trace[-1][1] != ks:
@@ -682,6 +692,9 @@ def parse(argv=None):
     ap.add_argument("--alternate", action="store_true",
                     help="lowrank: alternating PowerSGD (PowerSGDState's alternate=True, ACP-SGD): "
                          "P at one compressed step, Q at the next; recorded as config.alternate")
+    ap.add_argument("--factor-dtype", choices=["fp32", "bf16", "fp16"], default="fp32",
+                    help="lowrank: the factors' type on the wire (PowerSGDState's factor_dtype, issue "
+                         "45); recorded as config.factor_dtype")
     ap.add_argument("--windows", type=int, default=charlm.WINDOWS_PER_EPOCH * 2,
                     help="transformer: windows per epoch, all workers together (default 2048)")
     ap.add_argument("--evals-per-epoch", type=int, default=1, metavar="E",
@@ -712,8 +725,10 @@ def parse(argv=None):
         ap.error("--start-iter and --start-frac: give one")
     if args.start_iter is None:
         args.start_iter = 10
-    if (args.exclude or args.adaptive or args.rank_of or args.alternate) and args.reducer != "lowrank":
-        ap.error("--exclude, --rank-of, --adaptive and --alternate are options of --reducer lowrank")
+    if (args.exclude or args.adaptive or args.rank_of or args.alternate
+            or args.factor_dtype != "fp32") and args.reducer != "lowrank":
+        ap.error("--exclude, --rank-of, --adaptive, --alternate and --factor-dtype are options of "
+                 "--reducer lowrank")
     names = [n for n in args.exclude.split(",") if n]
     if "embeddings-head" in names:
         i = names.index("embeddings-head")

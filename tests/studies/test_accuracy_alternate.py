@@ -48,6 +48,39 @@ def test_runlabel_keeps_alternate_apart():
     assert runlabel.has_rank("lowrank-alternate")
 
 
+def test_runlabel_and_runner_keep_factor_dtype_apart():
+    """Issue 45's arms: the factor dtype is a suffix of the label, fp32 (or no field: runs before
+    the option) none; the runner turns a label back into the driver's arguments."""
+    assert runlabel.reducer({"reducer": "lowrank", "factor_dtype": "bf16"}) == "lowrank-bf16"
+    assert runlabel.reducer({"reducer": "lowrank", "factor_dtype": "fp32"}) == "lowrank"
+    assert runlabel.reducer({"reducer": "lowrank", "alternate": True,
+                             "factor_dtype": "bf16"}) == "lowrank-alternate-bf16"
+    assert runlabel.has_rank("lowrank-alternate-bf16") and not runlabel.has_rank("lowrank-exact")
+    assert accuracy_run.reducer_args("lowrank-bf16") == ["--reducer", "lowrank", "--factor-dtype", "bf16"]
+    assert accuracy_run.reducer_args("lowrank-alternate-bf16") == [
+        "--reducer", "lowrank", "--alternate", "--factor-dtype", "bf16"]
+    assert accuracy_run.reducer_args("lowrank-exact") == ["--reducer", "lowrank-exact"]
+    with pytest.raises(ValueError):
+        accuracy_run.reducer_args("lowrank-bogus")
+    p = planfile.load(accuracy_run.__file__, "plan_bf16.toml")
+    assert p["reference"] == ["lowrank", 2] and p["arms"] == [["lowrank", 2], ["lowrank-bf16", 2]]
+
+
+def test_model_bits_of_lowrank_variants():
+    """train.model_bits_per_step: bf16 halves the factors' bits, alternating sends half of P + Q
+    on average; the exact part stays 32 bits."""
+    from studies.train import train
+    shapes = [(64, 32, 3, 3), (64,)]
+    pq, exact, _, _ = train.powersgd_split(shapes, 4)
+    r = train.ring_factor(4)
+    bits = lambda name: train.model_bits_per_step(name, shapes, 4, 4, True)
+    assert bits("lowrank") == pytest.approx((32 * pq + 32 * exact) * r)
+    assert bits("lowrank-bf16") == pytest.approx((16 * pq + 32 * exact) * r)
+    assert bits("lowrank-alternate") == pytest.approx((16 * pq + 32 * exact) * r)
+    assert bits("lowrank-alternate-bf16") == pytest.approx((8 * pq + 32 * exact) * r)
+    assert bits("lowrank-exact") == pytest.approx(32 * (64 * 32 * 9 + 64) * r)
+
+
 def test_plan_load_by_name_and_runner_arms():
     p = planfile.load(accuracy_run.__file__, "plan_alternate.toml")
     assert p["reference"] == ["lowrank", 2] and ["lowrank-alternate", 4] in p["arms"]

@@ -1,5 +1,6 @@
 """Smoke runs of the switching driver (studies/switch/driver.py, issue 27 item 2): 2 ranks over gloo,
-the six reducers (lowrank twice: the measured choice of algorithm and the ring forced), 3 steps a block. Checks what a switching run must get right whatever the
+eight reducers (REDUCERS: lowrank four times: the measured choice of algorithm, the ring forced,
+bf16 factors, and alternating with bf16 factors), 3 steps a block. Checks what a switching run must get right whatever the
 machine's load (no time is judged): the blocks in switch_design's order on every rank, replicas
 identical at the end, each step's records, and the socket payload of each reducer's measured
 blocks (bytes sent less TCP's retransmissions, which a loaded loopback does make) within 5% of its
@@ -24,13 +25,15 @@ from studies.switch import design as switch_design
 from studies.train import switch_hook
 
 BLOCK, WARMUP, RUN_INDEX = 3, 3, 1
+REDUCERS = ["local", "allreduce", "fp16", "torch-powersgd", "lowrank", "lowrank-ring", "lowrank-bf16",
+            "lowrank-alternate-bf16"]
 
 
 def run_switch(out, world):
     cmd = [*launch.module(sys.executable, "studies.switch.driver"), "--spawn", str(world),
            "--run-index", str(RUN_INDEX), "--block-steps", str(BLOCK), "--drop-steps", "1",
            "--warmup-steps", str(WARMUP), "--start-iter", "2", "--batch", "16",
-           "--timeout", "60", "--out", out]
+           "--timeout", "60", "--reducers", ",".join(REDUCERS), "--out", out]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                          start_new_session=True, env=launch.env())
     try:
@@ -55,16 +58,28 @@ def result4(tmp_path_factory):
 
 def payloads(rank_record):
     """[(block, socket payload per step)] of one rank's measured blocks, `local`'s floor (DDP's
-    broadcast of the BatchNorm buffers) taken off."""
+    broadcast of the BatchNorm buffers) taken off. An alternating reducer's blocks (3 steps: P Q P
+    or Q P Q) are merged into one record of both (6 steps in a row: as many P as Q steps, the
+    model's mean), its lowrank_bytes_sent their mean."""
     measured = [b for b in rank_record["blocks"] if not b["warmup"]]
     def payload(b):
         return (b["bytes"]["process"]["bytes_sent"] - b["bytes"]["process"]["bytes_retrans"]) / BLOCK
     floor = max(payload(b) for b in measured if b["reducer"] == "local")
-    return [(b, payload(b) - floor) for b in measured]
+    out, alternating = [], {}
+    for b in measured:
+        if "-alternate" in b["reducer"]:
+            alternating.setdefault(b["reducer"], []).append(b)
+        else:
+            out.append((b, payload(b) - floor))
+    for name, bs in alternating.items():
+        assert len(bs) == 2, (name, len(bs))  # the row and its mirror
+        merged = dict(bs[0], lowrank_bytes_sent=sum(b["lowrank_bytes_sent"] for b in bs) / len(bs))
+        out.append((merged, sum(payload(b) for b in bs) / len(bs) - floor))
+    return out
 
 
 def test_order_and_records(result):
-    names = switch_hook.NAMES
+    names = REDUCERS
     want = [(n, True) for n in names] + [(n, False) for n in switch_design.block_order(names, RUN_INDEX)]
     assert result["config"]["order"] == [n for n, _ in want[len(names):]]
     assert len(result["ranks"]) == 2
@@ -132,7 +147,7 @@ def test_socket_bytes_at_4_ranks(result4):
             assert abs(counted - mean[red]) <= 0.05 * counted, (r["rank"], red, counted, mean[red])
             ring = model[red]
             # the ring forced sends the ring's bytes to the byte but for the payload's check words
-            high = 1.01 * ring * (world / 2 if red == "lowrank" else 1)
+            high = 1.01 * ring * (1 if red == "lowrank-ring" else world / 2)
             assert 0.99 * ring <= counted <= high, (r["rank"], red, counted, ring)
 
 
