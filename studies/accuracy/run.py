@@ -35,7 +35,7 @@ import sys
 import time
 
 from studies.accuracy import report
-from studies.lib import launch, provenance
+from studies.lib import launch, provenance, runlabel
 from studies.lib import plan as planfile
 
 PLAN = planfile.load(__file__)
@@ -74,8 +74,14 @@ def reducer_args(reducer):
             out.append("--alternate")
         elif part in ("bf16", "fp16"):
             out += ["--factor-dtype", part]
-        else:
-            raise ValueError(f"reducer label {reducer!r}: unknown part {part!r}")
+    # only the labels runlabel gives such runs back (lowrank[-alternate][-bf16|-fp16]): a plan's
+    # arm must name its runs
+    config = {"reducer": "lowrank", "alternate": "--alternate" in out,
+              "factor_dtype": out[out.index("--factor-dtype") + 1] if "--factor-dtype" in out else "fp32"}
+    if runlabel.reducer(config) != reducer:
+        raise SystemExit(f"studies.accuracy.run: reducer label {reducer!r} is not one the driver's "
+                         "runs carry (lowrank, lowrank-alternate, lowrank-bf16, lowrank-fp16, "
+                         "lowrank-alternate-bf16, lowrank-alternate-fp16, or another reducer's name)")
     return out
 
 
@@ -176,7 +182,7 @@ def main():
     paired = which != "accuracy"  # a paired-arms plan (report_alternate.py's)
     ap.add_argument("--retries", type=int, default=1 if paired else 0,
                     help="reruns of a run that fails, at once, same seed and build (default: 1 with "
-                         "--plan alternate, its rule's; else 0)")
+                         "a paired plan, alternate or bf16, their rule's; else 0)")
     ap.add_argument("--budget-min", type=float, help="launch no new run after this many minutes")
     ap.add_argument("--driver-args", default="", help="more arguments for every run of the driver "
                                                       "(a trial: \"--epochs 1 --batch 64\")")

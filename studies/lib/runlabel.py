@@ -8,6 +8,9 @@ config "factor_dtype" other than fp32 (train.py --factor-dtype, issue 45) takes 
 suffix: "lowrank-bf16", "lowrank-alternate-bf16" (runs before issue 45 have no such field: fp32)."""
 
 
+_DTYPE_ALIASES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+
+
 def reducer(config):
     r = config["reducer"]
     if r == "torch-powersgd" and config.get("torch_powersgd_wrapper", "waited") == "waited":
@@ -15,6 +18,7 @@ def reducer(config):
     if r != "lowrank":
         return r
     dtype = config.get("factor_dtype") or "fp32"
+    dtype = _DTYPE_ALIASES.get(dtype.lower(), dtype.lower())  # the library's spellings, one name
     return r + ("-alternate" if config.get("alternate") else "") + \
         ("" if dtype == "fp32" else "-" + dtype)
 

@@ -224,7 +224,8 @@ def parse(argv=None):
     args.reducers = args.reducers.split(",")
     bad = [r for r in args.reducers if r not in switch_hook.NAMES]
     if bad or len(set(args.reducers)) != len(args.reducers):
-        ap.error(f"--reducers: unknown or repeated {bad or args.reducers}")
+        ap.error(f"--reducers: unknown or repeated {bad or args.reducers}; known: "
+                 + ", ".join(switch_hook.NAMES))
     if "local" not in args.reducers:
         ap.error("--reducers must include local: overheads are taken against it")
     if args.warmup_steps <= args.start_iter or args.start_iter <= 1:

@@ -60,8 +60,11 @@ def test_runlabel_and_runner_keep_factor_dtype_apart():
     assert accuracy_run.reducer_args("lowrank-alternate-bf16") == [
         "--reducer", "lowrank", "--alternate", "--factor-dtype", "bf16"]
     assert accuracy_run.reducer_args("lowrank-exact") == ["--reducer", "lowrank-exact"]
-    with pytest.raises(ValueError):
-        accuracy_run.reducer_args("lowrank-bogus")
+    for bad in ("lowrank-bogus", "lowrank-bf16-alternate", "lowrank-ring"):  # no run carries these
+        with pytest.raises(SystemExit, match="not one the driver's runs carry"):
+            accuracy_run.reducer_args(bad)
+    assert runlabel.reducer({"reducer": "lowrank", "factor_dtype": "bfloat16"}) == "lowrank-bf16"
+    assert runlabel.reducer({"reducer": "lowrank", "factor_dtype": "Float32"}) == "lowrank"
     p = planfile.load(accuracy_run.__file__, "plan_bf16.toml")
     assert p["reference"] == ["lowrank", 2] and p["arms"] == [["lowrank", 2], ["lowrank-bf16", 2]]
 
