@@ -78,15 +78,35 @@ TEST(CostModel, Choice) {
   const CostParams noOverhead{10e-6, 0.08e-9, 0}, overhead{10e-6, 0.08e-9, 5e-6};
   EXPECT_EQ(choose(8, 64, noOverhead, 64), Algorithm::Direct);
   EXPECT_EQ(choose(8, 64, overhead, 64), Algorithm::RecursiveDoubling);
+  // Within kNearMargin of the fastest, the fewest bytes: at 16 ranks, 1 ms and 20 ns per byte,
+  // 64 KiB takes recursive doubling 9.2 ms (4 buffers sent) and halving + doubling 10.5 ms (15/8
+  // of one): the model cannot tell them apart, so halving + doubling; at 10 ns per byte (6.6 against
+  // 9.2 ms) it can, and recursive doubling stays.
+  const CostParams near{1e-3, 20e-9}, far{1e-3, 10e-9};
+  ASSERT_LT(modelledSeconds(Algorithm::RecursiveDoubling, 16, 65536, near),
+            modelledSeconds(Algorithm::HalvingDoubling, 16, 65536, near));
+  ASSERT_LT(modelledSeconds(Algorithm::HalvingDoubling, 16, 65536, near),
+            (1 + kNearMargin) * modelledSeconds(Algorithm::RecursiveDoubling, 16, 65536, near));
+  EXPECT_EQ(choose(16, 65536, near, 64), Algorithm::HalvingDoubling);
+  EXPECT_EQ(choose(16, 65536, far, 64), Algorithm::RecursiveDoubling);
+  // Equal bytes (the ring and halving + doubling at a power of two): the faster.
+  EXPECT_EQ(choose(4, 1 << 20, CostParams{1e-6, 80e-9}, 64), Algorithm::HalvingDoubling);
   EXPECT_DOUBLE_EQ(modelledSeconds(Algorithm::Direct, 8, 64, overhead),
                    10e-6 + 12 * 5e-6 + 7 * 64 * 0.08e-9);
-  // The choice is the minimum of the modelled times.
-  for (int n : {2, 3, 7, 16, 100, 4096})
-    for (double b : {4.0, 1e3, 1e5, 1e7}) {
-      const Algorithm a = choose(n, b, c, 1 << 30);
-      for (int i = 0; i < kNumAlgorithms; ++i)
-        EXPECT_LE(modelledSeconds(a, n, b, c), modelledSeconds(Algorithm(i), n, b, c));
-    }
+  // The choice is within kNearMargin of the least modelled time, and nothing that close sends fewer
+  // bytes.
+  for (const CostParams& k : {c, slow, overhead, near})
+    for (int n : {2, 3, 7, 16, 100, 4096})
+      for (double b : {4.0, 1e3, 1e5, 1e7}) {
+        const Algorithm a = choose(n, b, k, 1 << 30);
+        double fastest = modelledSeconds(a, n, b, k);
+        for (int i = 0; i < kNumAlgorithms; ++i)
+          fastest = std::min(fastest, modelledSeconds(Algorithm(i), n, b, k));
+        EXPECT_LE(modelledSeconds(a, n, b, k), (1 + kNearMargin) * fastest) << n << " " << b;
+        for (int i = 0; i < kNumAlgorithms; ++i)
+          if (modelledSeconds(Algorithm(i), n, b, k) <= (1 + kNearMargin) * fastest)
+            EXPECT_LE(busiestBytes(a, n, b), busiestBytes(Algorithm(i), n, b)) << n << " " << b << " " << i;
+      }
 }
 
 }  // namespace

@@ -93,15 +93,23 @@ double modelledSeconds(Algorithm a, int n, double bytes, const CostParams& c) {
 }
 
 Algorithm choose(int n, double bytes, const CostParams& c, int directMaxRanks, bool wire16) {
-  Algorithm best = Algorithm::Ring;
-  double bestSec = 0;
-  bool found = false;
+  double sec[kNumAlgorithms];
+  double fastest = -1;
   for (int i = 0; i < kNumAlgorithms; ++i) {
     const auto a = Algorithm(i);
-    if (a == Algorithm::Direct && n > directMaxRanks) continue;
-    if (wire16 && !roundsBounded(a, n)) continue;
-    const double t = modelledSeconds(a, n, bytes, c);
-    if (!found || t < bestSec) best = a, bestSec = t, found = true;
+    const bool allowed = !(a == Algorithm::Direct && n > directMaxRanks) && !(wire16 && !roundsBounded(a, n));
+    sec[i] = allowed ? modelledSeconds(a, n, bytes, c) : -1;
+    if (allowed && (fastest < 0 || sec[i] < fastest)) fastest = sec[i];
+  }
+  // Among those the model cannot tell from the fastest: the fewest bytes, then the least time,
+  // then the enum's order.
+  Algorithm best = Algorithm::Ring;
+  bool found = false;
+  for (int i = 0; i < kNumAlgorithms; ++i) {
+    if (sec[i] < 0 || sec[i] > fastest * (1 + kNearMargin)) continue;
+    const auto a = Algorithm(i);
+    const double b = busiestBytes(a, n, bytes), bb = busiestBytes(best, n, bytes);
+    if (!found || b < bb || (b == bb && sec[i] < sec[int(best)])) best = a, found = true;
   }
   return best;
 }

@@ -66,9 +66,16 @@ double modelledSeconds(Algorithm a, int n, double bytes, const CostParams& c);
 // at each of its n-1 hops (docs/design.md, "16-bit factors", measured).
 inline bool roundsBounded(Algorithm a, int n) { return a != Algorithm::Ring || n <= 2; }
 
-// The cheapest algorithm for an allreduce of `bytes` over n comm ranks; direct only while n <=
-// directMaxRanks (its scratch holds n buffers); with wire16 (a 16-bit part), only those that
-// roundsBounded. Ties go to the earlier algorithm of the enum.
+// Modelled times within this fraction of the fastest are not told apart: the constants a
+// communicator measures when it is made vary by 10-20% from run to run (docs/benchmarks.md, §4), and
+// two algorithms that close swapped places between runs of the same setting (16 hosts, 64 KiB).
+inline constexpr double kNearMargin = 0.2;
+
+// The algorithm for an allreduce of `bytes` over n comm ranks: of those modelled within kNearMargin
+// of the fastest, the one whose busiest comm rank sends the fewest bytes (it leaves the link to
+// other traffic, and the choice no longer flips with the measured constants), then the faster,
+// then the earlier of the enum. Direct only while n <= directMaxRanks (its scratch holds n
+// buffers); with wire16 (a 16-bit part), only those that roundsBounded.
 Algorithm choose(int n, double bytes, const CostParams& c, int directMaxRanks, bool wire16 = false);
 
 // Bytes comm rank `rank` of n sends in one allreduce of count float32 elements with the 16-bit part
