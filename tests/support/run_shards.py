@@ -5,11 +5,15 @@ emulation is one thread), so that a 2-core machine runs it in about half the tim
 
     run_shards.py N REPORT BINARY [ARGS...]
 
-Each shard's output is printed after it ends, under a heading. REPORT: the JUnit XML of all shards'
-cases together (what scripts/count_tests.py counts), or "-" for none. Exits with the first nonzero
-status of a shard (a shard killed by a signal: 128 + the signal), else 0. A GTEST_FILTER in the
-environment applies to every shard; each case runs in exactly one shard."""
+Shard 0 writes straight to this process's output (a hang shows its case in the test log); the
+others' output is printed after each ends, under a heading. On SIGTERM or SIGINT (meson's timeout)
+the shards are killed and what they printed so far is shown. REPORT: the JUnit XML of all shards'
+cases together (what scripts/count_tests.py counts; its folder is made if missing), or "-" for none;
+ARGS must not hold a --gtest_output (each shard writes its own). Exits with the first nonzero status
+of a shard (a shard killed by a signal: 128 + the signal), else 0. A GTEST_FILTER in the environment
+applies to every shard; each case runs in exactly one shard."""
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -27,35 +31,69 @@ def merge(paths, out):
         root.extend(shard.findall("testsuite"))
     for k, v in totals.items():
         root.set(k, str(v))
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     ET.ElementTree(root).write(out, encoding="utf-8", xml_declaration=True)
+
+
+def show(i, n, log, code):
+    log.seek(0)
+    print(f"=== shard {i} of {n}: {code}", flush=True)
+    sys.stdout.write(log.read())
+    sys.stdout.flush()
+
+
+def run(n, report, cmd, tmp):
+    procs, logs = [], []
+
+    def stop(sig, _frame):  # meson's timeout: kill the shards, show what they printed, exit
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        for i, log in enumerate(logs, 1):
+            show(i, n, log, f"killed ({signal.Signals(sig).name} to run_shards)")
+        sys.exit(128 + sig)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    for i in range(n):
+        env = dict(os.environ, GTEST_TOTAL_SHARDS=str(n), GTEST_SHARD_INDEX=str(i),
+                   GTEST_OUTPUT=f"xml:{tmp}/shard{i}.xml")
+        out = None
+        if i:
+            logs.append(open(os.path.join(tmp, f"shard{i}.log"), "w+"))
+            out = logs[-1]
+        try:
+            procs.append(subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT))
+        except OSError as e:
+            print(f"run_shards: cannot run {cmd[0]}: {e}")
+            stop(signal.SIGTERM, None) if procs else sys.exit(1)
+    rc = 0
+    for i, p in enumerate(procs):
+        code = p.wait()
+        if i:
+            show(i, n, logs[i - 1], f"exit {code}")
+        else:
+            print(f"=== shard 0 of {n} (above): exit {code}", flush=True)
+        if code and not rc:
+            rc = code if code > 0 else 128 - code
+    xmls = [os.path.join(tmp, f"shard{i}.xml") for i in range(n)]
+    if report != "-":
+        missing = [x for x in xmls if not os.path.exists(x)]
+        if missing:  # a shard that died before writing: its cases are not counted, and it fails
+            print(f"run_shards: no report from {', '.join(missing)}")
+            rc = rc or 1
+        merge([x for x in xmls if os.path.exists(x)], report)
+    return rc
 
 
 def main():
     if len(sys.argv) < 4 or not sys.argv[1].isdigit() or int(sys.argv[1]) < 1:
         sys.exit(__doc__)
     n, report, cmd = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
+    if any(a.startswith("--gtest_output") for a in cmd[1:]):
+        sys.exit("run_shards: --gtest_output would replace the shards' own reports")
     with tempfile.TemporaryDirectory(prefix="lowrank-shards-") as tmp:
-        procs = []
-        for i in range(n):
-            env = dict(os.environ, GTEST_TOTAL_SHARDS=str(n), GTEST_SHARD_INDEX=str(i),
-                       GTEST_OUTPUT=f"xml:{tmp}/shard{i}.xml")
-            log = open(os.path.join(tmp, f"shard{i}.log"), "w+")
-            procs.append((subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT), log))
-        rc = 0
-        for i, (p, log) in enumerate(procs):
-            code = p.wait()
-            log.seek(0)
-            print(f"=== shard {i} of {n}: exit {code}", flush=True)
-            sys.stdout.write(log.read())
-            if code and not rc:
-                rc = code if code > 0 else 128 - code
-        xmls = [os.path.join(tmp, f"shard{i}.xml") for i in range(n)]
-        if report != "-":
-            missing = [x for x in xmls if not os.path.exists(x)]
-            if missing:  # a shard that died before writing: its cases are not counted, and it fails
-                print(f"run_shards: no report from {', '.join(missing)}")
-                rc = rc or 1
-            merge([x for x in xmls if os.path.exists(x)], report)
+        rc = run(n, report, cmd, tmp)
     sys.exit(rc)
 
 

@@ -103,9 +103,11 @@ TEST(CostModel, Choice) {
         for (int i = 0; i < kNumAlgorithms; ++i)
           fastest = std::min(fastest, modelledSeconds(Algorithm(i), n, b, k));
         EXPECT_LE(modelledSeconds(a, n, b, k), (1 + kNearMargin) * fastest) << n << " " << b;
-        for (int i = 0; i < kNumAlgorithms; ++i)
-          if (modelledSeconds(Algorithm(i), n, b, k) <= (1 + kNearMargin) * fastest)
+        for (int i = 0; i < kNumAlgorithms; ++i) {
+          if (modelledSeconds(Algorithm(i), n, b, k) <= (1 + kNearMargin) * fastest) {
             EXPECT_LE(busiestBytes(a, n, b), busiestBytes(Algorithm(i), n, b)) << n << " " << b << " " << i;
+          }
+        }
       }
 }
 

@@ -93,25 +93,25 @@ double modelledSeconds(Algorithm a, int n, double bytes, const CostParams& c) {
 }
 
 Algorithm choose(int n, double bytes, const CostParams& c, int directMaxRanks, bool wire16) {
-  double sec[kNumAlgorithms];
-  double fastest = -1;
+  bool allowed[kNumAlgorithms];
+  double sec[kNumAlgorithms], fastest = 0;
+  bool any = false;
   for (int i = 0; i < kNumAlgorithms; ++i) {
     const auto a = Algorithm(i);
-    const bool allowed = !(a == Algorithm::Direct && n > directMaxRanks) && !(wire16 && !roundsBounded(a, n));
-    sec[i] = allowed ? modelledSeconds(a, n, bytes, c) : -1;
-    if (allowed && (fastest < 0 || sec[i] < fastest)) fastest = sec[i];
+    allowed[i] = !(a == Algorithm::Direct && n > directMaxRanks) && !(wire16 && !roundsBounded(a, n));
+    sec[i] = modelledSeconds(a, n, bytes, c);
+    if (allowed[i] && (!any || sec[i] < fastest)) fastest = sec[i], any = true;
   }
   // Among those the model cannot tell from the fastest: the fewest bytes, then the least time,
   // then the enum's order.
-  Algorithm best = Algorithm::Ring;
-  bool found = false;
+  int best = -1;
   for (int i = 0; i < kNumAlgorithms; ++i) {
-    if (sec[i] < 0 || sec[i] > fastest * (1 + kNearMargin)) continue;
-    const auto a = Algorithm(i);
-    const double b = busiestBytes(a, n, bytes), bb = busiestBytes(best, n, bytes);
-    if (!found || b < bb || (b == bb && sec[i] < sec[int(best)])) best = a, found = true;
+    if (!allowed[i] || sec[i] > fastest * (1 + kNearMargin)) continue;
+    const double b = busiestBytes(Algorithm(i), n, bytes);
+    const double bb = best < 0 ? 0 : busiestBytes(Algorithm(best), n, bytes);
+    if (best < 0 || b < bb || (b == bb && sec[i] < sec[best])) best = i;
   }
-  return best;
+  return best < 0 ? Algorithm::Ring : Algorithm(best);
 }
 
 }  // namespace lowrank::ucx

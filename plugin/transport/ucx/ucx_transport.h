@@ -1,9 +1,10 @@
 // The host transport over UCX (ucp tag API): one UCX context and worker per comm rank, endpoints
 // to every peer (exchanged through the bootstrap), error handling mode PEER so that a dead peer is
-// reported rather than waited for. Each call runs the algorithm the cost model (cost_model.h) finds
-// cheapest for its size and world (or, with tune, the one its size class's first calls measured
-// fastest, agreed by every rank: tuner.h): a chunked ring, Rabenseifner's halving + doubling, recursive
-// doubling or a one-step direct exchange. All give the same bits on every rank.
+// reported rather than waited for. Each call runs the algorithm the cost model (cost_model.h,
+// choose(): the fewest bytes among the nearly cheapest) picks for its size and world (or, with
+// tune, the one its size class's first calls measured fastest, agreed by every rank: tuner.h): a
+// chunked ring, Rabenseifner's halving + doubling, recursive doubling or a one-step direct
+// exchange. All give the same bits on every rank.
 #pragma once
 #include <cstddef>
 #include <functional>
