@@ -64,9 +64,11 @@ def run(n, report, cmd, tmp):
             out = logs[-1]
         try:
             procs.append(subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT))
-        except OSError as e:
+        except OSError as e:  # the binary is missing or not executable: no shard can run
             print(f"run_shards: cannot run {cmd[0]}: {e}")
-            stop(signal.SIGTERM, None) if procs else sys.exit(1)
+            for p in procs:
+                p.kill()
+            sys.exit(1)
     rc = 0
     for i, p in enumerate(procs):
         code = p.wait()

@@ -74,9 +74,9 @@ inline constexpr double kNearMargin = 0.2;
 // The algorithm for an allreduce of `bytes` over n comm ranks: of those modelled within kNearMargin
 // of the fastest, the one whose busiest comm rank sends the fewest bytes (it leaves the link to
 // other traffic, and the choice flips only when the measured constants move the two more than the
-// margin apart), then the faster,
-// then the earlier of the enum. Direct only while n <= directMaxRanks (its scratch holds n
-// buffers); with wire16 (a 16-bit part), only those that roundsBounded.
+// margin apart), then the faster, then the earlier of the enum. Direct only while n <=
+// directMaxRanks (its scratch holds n buffers); with wire16 (a 16-bit part), only those that
+// roundsBounded.
 Algorithm choose(int n, double bytes, const CostParams& c, int directMaxRanks, bool wire16 = false);
 
 // Bytes comm rank `rank` of n sends in one allreduce of count float32 elements with the 16-bit part
