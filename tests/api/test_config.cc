@@ -6,6 +6,7 @@
 #include <string>
 
 #include "support/ranks.h"
+#include "support/env.h"
 
 namespace {
 
@@ -21,12 +22,7 @@ lowrankResult_t initWith(lowrankConfig_t* cfg, lowrankComm_t* out = nullptr) {
   return r;
 }
 
-struct EnvGuard {
-  std::string name;
-  EnvGuard(const char* n, const char* v) : name(n) { setenv(n, v, 1); }
-  ~EnvGuard() { unsetenv(name.c_str()); }
-};
-
+using lowrank::testing::EnvGuard;
 TEST(Config, MalformedVariablesAreErrorsNamingThem) {
   const char* cases[][2] = {{"LOWRANK_APPROX_RANK", "four"},    {"LOWRANK_APPROX_RANK", "-1"},
                             {"LOWRANK_MIN_COMPRESSION_RATE", "0.5"}, {"LOWRANK_START_ITER", "1.5"},

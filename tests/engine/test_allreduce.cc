@@ -8,6 +8,7 @@
 #include <fstream>
 #include <iterator>
 #include <mutex>
+#include <optional>
 #include <string>
 
 #include <unistd.h>
@@ -236,7 +237,7 @@ TEST(AllReduce, HugeFiniteInputsFallBackInsteadOfOverflowing) {
   for (int pipeline : {0, 1}) {
     lowrankConfig_t cfg = config(4);
     cfg.pipeline = pipeline;
-    if (pipeline) setenv("LOWRANK_PIPELINE_CHUNK", "20000", 1);
+    EnvGuard chunk("LOWRANK_PIPELINE_CHUNK", pipeline ? "20000" : nullptr);
     withComms(2, [&](int, lowrankComm_t comm) {
       std::vector<float> g(256 * 256, 1e37f), out(g.size());
       ASSERT_EQ(lowrankAllReduce(g.data(), out.data(), g.size(), lowrankFloat32, lowrankAvg, comm, nullptr), lowrankSuccess);
@@ -248,7 +249,6 @@ TEST(AllReduce, HugeFiniteInputsFallBackInsteadOfOverflowing) {
       ASSERT_EQ(lowrankAllReduce(small.data(), out.data(), g.size(), lowrankFloat32, lowrankAvg, comm, nullptr), lowrankSuccess);
       for (float x : out) ASSERT_NEAR(x, 1.f, 1e-4);
     }, cfg);
-    unsetenv("LOWRANK_PIPELINE_CHUNK");
   }
 }
 
@@ -257,7 +257,7 @@ TEST(AllReduce, MixedSumAndAvgIsInvalidUsageOnEveryRank) {
   for (int pipeline : {0, 1}) {
     lowrankConfig_t cfg = config(4);
     cfg.pipeline = pipeline;
-    if (pipeline) setenv("LOWRANK_PIPELINE_CHUNK", "2000", 1);
+    EnvGuard chunk("LOWRANK_PIPELINE_CHUNK", pipeline ? "2000" : nullptr);
     std::vector<lowrankResult_t> res(3);
     withComms(3, [&](int r, lowrankComm_t comm) {
       std::vector<float> g(100 * 100, 1.f);
@@ -267,7 +267,6 @@ TEST(AllReduce, MixedSumAndAvgIsInvalidUsageOnEveryRank) {
       EXPECT_EQ(lowrankAllReduce(g.data(), g.data(), g.size(), lowrankFloat32, lowrankSum, comm, nullptr),
                 lowrankSuccess);
     }, cfg);
-    unsetenv("LOWRANK_PIPELINE_CHUNK");
     for (int r = 0; r < 3; ++r) EXPECT_EQ(res[r], lowrankInvalidUsage) << "pipeline " << pipeline << " rank " << r;
   }
 }
@@ -283,7 +282,7 @@ TEST(AllReduce, AllocationFailureOnOneRankFallsBackToExactOnEveryRank) {
   const size_t n = 64, m = 96, count = n * m;
   auto make = [&](int r) { return decayingInput(n, m, r); };
   const std::vector<double> ref = exactSum(N, count, make);
-  setenv("LOWRANK_TEST_FAIL_ALLOC", "1", 1);
+  std::optional<EnvGuard> fail(std::in_place, "LOWRANK_TEST_FAIL_ALLOC", "1");
   withComms(N, [&](int r, lowrankComm_t comm) {
     std::vector<float> g = make(r), out(count);
     for (int call = 0; call < 3; ++call) {
@@ -298,7 +297,7 @@ TEST(AllReduce, AllocationFailureOnOneRankFallsBackToExactOnEveryRank) {
     EXPECT_EQ(st.stateBytes, 0u) << "no rank keeps state for a buffer that is allreduced exactly";
     EXPECT_EQ(st.exactOnlyPlans, 1u) << "every rank counts the plan made exact-only, once";
   });
-  unsetenv("LOWRANK_TEST_FAIL_ALLOC");
+  fail.reset();
   // Without the fault the same calls are compressed.
   withComms(N, [&](int r, lowrankComm_t comm) {
     std::vector<float> g = make(r), out(count);
@@ -360,12 +359,9 @@ TEST(AllReduce, AllocationFailureIsAWarnNamingTheBufferAndTheBytes) {
   ASSERT_GT(held, n * m * sizeof(float)) << "a residual at least";
   GTEST_FLAG_SET(death_test_style, "threadsafe");  // a fresh process, which reads LOWRANK_DEBUG
   const std::string log = ::testing::TempDir() + "lowrank_failalloc_%p.log";
-  setenv("LOWRANK_DEBUG", "WARN", 1);
-  setenv("LOWRANK_DEBUG_FILE", log.c_str(), 1);
+  EnvGuard level("LOWRANK_DEBUG", "WARN"), file("LOWRANK_DEBUG_FILE", log.c_str());
   EXPECT_EXIT(failAllocAndFindWarn(N, n, m, held, log), ::testing::ExitedWithCode(0),
               "2 of 2 ranks counted the exact-only plan; the WARN names the buffer and the bytes");
-  unsetenv("LOWRANK_DEBUG");
-  unsetenv("LOWRANK_DEBUG_FILE");
 }
 
 }  // namespace

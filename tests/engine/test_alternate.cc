@@ -15,18 +15,13 @@
 #include "engine/data.h"
 #include "support/ranks.h"
 #include "transport/ucx/cost_model.h"
+#include "support/env.h"
 
 using namespace lowrank::testing;
 using Mat = Eigen::MatrixXd;
 using Bytes = std::vector<unsigned char>;
 
 namespace {
-
-struct EnvGuard {
-  const char* name;
-  EnvGuard(const char* n, const char* v) : name(n) { setenv(n, v, 1); }
-  ~EnvGuard() { unsetenv(name); }
-};
 
 // Two matrices and a bias, per tensor.
 constexpr size_t kN0 = 24, kM0 = 40, kN1 = 16, kM1 = 30, kBias = 16;

@@ -18,16 +18,11 @@
 #include "support/ranks.h"
 #include "transport/ucx/cost_model.h"
 #include "transport/wire.h"
+#include "support/env.h"
 
 using namespace lowrank::testing;
 
 namespace {
-
-struct EnvGuard {
-  const char* name;
-  EnvGuard(const char* n, const char* v) : name(n) { setenv(n, v, 1); }
-  ~EnvGuard() { unsetenv(name); }
-};
 
 // Two matrices and a bias, per tensor.
 constexpr size_t kN0 = 24, kM0 = 40, kN1 = 16, kM1 = 30, kBias = 16;

@@ -9,17 +9,13 @@
 #include "api/config.h"
 #include "support/ranks.h"
 #include "transport/ucx/cost_model.h"
+#include "support/env.h"
 
 using namespace lowrank;
 
 namespace {
 
-struct EnvGuard {
-  const char* name;
-  EnvGuard(const char* n, const char* v) : name(n) { setenv(n, v, 1); }
-  ~EnvGuard() { unsetenv(name); }
-};
-
+using lowrank::testing::EnvGuard;
 TEST(HostAlgorithm, CostAndAlgorithmFromEnvironment) {
   EngineConfig c;
   ASSERT_TRUE(api::resolveConfig(nullptr, &c).ok());

@@ -16,9 +16,8 @@ using namespace lowrank::testing;
 namespace {
 
 // Small chunks, so that small inputs are pipelined and cross many chunk boundaries.
-struct ChunkEnv {
-  explicit ChunkEnv(const char* elems) { setenv("LOWRANK_PIPELINE_CHUNK", elems, 1); }
-  ~ChunkEnv() { unsetenv("LOWRANK_PIPELINE_CHUNK"); }
+struct ChunkEnv : lowrank::testing::EnvGuard {
+  explicit ChunkEnv(const char* elems) : EnvGuard("LOWRANK_PIPELINE_CHUNK", elems) {}
 };
 
 struct Shape {

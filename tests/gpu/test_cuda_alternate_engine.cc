@@ -20,16 +20,11 @@
 #include "gpu/device_support.h"
 #include "support/memory_formula.h"
 #include "support/ranks.h"
+#include "support/env.h"
 
 using namespace lowrank::testing;
 
 namespace {
-
-struct EnvGuard {
-  const char* name;
-  EnvGuard(const char* n, const char* v) : name(n) { setenv(n, v, 1); }
-  ~EnvGuard() { unsetenv(name); }
-};
 
 // Two compressed tensors and a bias (per tensor), or one batched matrix.
 const std::vector<std::vector<size_t>> kShapes = {{96, 200}, {300}, {128, 3, 3, 17}};

@@ -21,6 +21,7 @@
 #include "support/memory_formula.h"
 #include "support/ranks.h"
 #include "util/convert.h"
+#include "support/env.h"
 
 using namespace lowrank::testing;
 
@@ -80,12 +81,6 @@ std::vector<std::vector<float>> inputsFor(int calls) {
   for (int c = 0; c < calls; ++c) v.push_back(decayingInput(1, countOf(kShapes), 0, 300 + c));
   return v;
 }
-
-struct EnvGuard {
-  const char* name;
-  EnvGuard(const char* n, const char* v) : name(n) { setenv(n, v, 1); }
-  ~EnvGuard() { unsetenv(name); }
-};
 
 // PowerSGD, one comm rank: Qbar = the allreduced Q / 1, so with 16-bit factors the kept Qt is made
 // of bfloat16 values (it came back from a bfloat16 allreduce), for a bfloat16 and for a float16

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "lowrank/lowrank.h"
+#include "support/env.h"  // no test leaves LOWRANK_* changed
 
 namespace lowrank::testing {
 

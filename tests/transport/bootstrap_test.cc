@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/support/env.h"
 #include "tests/transport/support.h"
 #include "transport/bootstrap/bootstrap.h"
 #include "transport/bootstrap/socket.h"
@@ -188,14 +189,18 @@ TEST(Bootstrap, TimesOutWhenARankNeverArrives) {
 }
 
 TEST(Bootstrap, SocketIfnameIsValidated) {
-  ASSERT_EQ(setenv("LOWRANK_SOCKET_IFNAME", "nosuchif0", 1), 0);
   lowrankUniqueId id;
-  Status st = makeUniqueId(&id, 1);
+  Status st;
+  {
+    lowrank::testing::EnvGuard bad("LOWRANK_SOCKET_IFNAME", "nosuchif0");
+    st = makeUniqueId(&id, 1);
+  }
   EXPECT_EQ(st.code, lowrankInvalidUsage);
   EXPECT_NE(st.msg.find("LOWRANK_SOCKET_IFNAME"), std::string::npos) << st.msg;
-  ASSERT_EQ(setenv("LOWRANK_SOCKET_IFNAME", "lo", 1), 0);
-  st = makeUniqueId(&id, 5);
-  unsetenv("LOWRANK_SOCKET_IFNAME");
+  {
+    lowrank::testing::EnvGuard lo("LOWRANK_SOCKET_IFNAME", "lo");
+    st = makeUniqueId(&id, 5);
+  }
   ASSERT_TRUE(st.ok()) << st.msg;
   RootInfo info;
   ASSERT_TRUE(decodeUniqueId(id, &info).ok());
