@@ -147,6 +147,32 @@ TEST(ProbedTransport, MeasuresRealLinksAndKeepsPinnedConstants) {
   checkExactFloatSum(g, 1000, 7);
 }
 
+// The small exchanges, which give alpha and o, run one pair at a time, in the order of the pairs
+// (where the processes outnumber the cores, pairs timed together measure the scheduler); the
+// large ones, all pairs at once, come before them. 7 ranks: three pairs and one rank without.
+TEST(ProbedTransport, SmallExchangesOnePairAtATime) {
+  const int n = 7;
+  Probed res(n);
+  auto g = makeGroup(n, 10, [&](int r) {
+    UcxTransportOptions o;
+    o.probe = true;
+    o.probeOptions = quick();
+    o.onProbed = res.sink(r);
+    return o;
+  });
+  ASSERT_EQ(g.size(), size_t(n));
+  for (int r = 0; r + 1 < n; r += 2) {
+    const ProbeResult& a = res.byRank[size_t(r)];
+    EXPECT_GT(a.timings.smallRtt, 0) << "comm rank " << r;
+    EXPECT_LT(a.smallBegin, a.smallEnd) << "comm rank " << r;
+    if (r + 3 < n) {
+      const ProbeResult& next = res.byRank[size_t(r + 2)];
+      EXPECT_LE(a.smallEnd, next.smallBegin) << "pairs " << r / 2 << " and " << r / 2 + 1 << " overlap";
+    }
+  }
+  checkExactFloatSum(g, 1000, 3);  // the sequence numbers stayed in step
+}
+
 TEST(ProbedTransport, NoProbeWhereTheModelDoesNotChoose) {
   auto g = makeGroup(2, 10, [&](int) {
     UcxTransportOptions o;

@@ -9,10 +9,16 @@
 // from the minimum of each over the repeats (the least disturbed; MPI tuners use it too). Then
 // every comm rank takes the max over comm ranks of each (an allreduce with one fixed algorithm),
 // so all choose alike from the slowest link measured; a rank without a partner (the last of an
-// odd world) contributes nothing. Pairs run at once, each on its own links.
+// odd world) contributes nothing. The large messages of all pairs go at once, each pair on its own
+// links, as a collective's do; the small ones one pair at a time (after a barrier, a token passed
+// from initiator to initiator), so that where the processes outnumber the cores alpha and o are
+// the link's and one pair's, not the CPU share that 16 processes on 2 cores leave each
+// (issue 40: alpha measured 2-3x the calibrated link's at 16 hosts when the pairs ran together).
 //
-// Costs: repeats x (2 small round trips + the two large messages + 3 round trips), about 0.1 s at
-// 100 Mbit/s and 1 ms one way; the pairs in parallel, so no more at 16 hosts.
+// Costs: repeats x (the two large messages + 2 round trips), the pairs in parallel; then a barrier
+// and, one pair after the other, repeats x (a small round trip and a burst answered once) and
+// one hop of the token: at 1 ms one way, 100 Mbit/s, about 0.1 s + 15 ms per pair (0.2 s at 16
+// hosts).
 // Thread safety: the transport's calling thread, collectively (every comm rank, in step).
 #pragma once
 #include <cstddef>
@@ -47,6 +53,9 @@ struct ProbeResult {
   CostParams local;      // fitLink(timings)
   CostParams agreed;     // the max over comm ranks of each constant
   double seconds = 0;    // the probe's own wall time here
+  // When this rank's small exchanges began and ended (steady clock, seconds): one pair's window
+  // never overlaps another's.
+  double smallBegin = 0, smallEnd = 0;
 };
 
 // Collective over comm's ranks; *seq is the transport's sequence number (each exchange takes the
