@@ -33,6 +33,12 @@ TEST(LinkProbe, FitOfKnownTimings) {
   EXPECT_NEAR(c.alphaSec, alpha, 1e-12);
   EXPECT_NEAR(c.overheadSec, ovh, 1e-12);
   EXPECT_NEAR(c.betaSecPerByte, beta, 1e-15);
+  // The round trip of a pair alone, where measured, gives alpha; o stays the difference of the
+  // burst and the round trip with every pair at once.
+  ProbeTimings alone = t;
+  alone.smallRttAlone = 2 * alpha / 3;
+  EXPECT_NEAR(ucx::fitLink(alone, o).alphaSec, alpha / 3, 1e-12);
+  EXPECT_NEAR(ucx::fitLink(alone, o).overheadSec, ovh, 1e-12);
   // A burst faster than one round trip (noise) gives no negative overhead; no partner gives zeros.
   t.burst = t.smallRtt * 0.9;
   EXPECT_EQ(ucx::fitLink(t, o).overheadSec, 0);
@@ -147,9 +153,9 @@ TEST(ProbedTransport, MeasuresRealLinksAndKeepsPinnedConstants) {
   checkExactFloatSum(g, 1000, 7);
 }
 
-// The small exchanges, which give alpha and o, run one pair at a time, in the order of the pairs
-// (where the processes outnumber the cores, pairs timed together measure the scheduler); the
-// large ones, all pairs at once, come before them. 7 ranks: three pairs and one rank without.
+// The round trips that give alpha run one pair at a time, in the order of the pairs (where the
+// processes outnumber the cores, pairs timed together measure the scheduler), after those of
+// every pair at once. 7 ranks: three pairs and one rank without.
 TEST(ProbedTransport, SmallExchangesOnePairAtATime) {
   const int n = 7;
   Probed res(n);
@@ -163,7 +169,7 @@ TEST(ProbedTransport, SmallExchangesOnePairAtATime) {
   ASSERT_EQ(g.size(), size_t(n));
   for (int r = 0; r + 1 < n; r += 2) {
     const ProbeResult& a = res.byRank[size_t(r)];
-    EXPECT_GT(a.timings.smallRtt, 0) << "comm rank " << r;
+    EXPECT_GT(a.timings.smallRttAlone, 0) << "comm rank " << r;
     EXPECT_LT(a.smallBegin, a.smallEnd) << "comm rank " << r;
     if (r + 3 < n) {
       const ProbeResult& next = res.byRank[size_t(r + 2)];

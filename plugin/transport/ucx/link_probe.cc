@@ -44,7 +44,7 @@ Status once(UcxComm& comm, uint32_t seq, int partner, size_t bytes, int count, s
 CostParams fitLink(const ProbeTimings& t, const ProbeOptions& o) {
   CostParams c{0, 0, 0};
   if (t.smallRtt <= 0) return c;
-  c.alphaSec = t.smallRtt / 2;
+  c.alphaSec = (t.smallRttAlone > 0 ? t.smallRttAlone : t.smallRtt) / 2;
   c.overheadSec = std::max(0.0, (t.burst - t.smallRtt) / (o.burst - 1));
   c.betaSecPerByte = std::max(0.0, (t.large2 - t.large1) / double(o.large2Bytes - o.large1Bytes));
   return c;
@@ -58,19 +58,26 @@ Status probeLinks(UcxComm& comm, uint32_t* seq, const ProbeOptions& opt,
   out->partner = (r ^ 1) < n ? (r ^ 1) : -1;
   const size_t small = opt.smallBytes;
   std::vector<std::byte> buf(std::max(opt.large2Bytes, small * size_t(opt.burst)) + small);
-  ProbeTimings best{1e30, 1e30, 1e30, 1e30};
+  ProbeTimings best{1e30, 1e30, 1e30, 1e30, 1e30};
   double s;
-  // Large messages: every pair at once, as a collective loads the links together.
+  // Every pair at once, as a collective loads the machine and the links together: the large
+  // messages (beta) and the small round trip and burst whose difference is the CPU per message
+  // (o: what a rank gets of the cores while every rank is sending).
   for (int rep = 0; rep < opt.repeats; ++rep) {
+    LR_RETURN_IF_ERROR(once(comm, ++*seq, out->partner, small, 1, small, &buf, &s));
+    best.smallRtt = std::min(best.smallRtt, s);
+    LR_RETURN_IF_ERROR(once(comm, ++*seq, out->partner, small, opt.burst, small, &buf, &s));
+    best.burst = std::min(best.burst, s);
     LR_RETURN_IF_ERROR(once(comm, ++*seq, out->partner, opt.large1Bytes, 1, small, &buf, &s));
     best.large1 = std::min(best.large1, s);
     LR_RETURN_IF_ERROR(once(comm, ++*seq, out->partner, opt.large2Bytes, 1, small, &buf, &s));
     best.large2 = std::min(best.large2, s);
   }
-  // Small messages: one pair at a time, the others asleep on their event fds (ucx_comm.h), so
-  // that alpha and o are the link's and one pair's CPU, not the scheduler's share of it where the
-  // processes outnumber the cores (16 hosts on 2 cores measured alpha 2-3x the link's). A barrier
-  // first (no pair's large messages still moving), then a token from initiator to initiator.
+  // The small round trip again, one pair at a time, the others asleep on their event fds
+  // (ucx_comm.h): alpha is the link's latency, not the scheduler's share of the cores where the
+  // processes outnumber them (16 hosts on 2 cores measured alpha 2-3x the link's with the pairs
+  // at once). A barrier first (no pair's messages still moving), then a token from initiator to
+  // initiator.
   uint8_t flag = 0;
   std::vector<std::byte> scratch;
   {
@@ -78,23 +85,19 @@ Status probeLinks(UcxComm& comm, uint32_t* seq, const ProbeOptions& opt,
     LR_RETURN_IF_ERROR(recursiveDoublingAllreduce(
         ex, AllreduceArgs{&flag, 1, lowrankUint8, lowrankMax, 1}, &scratch));
   }
-  const uint32_t tokenSeq = ++*seq, smallSeq = *seq + 1;
-  *seq += uint32_t(2 * opt.repeats);  // the same on every rank: each pair's exchanges reuse them
-  const int pair = r / 2;
+  const uint32_t tokenSeq = ++*seq, aloneSeq = *seq + 1;
+  *seq += uint32_t(opt.repeats);  // the same on every rank: each pair's exchanges reuse them
   const bool initiator = out->partner > r;
   Exchange token(comm, tokenSeq, nullptr);
   Exchange::Handle h;
-  if (initiator && pair > 0) {
+  if (initiator && r >= 2) {
     LR_RETURN_IF_ERROR(token.recv(r - 2, 0, &flag, 1, &h));
     LR_RETURN_IF_ERROR(token.waitAll());
   }
   out->smallBegin = now();
   for (int rep = 0; rep < opt.repeats; ++rep) {
-    LR_RETURN_IF_ERROR(once(comm, smallSeq + uint32_t(2 * rep), out->partner, small, 1, small, &buf, &s));
-    best.smallRtt = std::min(best.smallRtt, s);
-    LR_RETURN_IF_ERROR(
-        once(comm, smallSeq + uint32_t(2 * rep + 1), out->partner, small, opt.burst, small, &buf, &s));
-    best.burst = std::min(best.burst, s);
+    LR_RETURN_IF_ERROR(once(comm, aloneSeq + uint32_t(rep), out->partner, small, 1, small, &buf, &s));
+    best.smallRttAlone = std::min(best.smallRttAlone, s);
   }
   out->smallEnd = now();
   if (initiator && r + 3 < n) {  // the next pair has a partner too

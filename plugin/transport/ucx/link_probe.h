@@ -1,24 +1,27 @@
 // The links measured when a communicator is made (issue 40), so that the cost model (cost_model.h)
 // chooses from the network it runs on, not from guessed constants: the lower comm rank of each
 // pair (2i, 2i+1) times, with its partner, a ping-pong of a small message, a burst of small messages
-// answered once, and two large messages answered once; the fit gives
-//   alpha = the small round trip / 2                       (one hop: latency and both overheads)
-//   o     = (burst - small round trip) / (burst count - 1) (LogP's per-message overhead or gap)
+// answered once, and two large messages answered once, every pair at once (as a collective loads
+// the machine and the links); then the small ping-pong again, one pair at a time (after a barrier,
+// a token passed from initiator to initiator; the others asleep). The fit gives
+//   alpha = the small round trip alone / 2                 (one hop: latency and both overheads)
+//   o     = (burst - small round trip) / (burst count - 1) (LogP's per-message overhead or gap,
+//                                                           with every pair at once)
 //   beta  = (large2 - large1) / (large2 bytes - large1 bytes)  (two sizes: UCX's rendezvous and any
 //                                                           per-message cost cancel)
 // from the minimum of each over the repeats (the least disturbed; MPI tuners use it too). Then
 // every comm rank takes the max over comm ranks of each (an allreduce with one fixed algorithm),
 // so all choose alike from the slowest link measured; a rank without a partner (the last of an
-// odd world) contributes nothing. The large messages of all pairs go at once, each pair on its own
-// links, as a collective's do; the small ones one pair at a time (after a barrier, a token passed
-// from initiator to initiator), so that where the processes outnumber the cores alpha and o are
-// the link's and one pair's, not the CPU share that 16 processes on 2 cores leave each
-// (issue 40: alpha measured 2-3x the calibrated link's at 16 hosts when the pairs ran together).
+// odd world) contributes nothing.
+// Why alpha alone and o together: where the processes outnumber the cores (16 hosts on 2 here),
+// the round trip with every pair at once is the scheduler's (alpha 2-3x the calibrated link's,
+// which made the model buy rounds with bytes), while the CPU a message costs is what every rank
+// sending at once leaves (with o from one pair alone, 58 us against 110-990 us, direct looked
+// cheapest for 256 B - 1 KiB at 16 hosts and measured 1.5x recursive doubling's time).
 //
-// Costs: repeats x (the two large messages + 2 round trips), the pairs in parallel; then a barrier
-// and, one pair after the other, repeats x (a small round trip and a burst answered once) and
-// one hop of the token: at 1 ms one way, 100 Mbit/s, about 0.1 s + 15 ms per pair (0.2 s at 16
-// hosts).
+// Costs: repeats x (the two large messages + 4 round trips), the pairs in parallel; then a barrier
+// and, one pair after the other, repeats small round trips and one hop of the token: at 1 ms one
+// way, 100 Mbit/s, about 0.1 s + 7 ms per pair (0.16 s at 16 hosts).
 // Thread safety: the transport's calling thread, collectively (every comm rank, in step).
 #pragma once
 #include <cstddef>
@@ -41,7 +44,8 @@ struct ProbeOptions {
 
 // What one comm rank measured (seconds, its minimum over the repeats; 0 without a partner).
 struct ProbeTimings {
-  double smallRtt = 0, burst = 0, large1 = 0, large2 = 0;
+  double smallRtt = 0, burst = 0, large1 = 0, large2 = 0;  // every pair at once
+  double smallRttAlone = 0;  // one pair at a time; 0: not measured (the fit takes smallRtt)
 };
 
 // The fit above of one rank's timings; all zero for zero timings (no partner).
@@ -53,8 +57,8 @@ struct ProbeResult {
   CostParams local;      // fitLink(timings)
   CostParams agreed;     // the max over comm ranks of each constant
   double seconds = 0;    // the probe's own wall time here
-  // When this rank's small exchanges began and ended (steady clock, seconds): one pair's window
-  // never overlaps another's.
+  // When this rank's round trips alone began and ended (steady clock, seconds): one pair's
+  // window never overlaps another's.
   double smallBegin = 0, smallEnd = 0;
 };
 

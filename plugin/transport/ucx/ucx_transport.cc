@@ -75,9 +75,10 @@ class UcxTransport final : public Transport {
       const ucx::ProbeResult& r = *probed_;
       snprintf(b, sizeof b,
                ", \"probe\": {\"partner\": %d, \"small_rtt_us\": %.6g, \"burst_us\": %.6g, "
-               "\"large1_us\": %.6g, \"large2_us\": %.6g, \"seconds\": %.6g}",
+               "\"large1_us\": %.6g, \"large2_us\": %.6g, \"small_rtt_alone_us\": %.6g, "
+               "\"seconds\": %.6g}",
                r.partner, 1e6 * r.timings.smallRtt, 1e6 * r.timings.burst, 1e6 * r.timings.large1,
-               1e6 * r.timings.large2, r.seconds);
+               1e6 * r.timings.large2, 1e6 * r.timings.smallRttAlone, r.seconds);
       s += b;
     }
     s += ", \"algorithms\": {";  // per size class seen: floor(log2(bytes)) -> algorithm
