@@ -81,9 +81,12 @@ def test_transport_info_names_what_was_measured(monkeypatch, probe):
         for key in ("alpha_us", "overhead_us", "beta_ns_per_byte"):
             assert info[key] == infos[0][key]
     if probe == "1":
-        assert infos[0]["probe"]["partner"] == 1 and infos[0]["probe"]["small_rtt_us"] > 0
-        # both printed to 6 significant digits: equal within that rounding
-        assert infos[0]["alpha_us"] == pytest.approx(infos[0]["probe"]["small_rtt_us"] / 2, rel=1e-4)
+        probe_ = infos[0]["probe"]
+        assert probe_["partner"] == 1 and probe_["small_rtt_us"] > 0
+        # alpha: the round trip of the pair alone (link_probe.h); both printed to 6 significant
+        # digits: equal within that rounding
+        assert probe_["small_rtt_alone_us"] > 0
+        assert infos[0]["alpha_us"] == pytest.approx(probe_["small_rtt_alone_us"] / 2, rel=1e-4)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
