@@ -146,22 +146,42 @@ def cuda_backend_for(library):
             or build_backend(library))
 
 
-def shim_path():
-    """liblowrank_nccl.so, the LD_PRELOAD shim: the package's own, else a checkout build's."""
-    own = package_file("lib", "liblowrank_nccl.so")
-    if own:
-        return own
-    built = checkout_builds(os.path.join("plugin", "nccl_shim", "liblowrank_nccl.so"))
+def library_to_load():
+    """The liblowrank the package loads (LOWRANK_LIBRARY, else the first of library_candidates()
+    that exists), found without loading it; None where no candidate is a file."""
+    env = os.environ.get("LOWRANK_LIBRARY", "")
+    paths = ([os.path.join(env, "liblowrank.so") if os.path.isdir(env) else env] if env
+             else library_candidates())
+    return next((p for p in paths if os.sep in p and os.path.exists(p)), None)
+
+
+def of_library(relative):
+    """build-folder file `relative` that goes with the library the package loads: in that
+    library's folder (a build's: the same build, so a checkout with several build*/ folders gives
+    the shim or perf binary of the library in use, not the newest one built), else the newest
+    checkout build's; None where neither has it."""
+    lib = library_to_load()
+    if lib:
+        folder = os.path.dirname(os.path.realpath(lib))
+        for path in (os.path.join(folder, relative), os.path.join(folder, os.path.basename(relative))):
+            if os.path.exists(path):
+                return path
+    built = checkout_builds(relative)
     return built[0] if built else None
+
+
+def shim_path():
+    """liblowrank_nccl.so, the LD_PRELOAD shim: the package's own, else the build's of the library
+    loaded (of_library)."""
+    own = package_file("lib", "liblowrank_nccl.so")
+    return own or of_library(os.path.join("plugin", "nccl_shim", "liblowrank_nccl.so"))
 
 
 def perf_binary():
-    """lowrank_allreduce_perf: the package's own, else a checkout build's; None where neither."""
+    """lowrank_allreduce_perf: the package's own, else the build's of the library loaded
+    (of_library); None where neither."""
     own = package_file("bin", "lowrank_allreduce_perf")
-    if own:
-        return own
-    built = checkout_builds(os.path.join("perf", "lowrank_allreduce_perf"))
-    return built[0] if built else None
+    return own or of_library(os.path.join("perf", "lowrank_allreduce_perf"))
 
 
 def nccl_wheel_path():

@@ -130,6 +130,7 @@ def test_a_configured_but_unbuilt_shim_is_not_called_absent(tmp_path, monkeypatc
     (build / "build.ninja").write_text(f"rule x\nbuild {report.SHIM_TARGET}: cpp_LINKER a.o\n")
     monkeypatch.setattr(_paths, "_CHECKOUT", str(tmp_path))
     monkeypatch.setattr(_paths, "package_file", lambda *parts: None)
+    monkeypatch.delenv("LOWRANK_LIBRARY", raising=False)  # this fake checkout's library, if any
     out = []
     report._shim(out)
     assert out[0].startswith("NCCL shim (LD_PRELOAD): not built yet"), out
@@ -145,3 +146,32 @@ def test_a_configured_but_unbuilt_shim_is_not_called_absent(tmp_path, monkeypatc
     out = []
     report._shim(out)
     assert out[0].startswith("NCCL shim (LD_PRELOAD): absent (") and "not built yet" not in out[0], out
+
+
+def test_shim_and_perf_binary_of_the_build_whose_library_is_loaded(tmp_path, monkeypatch):
+    """A checkout with two builds: the shim and the perf binary are those of the build whose
+    liblowrank the package loads (the newest library), not the newest shim (another build's, made
+    later: a sanitizer build beside the release one); LOWRANK_LIBRARY picks the build."""
+    from lowrank import _paths
+    monkeypatch.setattr(_paths, "_CHECKOUT", str(tmp_path))
+    monkeypatch.setattr(_paths, "package_file", lambda *parts: None)
+    monkeypatch.delenv("LOWRANK_LIBRARY", raising=False)
+    shim_rel = os.path.join("plugin", "nccl_shim", "liblowrank_nccl.so")
+    perf_rel = os.path.join("perf", "lowrank_allreduce_perf")
+    files = {}
+    for build, lib_t, other_t in (("build", 300, 100), ("build-asan", 200, 400)):
+        for rel, t in (("liblowrank.so", lib_t), (shim_rel, other_t), (perf_rel, other_t)):
+            path = tmp_path / build / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("")
+            os.utime(path, (t, t))
+            files[build, rel] = str(path)
+    if not _paths.library_candidates()[0].startswith(str(tmp_path)):
+        import pytest
+        pytest.skip("a `meson install`ed liblowrank comes before the checkout's builds here")
+    assert _paths.library_to_load() == files["build", "liblowrank.so"]
+    assert _paths.shim_path() == files["build", shim_rel]
+    assert _paths.perf_binary() == files["build", perf_rel]
+    monkeypatch.setenv("LOWRANK_LIBRARY", str(tmp_path / "build-asan"))
+    assert _paths.shim_path() == files["build-asan", shim_rel]
+    assert _paths.perf_binary() == files["build-asan", perf_rel]
