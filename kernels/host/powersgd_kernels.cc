@@ -43,6 +43,25 @@ inline float dot(const float* __restrict a, const float* __restrict b, size_t le
 // once per block instead of once per row, which keeps pass 1 and 2 memory-bound up to k = 8.
 constexpr int kBlock = 4;
 
+// Calls f(std::integral_constant<int, K>{}) with K = k for k = 1..8, else K = 0 (k known only at
+// run time). With K known, a kernel keeps the k factor values of a column in registers and makes
+// one sweep over the columns instead of k; the additions stay in the same order, so the bits of
+// every result are those of the k-sweep loops (j = 0, 1, .. k-1 for each element).
+template <typename F>
+inline decltype(auto) withK(int k, F&& f) {
+  switch (k) {
+    case 1: return f(std::integral_constant<int, 1>{});
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 3: return f(std::integral_constant<int, 3>{});
+    case 4: return f(std::integral_constant<int, 4>{});
+    case 5: return f(std::integral_constant<int, 5>{});
+    case 6: return f(std::integral_constant<int, 6>{});
+    case 7: return f(std::integral_constant<int, 7>{});
+    case 8: return f(std::integral_constant<int, 8>{});
+    default: return f(std::integral_constant<int, 0>{});
+  }
+}
+
 // Row i of M as float32. Pass 1 (add = true) fuses the error-feedback add (E += G, in place) and
 // counts non-finite values; pass 2 (add = false) reads M = E, or G without error feedback.
 // Without E, a G that is not float32 is converted into rows + slot * cols (see rowScratch).
@@ -127,6 +146,39 @@ size_t pass1(const T* __restrict g, float* __restrict e, const MatrixView& v,
   return bad;
 }
 
+// Qt[j][c] += sum over the kBlock rows b of P[b][j] M[b][c], rows added in order b = 0..3.
+// K = 0: k at run time, one sweep per j; else one sweep with the k columns' sums in registers.
+template <int K>
+inline void qtAddBlock(float* __restrict qt, size_t cols, const float* const* m,
+                       const float* __restrict pb, int k) {
+  const float* __restrict m0 = m[0];
+  const float* __restrict m1 = m[1];
+  const float* __restrict m2 = m[2];
+  const float* __restrict m3 = m[3];
+  if constexpr (K == 0) {
+    for (int j = 0; j < k; ++j) {
+      const float p0 = pb[j], p1 = pb[k + j], p2 = pb[2 * k + j], p3 = pb[3 * k + j];
+      float* __restrict q = qt + size_t(j) * cols;
+#pragma omp simd
+      for (size_t c = 0; c < cols; ++c)
+        q[c] = (((q[c] + p0 * m0[c]) + p1 * m1[c]) + p2 * m2[c]) + p3 * m3[c];
+    }
+  } else {
+    float p0[K], p1[K], p2[K], p3[K];
+    for (int j = 0; j < K; ++j) {
+      p0[j] = pb[j], p1[j] = pb[K + j], p2[j] = pb[2 * K + j], p3[j] = pb[3 * K + j];
+    }
+#pragma omp simd
+    for (size_t c = 0; c < cols; ++c) {
+      const float a = m0[c], b = m1[c], d = m2[c], e = m3[c];
+      for (int j = 0; j < K; ++j) {
+        float* q = qt + size_t(j) * cols;
+        q[c] = (((q[c] + p0[j] * a) + p1[j] * b) + p2[j] * d) + p3[j] * e;
+      }
+    }
+  }
+}
+
 // add: M = G + E first (E += G in place), counting elements beyond the limit into *bad (the
 // alternating Q step's pass); else M is E, or G without error feedback (PowerSGD's pass 2).
 template <typename T, bool add = false>
@@ -143,15 +195,8 @@ void pass2(const T* __restrict g, const float* __restrict e, const MatrixView& v
     const float* m[kBlock];
     for (int b = 0; b < kBlock; ++b)
       m[b] = rowOfM<T, add>(g, em, v, i + b, b, rows.data(), count, lim);
-    for (int j = 0; j < k; ++j) {
-      const float p0 = p[i * k + j], p1 = p[(i + 1) * k + j], p2 = p[(i + 2) * k + j],
-                  p3 = p[(i + 3) * k + j];
-      float* __restrict q = qt + size_t(j) * v.cols;
-      // Same order of additions as one row at a time: the result does not depend on blocking.
-#pragma omp simd
-      for (size_t c = 0; c < v.cols; ++c)
-        q[c] = (((q[c] + p0 * m[0][c]) + p1 * m[1][c]) + p2 * m[2][c]) + p3 * m[3][c];
-    }
+    // Same order of additions as one row at a time: the result does not depend on blocking.
+    withK(k, [&](auto K) { qtAddBlock<K>(qt, v.cols, m, p + i * k, k); });
   }
   for (; i < v.rows; ++i) {
     const size_t len = v.rowLength(i);
@@ -166,99 +211,116 @@ void pass2(const T* __restrict g, const float* __restrict e, const MatrixView& v
   }
 }
 
-template <typename T>
-void pass3(float* __restrict e, const MatrixView& v, const float* __restrict p,
-           const float* __restrict qbart, int k, float s, T* out) {
-  std::vector<float> a(v.cols);  // one row of P Qbar^T
-  for (size_t i = 0; i < v.rows; ++i) {
-    const size_t len = v.rowLength(i), off = i * v.stride();
-    if (len == 0) break;
-    float* __restrict ar = a.data();
-    const float p0 = p[i * k];
+// R rows of the low-rank product A = P Qt^T at once (R = kBlock, or 1 for the last rows), K = k:
+// each column's k values of Qt are read once for the R rows and summed in registers, j = 0..k-1
+// in order, as the one-row loops below (K = 0) add them. Then, with E (rows er), E -= A; with
+// out (rows o), out = s A cast to T. A starts at 0 when `fromZero` (the residual's order: 0 +
+// p0 q0 + ..), else at p0 q0 (the output's): both kept as they were, so no result bit moves.
+template <int K, int R, bool fromZero, bool withE, bool withO, typename T>
+inline void lowRankBlock(float* const* e, T* const* out, size_t len, const float* pi, int k,
+                         const float* __restrict qt, size_t qld, float s) {
+  float pr[R][K];
+  float* er[R];
+  T* o[R];
+  for (int b = 0; b < R; ++b) {
+    for (int j = 0; j < K; ++j) pr[b][j] = pi[size_t(b) * k + j];
+    er[b] = withE ? e[b] : nullptr;
+    o[b] = withO ? out[b] : nullptr;
+  }
 #pragma omp simd
-    for (size_t c = 0; c < len; ++c) ar[c] = p0 * qbart[c];
-    for (int j = 1; j < k; ++j) {
-      const float pij = p[i * k + j];
-      const float* __restrict q = qbart + size_t(j) * v.cols;
-#pragma omp simd
-      for (size_t c = 0; c < len; ++c) ar[c] += pij * q[c];
-    }
-    T* o = out + off;
-    if (e) {
-      float* __restrict er = e + off;
-#pragma omp simd
-      for (size_t c = 0; c < len; ++c) {
-        er[c] -= ar[c];
-        o[c] = fromFloat<T>(s * ar[c]);
-      }
-    } else {
-#pragma omp simd
-      for (size_t c = 0; c < len; ++c) o[c] = fromFloat<T>(s * ar[c]);
+  for (size_t c = 0; c < len; ++c) {
+    float q[K];
+#pragma GCC unroll 8
+    for (int j = 0; j < K; ++j) q[j] = qt[size_t(j) * qld + c];
+#pragma GCC unroll 4
+    for (int b = 0; b < R; ++b) {
+      float a = fromZero ? 0.f + pr[b][0] * q[0] : pr[b][0] * q[0];
+#pragma GCC unroll 8
+      for (int j = 1; j < K; ++j) a += pr[b][j] * q[j];
+      if constexpr (withE) er[b][c] -= a;
+      if constexpr (withO) o[b][c] = fromFloat<T>(s * a);
     }
   }
+}
+
+// One row of the same with k at run time (k > 8): the product built in `ar` (len floats).
+template <bool fromZero, typename T>
+inline void lowRankRow(float* __restrict er, T* __restrict o, size_t len, const float* pi, int k,
+                       const float* __restrict qt, size_t qld, float s, float* __restrict ar) {
+  const float p0 = pi[0];
+#pragma omp simd
+  for (size_t c = 0; c < len; ++c) ar[c] = fromZero ? 0.f + p0 * qt[c] : p0 * qt[c];
+  for (int j = 1; j < k; ++j) {
+    const float pij = pi[j];
+    const float* __restrict q = qt + size_t(j) * qld;
+#pragma omp simd
+    for (size_t c = 0; c < len; ++c) ar[c] += pij * q[c];
+  }
+  if (er) {
+#pragma omp simd
+    for (size_t c = 0; c < len; ++c) er[c] -= ar[c];
+  }
+  if (o) {
+#pragma omp simd
+    for (size_t c = 0; c < len; ++c) o[c] = fromFloat<T>(s * ar[c]);
+  }
+}
+
+// Over a view: E -= A (e not null) and out = s A (out not null), A = P Qt^T (Qt: k x v.cols at
+// row stride qld). kBlock full rows at a time, then the last rows one by one: a row's values do
+// not depend on the block it falls in.
+template <bool fromZero, typename T>
+void lowRank(float* e, T* out, const MatrixView& v, const float* p, const float* qt, size_t qld,
+             int k, float s) {
+  const size_t ld = v.stride(), full = v.fullRows();
+  std::vector<float> ar(k > 8 ? v.cols : 0);
+  // R rows from er / o (either may be unused), with K and R as integral constants.
+  auto block = [&](auto K, auto R, float* const* er, T* const* o, size_t len, const float* pi) {
+    if (e && out) lowRankBlock<K, R, fromZero, true, true>(er, o, len, pi, k, qt, qld, s);
+    else if (e) lowRankBlock<K, R, fromZero, true, false>(er, o, len, pi, k, qt, qld, s);
+    else lowRankBlock<K, R, fromZero, false, true>(er, o, len, pi, k, qt, qld, s);
+  };
+  withK(k, [&](auto K) {
+    size_t i = 0;
+    if constexpr (K > 0) {
+      for (; i + kBlock <= full; i += kBlock) {
+        float* er[kBlock];
+        T* o[kBlock];
+        for (int b = 0; b < kBlock; ++b) {
+          er[b] = e ? e + (i + b) * ld : nullptr;
+          o[b] = out ? out + (i + b) * ld : nullptr;
+        }
+        block(K, std::integral_constant<int, kBlock>{}, er, o, v.cols, p + i * k);
+      }
+    }
+    for (; i < v.rows; ++i) {
+      const size_t len = v.rowLength(i), off = i * ld;
+      if (len == 0) break;
+      float* er = e ? e + off : nullptr;
+      T* o = out ? out + off : nullptr;
+      if constexpr (K > 0)
+        block(K, std::integral_constant<int, 1>{}, &er, &o, len, p + i * k);
+      else
+        lowRankRow<fromZero>(er, o, len, p + i * k, k, qt, qld, s, ar.data());
+    }
+  });
+}
+
+// Pass 3: out = s P Qbar^T, E -= P Qbar^T.
+template <typename T>
+void pass3(float* e, const MatrixView& v, const float* p, const float* qbart, int k, float s,
+           T* out) {
+  lowRank<false>(e, out, v, p, qbart, v.cols, k, s);
 }
 
 // E -= P Qt^T over a view (Qt: k x v.cols, row stride qld): the residual of a rank's own factors.
-// kBlock rows at a time, by runs of kRun columns: each run of Qt is read once per kBlock rows (as
-// pass 1 reads it), the rows' low-rank part built in L1 and subtracted once.
-void subtractLowRank(float* __restrict e, const MatrixView& v, const float* __restrict p,
-                     const float* __restrict qt, size_t qld, int k) {
-  constexpr size_t kRun = 256;
-  alignas(64) float a[kBlock][kRun];
-  const size_t full = v.fullRows();
-  size_t i = 0;
-  for (; i + kBlock <= full; i += kBlock) {
-    const float* pi = p + i * k;
-    for (size_t c0 = 0; c0 < v.cols; c0 += kRun) {
-      const size_t w = std::min(kRun, v.cols - c0);
-      for (int b = 0; b < kBlock; ++b) std::fill_n(a[b], w, 0.f);
-      for (int j = 0; j < k; ++j) {
-        const float p0 = pi[j], p1 = pi[k + j], p2 = pi[2 * k + j], p3 = pi[3 * k + j];
-        const float* __restrict q = qt + size_t(j) * qld + c0;
-        float* __restrict a0 = a[0];
-        float* __restrict a1 = a[1];
-        float* __restrict a2 = a[2];
-        float* __restrict a3 = a[3];
-#pragma omp simd
-        for (size_t c = 0; c < w; ++c) {
-          a0[c] += p0 * q[c];
-          a1[c] += p1 * q[c];
-          a2[c] += p2 * q[c];
-          a3[c] += p3 * q[c];
-        }
-      }
-      for (int b = 0; b < kBlock; ++b) {
-        float* __restrict er = e + (i + b) * v.stride() + c0;
-        const float* __restrict ab = a[b];
-#pragma omp simd
-        for (size_t c = 0; c < w; ++c) er[c] -= ab[c];
-      }
-    }
-  }
-  // The last rows one at a time (a padded view's partial row too), with the same additions in the
-  // same order: a row's residual has the same bits whichever tile or block it falls in.
-  for (; i < v.rows; ++i) {
-    const size_t len = v.rowLength(i);
-    if (len == 0) break;
-    float* __restrict er = e + i * v.stride();
-    for (size_t c0 = 0; c0 < len; c0 += kRun) {
-      const size_t w = std::min(kRun, len - c0);
-      float* __restrict a0 = a[0];
-      std::fill_n(a0, w, 0.f);
-      for (int j = 0; j < k; ++j) {
-        const float pij = p[i * k + j];
-        const float* __restrict q = qt + size_t(j) * qld + c0;
-#pragma omp simd
-        for (size_t c = 0; c < w; ++c) a0[c] += pij * q[c];
-      }
-#pragma omp simd
-      for (size_t c = 0; c < w; ++c) er[c0 + c] -= a0[c];
-    }
-  }
+void subtractLowRank(float* e, const MatrixView& v, const float* p, const float* qt, size_t qld,
+                     int k) {
+  lowRank<true, float>(e, nullptr, v, p, qt, qld, k, 1.f);
 }
 
-// Rows [r0, r0 + rows) or columns [c0, c0 + cols) of a view, as a view of their own (its
-// elements start at r0 * stride, or c0, of the parent's).
+// Rows [r0, r0 + rows) of a view, as a view of their own (its elements start at r0 * stride of
+// the parent's).
 MatrixView rowsOf(const MatrixView& v, size_t r0, size_t rows) {
   MatrixView s = v;
   const size_t skip = r0 * v.stride();
@@ -267,17 +329,10 @@ MatrixView rowsOf(const MatrixView& v, size_t r0, size_t rows) {
   s.valid = v.valid > skip ? v.valid - skip : 0;
   return s;
 }
-MatrixView colsOf(const MatrixView& v, size_t c0, size_t cols) {
-  MatrixView s = v;
-  s.ld = v.stride();
-  s.cols = cols;
-  s.valid = v.valid > c0 ? v.valid - c0 : 0;
-  return s;
-}
 
-// Bytes of M a tile of the fused alternating passes holds, so that its second sweep (the
-// residual) reads it from cache: the step then moves 12 bytes per element, as one pass.
-constexpr size_t kTileBytes = 1 << 20;
+// Bytes of M a row tile of the alternating P step holds, so that its second sweep (the residual)
+// reads it from cache: the P step then moves 12 bytes per element, as one pass.
+constexpr size_t kTileBytes = 1 << 19;
 
 template <typename T>
 size_t stepP(const T* g, float* e, const MatrixView& v, const float* qt, int k, float* p,
@@ -299,25 +354,16 @@ size_t stepP(const T* g, float* e, const MatrixView& v, const float* qt, int k, 
 template <typename T>
 size_t stepQ(const T* g, float* e, const MatrixView& v, const float* p, int k, float* qt,
              float limit, lowrankDataType_t wire) {
-  const uint32_t lim = limitBits(limit);
   size_t bad = 0;
-  if (!e) {
-    pass2<T, true>(g, e, v, p, k, qt, &bad, lim);
-    return bad;
-  }
-  // Column tiles of at least 64 columns (whole cache lines), fewer rows' worth when n is large.
-  const size_t width = std::max<size_t>(64, kTileBytes / (sizeof(float) * std::max<size_t>(v.rows, 1)) / 16 * 16);
-  std::vector<float> part(size_t(k) * std::min(width, v.cols));
-  for (size_t c0 = 0; c0 < v.cols; c0 += width) {
-    const size_t w = std::min(width, v.cols - c0);
-    const MatrixView s = colsOf(v, c0, w);
-    if (s.valid == 0) break;
-    pass2<T, true>(g + c0, e + c0, s, p, k, part.data(), &bad, lim);
-    roundTo(wire, part.data(), size_t(k) * w);
-    subtractLowRank(e + c0, s, p, part.data(), w, k);
-    for (int j = 0; j < k; ++j)
-      std::copy_n(part.data() + size_t(j) * w, w, qt + size_t(j) * v.cols + c0);
-  }
+  pass2<T, true>(g, e, v, p, k, qt, &bad, limitBits(limit));
+  if (!e) return bad;  // no residual to keep
+  // The residual in a second sweep: E -= P Q^T. One sweep by column tiles (all rows of a few
+  // columns, kept in cache for the residual) would read 8 fewer bytes per element, but it strides
+  // across rows of a few cache lines each, which the prefetchers do not follow: measured 1.2-2.6x
+  // slower than two sequential sweeps at ResNet-50's shapes and at 4096 x 4096, with tiles of 1 to
+  // 16 MiB, with and without software prefetch (docs/design.md, "Alternating factors").
+  roundTo(wire, qt, size_t(k) * v.cols);  // as the send will: the residual keeps it
+  subtractLowRank(e, v, p, qt, v.cols, k);
   return bad;
 }
 

@@ -9,6 +9,8 @@
 // loop streams along a row of M. Method: Vogels et al., PowerSGD, NeurIPS 2019, Algorithm 1.
 // Memory traffic per float32 element with error feedback: pass 1 reads G, E and writes M (12 B),
 // pass 2 reads M (4 B), pass 3 reads M, writes E and the output (12 B): 28 B in all.
+// Passes 2 and 3 and the residuals make one sweep over the columns for any k up to 8, the k
+// factor values of a column summed in registers, in the same order as one sweep per j would.
 #pragma once
 #include <cmath>
 #include <cstddef>
@@ -55,9 +57,10 @@ void decompressAndUpdateError(float* e, const MatrixView& v, const float* p, con
                               int k, float scale, void* out, lowrankDataType_t dtype);
 
 // Alternating PowerSGD (ACP-SGD; Zhang et al., ICDCS 2023; docs/design.md, "Alternating
-// factors"): one factor per call, computed against the kept other one, with the residual of the
-// rank's own factors taken in the same pass (tiles of M kept in cache for the second sweep), so
-// that the step moves 12 bytes per element of M, and the decompression (pass 3 without E) 4 more.
+// factors"): one factor per call, computed against the kept other one, then the residual of the
+// rank's own factors. The P step takes both by row tiles of M kept in cache for the second sweep
+// (12 bytes per element of M); the Q step's factor needs every row before any residual, so it
+// sweeps M twice (20 bytes). The decompression (pass 3 without E) writes 4 more.
 // P step (qt: the kept Q, orthonormal, k x cols at stride cols):
 //   M = G + E, P = M Q, E = M - P Q^T.
 // Q step (p: the kept P, orthonormal, n x k; qt: k x v.cols, written):

@@ -4,7 +4,8 @@
 // float32 element), pass 2 reads M (4 B), pass 3 reads M, writes E and the output (12 B).
 //
 // usage: lowrank_kernel_perf [-m MiB per matrix (default 64)] [-k list (default 1,2,4,8)]
-//                            [-r repeats (default 5)]
+//                            [-r repeats (default 5)] [-s ROWSxCOLS (default: the batched
+//                            view of -m MiB)]
 #include <unistd.h>
 
 #include <algorithm>
@@ -38,15 +39,22 @@ int main(int argc, char** argv) {
   size_t mib = 64;
   int repeats = 5;
   std::vector<int> ks = {1, 2, 4, 8};
-  for (int c; (c = getopt(argc, argv, "m:k:r:h")) != -1;) {
+  size_t rows = 0, cols = 0;
+  for (int c; (c = getopt(argc, argv, "m:k:r:s:h")) != -1;) {
     if (c == 'm') mib = std::strtoul(optarg, nullptr, 10);
+    else if (c == 's') {
+      if (std::sscanf(optarg, "%zux%zu", &rows, &cols) != 2 || !rows || !cols) {
+        fprintf(stderr, "%s: -s takes ROWSxCOLS, e.g. 512x4608\n", argv[0]);
+        return 2;
+      }
+    }
     else if (c == 'r') repeats = std::atoi(optarg);
     else if (c == 'k') {
       ks.clear();
       std::stringstream ss(optarg);
       for (std::string t; std::getline(ss, t, ',');) ks.push_back(std::atoi(t.c_str()));
     } else {
-      fprintf(stderr, "usage: %s [-m MiB] [-k 1,2,4,8] [-r repeats]\n", argv[0]);
+      fprintf(stderr, "usage: %s [-m MiB] [-k 1,2,4,8] [-r repeats] [-s ROWSxCOLS]\n", argv[0]);
       return c == 'h' ? 0 : 2;
     }
   }
@@ -54,8 +62,9 @@ int main(int argc, char** argv) {
     fprintf(stderr, "%s: -m and -r must be positive, -k a list of ranks\n", argv[0]);
     return 2;
   }
-  const size_t count = mib * 1024 * 1024 / sizeof(float);
-  const host::MatrixView v = batchedView(count);
+  const size_t count = rows ? rows * cols : mib * 1024 * 1024 / sizeof(float);
+  host::MatrixView v = batchedView(count);
+  if (rows) v = host::MatrixView{rows, cols, count, 0};
   std::vector<float> g(count), e(count, 0.f), out(count), a(count), b(count), c(count);
   host::fillNormal(g.data(), count, 1, 1);
   host::fillNormal(b.data(), count, 2, 2);
@@ -69,10 +78,10 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < count; ++i) pa[i] = pb[i] + 3.f * pc[i];
   });
   const double triadBw = 12.0 * count / triad / 1e9;
-  printf("# lowrank_kernel_perf: %zu MiB float32 per matrix, view %zu x %zu, best of %d, 1 thread\n",
-         mib, v.rows, v.cols, repeats);
+  printf("# lowrank_kernel_perf: %.1f MiB float32 per matrix, view %zu x %zu, best of %d, 1 thread\n",
+         count * 4.0 / (1 << 20), v.rows, v.cols, repeats);
   printf("# triad a = b + s c: %.2f ms, %.2f GB/s (12 B per element)\n", triad * 1e3, triadBw);
-  printf("#%4s %-22s %6s %10s %9s %9s\n", "k", "phase", "B/elem", "time(ms)", "GB/s", "of triad");
+  printf("#%4s %-24s %6s %10s %9s %9s\n", "k", "phase", "B/elem", "time(ms)", "GB/s", "of triad");
   for (int k : ks) {
     std::vector<float> qt(size_t(k) * v.cols), p(v.rows * size_t(k));
     host::fillNormal(qt.data(), qt.size(), 4, k);
@@ -95,10 +104,31 @@ int main(int argc, char** argv) {
         {"pass3 decompress + E", 12, t3}, {"all three passes", 28, t1 + t2 + t3}};
     for (auto& r : rows) {
       const double bw = r.bytes * count / r.t / 1e9;
-      printf(" %4d %-22s %6.0f %10.2f %9.2f %8.0f%%\n", k, r.name, r.bytes, r.t * 1e3, bw,
+      printf(" %4d %-24s %6.0f %10.2f %9.2f %8.0f%%\n", k, r.name, r.bytes, r.t * 1e3, bw,
              100 * bw / triadBw);
     }
-    printf(" %4d %-22s %6s %10.3f\n", k, "orthonormalize P", "-", orth * 1e3);
+    printf(" %4d %-24s %6s %10.3f\n", k, "orthonormalize P", "-", orth * 1e3);
+    // Alternating PowerSGD: one factor and the rank's own residual in one pass (12 B), then the
+    // decompression without E (4 B written; its reads of the factors are L2-resident).
+    const double tp = bestSeconds(repeats, [&] {
+      host::alternateStepP(g.data(), lowrankFloat32, e.data(), v, qt.data(), k, p.data());
+    });
+    const double tq = bestSeconds(repeats, [&] {
+      host::alternateStepQ(g.data(), lowrankFloat32, e.data(), v, p.data(), k, qt.data());
+    });
+    const double td = bestSeconds(repeats, [&] {
+      host::decompressAndUpdateError(nullptr, v, p.data(), qt.data(), k, 1.f, out.data(),
+                                     lowrankFloat32);
+    });
+    struct { const char* name; double bytes, t; } alt[] = {
+        {"alternate P step", 12, tp}, {"alternate Q step", 12, tq},
+        {"decompress, no E", 4, td}, {"alternate P + decompress", 16, tp + td},
+        {"alternate Q + decompress", 16, tq + td}};
+    for (auto& r : alt) {
+      const double bw = r.bytes * count / r.t / 1e9;
+      printf(" %4d %-24s %6.0f %10.2f %9.2f %8.0f%%\n", k, r.name, r.bytes, r.t * 1e3, bw,
+             100 * bw / triadBw);
+    }
   }
   return 0;
 }

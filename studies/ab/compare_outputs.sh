@@ -95,6 +95,14 @@ compare w2_threads_pertensor_startiter2 2 threads "LOWRANK_START_ITER=2" "${grad
 compare w2_threads_pertensor_noef_nows 2 threads "LOWRANK_ERROR_FEEDBACK=0 LOWRANK_WARM_START=0" \
   "${grads[@]}" -o avg
 compare w2_threads_batched_k2_bf16 2 threads "" "${synth[@]}" -k 2 -d bfloat16 -o avg
+# The host kernels' paths by k (fused for k = 1..8, one sweep per j beyond) and the alternating
+# schedule's P and Q steps (rounds 3: P, Q, P), with and without 16-bit factors on the wire.
+compare w2_threads_pertensor_k3 2 threads "" "${grads[@]}" -k 3 -d float,bfloat16 -o avg
+compare w2_threads_batched_k12 2 threads "" "${synth[@]}" -k 12 -o sum
+compare w4_threads_pertensor_alternate 4 threads "LOWRANK_ALTERNATE=1" "${grads[@]}" -o sum,avg
+compare w2_threads_pertensor_alternate_bf16 2 threads "LOWRANK_ALTERNATE=1 LOWRANK_FACTOR_DTYPE=bf16" \
+  "${grads[@]}" -k 5 -o avg
+compare w2_threads_batched_alternate_k12 2 threads "LOWRANK_ALTERNATE=1" "${synth[@]}" -k 12 -o avg
 compare w2_processes_pertensor 2 processes "" "${grads[@]}" -o avg
 compare w2_processes_batched 2 processes "" "${synth[@]}" -o avg
 exit $fail
