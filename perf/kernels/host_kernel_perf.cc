@@ -108,7 +108,8 @@ int main(int argc, char** argv) {
              100 * bw / triadBw);
     }
     printf(" %4d %-24s %6s %10.3f\n", k, "orthonormalize P", "-", orth * 1e3);
-    // Alternating PowerSGD: one factor and the rank's own residual in one pass (12 B), then the
+    // Alternating PowerSGD: the P step one pass by row tiles (12 B), the Q step two sweeps (the
+    // factor with M written back, 12 B; the residual, E read and written, 8 B), then the
     // decompression without E (4 B written; its reads of the factors are L2-resident).
     const double tp = bestSeconds(repeats, [&] {
       host::alternateStepP(g.data(), lowrankFloat32, e.data(), v, qt.data(), k, p.data());
@@ -121,9 +122,9 @@ int main(int argc, char** argv) {
                                      lowrankFloat32);
     });
     struct { const char* name; double bytes, t; } alt[] = {
-        {"alternate P step", 12, tp}, {"alternate Q step", 12, tq},
+        {"alternate P step", 12, tp}, {"alternate Q step", 20, tq},
         {"decompress, no E", 4, td}, {"alternate P + decompress", 16, tp + td},
-        {"alternate Q + decompress", 16, tq + td}};
+        {"alternate Q + decompress", 24, tq + td}};
     for (auto& r : alt) {
       const double bw = r.bytes * count / r.t / 1e9;
       printf(" %4d %-24s %6.0f %10.2f %9.2f %8.0f%%\n", k, r.name, r.bytes, r.t * 1e3, bw,
