@@ -146,36 +146,43 @@ size_t pass1(const T* __restrict g, float* __restrict e, const MatrixView& v,
   return bad;
 }
 
-// Qt[j][c] += sum over the kBlock rows b of P[b][j] M[b][c], rows added in order b = 0..3.
-// K = 0: k at run time, one sweep per j; else one sweep with the k columns' sums in registers.
-template <int K>
-inline void qtAddBlock(float* __restrict qt, size_t cols, const float* const* m,
-                       const float* __restrict pb, int k) {
+// Qt[j][c] += sum over the kBlock rows b of P[b][j] M[b][c], rows added in order b = 0..3, for
+// the J columns j0 .. j0 + J - 1 of P (row stride k) in one sweep, their 4 J values in registers.
+template <int J>
+inline void qtAddColumns(float* __restrict qt, size_t cols, const float* const* m,
+                         const float* __restrict pb, int k, int j0) {
   const float* __restrict m0 = m[0];
   const float* __restrict m1 = m[1];
   const float* __restrict m2 = m[2];
   const float* __restrict m3 = m[3];
+  float p0[J], p1[J], p2[J], p3[J];
+  for (int j = 0; j < J; ++j) {
+    p0[j] = pb[j0 + j], p1[j] = pb[k + j0 + j], p2[j] = pb[2 * k + j0 + j];
+    p3[j] = pb[3 * k + j0 + j];
+  }
+  float* __restrict q0 = qt + size_t(j0) * cols;
+#pragma omp simd
+  for (size_t c = 0; c < cols; ++c) {
+    const float a = m0[c], b = m1[c], d = m2[c], e = m3[c];
+#pragma GCC unroll 4
+    for (int j = 0; j < J; ++j) {
+      float* q = q0 + size_t(j) * cols;
+      q[c] = (((q[c] + p0[j] * a) + p1[j] * b) + p2[j] * d) + p3[j] * e;
+    }
+  }
+}
+
+// All k columns of P: K = 0 (k at run time) one sweep per j; else sweeps of up to 4 columns (4 x 4
+// values of P in registers: more spill, measured slower at k = 8).
+template <int K>
+inline void qtAddBlock(float* qt, size_t cols, const float* const* m, const float* pb, int k) {
   if constexpr (K == 0) {
-    for (int j = 0; j < k; ++j) {
-      const float p0 = pb[j], p1 = pb[k + j], p2 = pb[2 * k + j], p3 = pb[3 * k + j];
-      float* __restrict q = qt + size_t(j) * cols;
-#pragma omp simd
-      for (size_t c = 0; c < cols; ++c)
-        q[c] = (((q[c] + p0 * m0[c]) + p1 * m1[c]) + p2 * m2[c]) + p3 * m3[c];
-    }
+    for (int j = 0; j < k; ++j) qtAddColumns<1>(qt, cols, m, pb, k, j);
+  } else if constexpr (K <= 4) {
+    qtAddColumns<K>(qt, cols, m, pb, k, 0);
   } else {
-    float p0[K], p1[K], p2[K], p3[K];
-    for (int j = 0; j < K; ++j) {
-      p0[j] = pb[j], p1[j] = pb[K + j], p2[j] = pb[2 * K + j], p3[j] = pb[3 * K + j];
-    }
-#pragma omp simd
-    for (size_t c = 0; c < cols; ++c) {
-      const float a = m0[c], b = m1[c], d = m2[c], e = m3[c];
-      for (int j = 0; j < K; ++j) {
-        float* q = qt + size_t(j) * cols;
-        q[c] = (((q[c] + p0[j] * a) + p1[j] * b) + p2[j] * d) + p3[j] * e;
-      }
-    }
+    qtAddColumns<4>(qt, cols, m, pb, k, 0);
+    qtAddColumns<K - 4>(qt, cols, m, pb, k, 4);
   }
 }
 
