@@ -116,6 +116,11 @@ def analyse(samples, meta, model, transport=None):
             if infos:  # the constants the runs measured (median over them)
                 p["measured"] = {k: statistics.median(i[k] for i in infos)
                                  for k in ("alpha_us", "overhead_us", "beta_ns_per_byte")}
+                # what measuring cost when each communicator was made (the issue's <= 0.5 s)
+                secs = [i["probe"]["seconds"] for i in infos if "seconds" in i.get("probe", {})]
+                if secs:
+                    p["measured"]["probe_seconds_median"] = statistics.median(secs)
+                    p["measured"]["probe_seconds_max"] = max(secs)
             au, al = p["algos"].get("auto"), p["algos"]
             if au:
                 # the floor of what auto ran is the floor of its choice (the floor runs force algorithms)
@@ -169,7 +174,10 @@ def markdown(points, walls, head):
         ps = [p for p in points if (p["world"], p["rate"], p["delay"]) == key]
         m = ps[0].get("measured")
         consts = (f"measured: alpha {m['alpha_us']:.1f} µs, o {m['overhead_us']:.2f} µs, beta "
-                  f"{m['beta_ns_per_byte']:.3f} ns/B" if m else
+                  f"{m['beta_ns_per_byte']:.3f} ns/B"
+                  + (f"; the probe took {1e3 * m['probe_seconds_median']:.0f} ms (median; max "
+                     f"{1e3 * m['probe_seconds_max']:.0f})" if "probe_seconds_max" in m else "")
+                  if m else
                   f"alpha {ps[0]['alpha_us']:g} µs, beta {ps[0]['beta_ns']:g} ns/B")
         L += [f"## {key[0]} hosts, {key[1]}, one-way delay {key[2]} ({consts})", "",
               "| size | " + " | ".join(SHORT[a] for a in algos) + " | choice | best | auto/best | floor | bytes auto/ring | flags |",

@@ -51,3 +51,21 @@ def test_algorithms_report_usage(monkeypatch, capsys):
     assert "RUNS OUT MODEL CORES" in capsys.readouterr().out
     assert run_main(algorithms_report, ["runs.txt", "out"], monkeypatch) == 2
     assert "usage:" in capsys.readouterr().err
+
+
+def test_algorithms_report_keeps_what_the_probe_measured_and_its_time():
+    """The auto runs' transport records give each point the median constants and what measuring
+    the links took when the communicators were made (issue 40: at most 0.5 s at 16 hosts)."""
+    key = (4, "1ms", "100mbit")
+    sample = dict(time_us=100.0, in_place_us=100.0, bytes=1024, nwrong=0, rep=0)
+    samples = {key + (a, 1024): [dict(sample)] for a in algorithms_report.FORCED + ["auto"]}
+    info = dict(alpha_us=1000.0, overhead_us=2.0, beta_ns_per_byte=80.0, algorithms={"10": "ring"})
+    infos = [dict(info, probe=dict(seconds=s)) for s in (0.05, 0.07, 0.06)] + [dict(info)]
+    points = algorithms_report.analyse(samples, {key: (5.0, 0.08)}, None, {key + ("auto",): infos})
+    m = points[0]["measured"]
+    assert m["alpha_us"] == 1000.0 and m["probe_seconds_max"] == 0.07
+    assert m["probe_seconds_median"] == pytest.approx(0.06)
+    assert points[0]["model_choice"] == "ring" and points[0]["choice_from"] == "transport"
+    head = dict(date="d", git="g", cmdline="c", cores=2, targets=algorithms_report.targets(points))
+    md = algorithms_report.markdown(points, [], head)
+    assert "the probe took 60 ms (median; max 70)" in md
