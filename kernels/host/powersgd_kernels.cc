@@ -366,9 +366,10 @@ size_t stepQ(const T* g, float* e, const MatrixView& v, const float* p, int k, f
   if (!e) return bad;  // no residual to keep
   // The residual in a second sweep: E -= P Q^T. One sweep by column tiles (all rows of a few
   // columns, kept in cache for the residual) would read 8 fewer bytes per element, but it strides
-  // across rows of a few cache lines each, which the prefetchers do not follow: measured 1.2-2.6x
-  // slower than two sequential sweeps at ResNet-50's shapes and at 4096 x 4096, with tiles of 1 to
-  // 16 MiB, with and without software prefetch (docs/design.md, "Alternating factors").
+  // across rows of a few cache lines each, which the prefetchers do not follow: slower than two
+  // sequential sweeps at every shape and tile tried (512 x 4608 to 4096 x 4096, tiles of 1 to
+  // 16 MiB, with and without software prefetch), by 1.05x to 2.9x (docs/design.md, "Alternating
+  // factors").
   roundTo(wire, qt, size_t(k) * v.cols);  // as the send will: the residual keeps it
   subtractLowRank(e, v, p, qt, v.cols, k);
   return bad;
