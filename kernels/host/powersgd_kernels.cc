@@ -186,6 +186,11 @@ inline void qtAddBlock(float* qt, size_t cols, const float* const* m, const floa
   }
 }
 
+// The same for any k (one function, whatever pass 2's input type: compile time).
+void qtAdd(float* qt, size_t cols, const float* const* m, const float* pb, int k) {
+  withK(k, [&](auto K) { qtAddBlock<K>(qt, cols, m, pb, k); });
+}
+
 // add: M = G + E first (E += G in place), counting elements beyond the limit into *bad (the
 // alternating Q step's pass); else M is E, or G without error feedback (PowerSGD's pass 2).
 template <typename T, bool add = false>
@@ -203,7 +208,7 @@ void pass2(const T* __restrict g, const float* __restrict e, const MatrixView& v
     for (int b = 0; b < kBlock; ++b)
       m[b] = rowOfM<T, add>(g, em, v, i + b, b, rows.data(), count, lim);
     // Same order of additions as one row at a time: the result does not depend on blocking.
-    withK(k, [&](auto K) { qtAddBlock<K>(qt, v.cols, m, p + i * k, k); });
+    qtAdd(qt, v.cols, m, p + i * k, k);
   }
   for (; i < v.rows; ++i) {
     const size_t len = v.rowLength(i);
@@ -218,7 +223,7 @@ void pass2(const T* __restrict g, const float* __restrict e, const MatrixView& v
   }
 }
 
-// R rows of the low-rank product A = P Qt^T at once (R = kBlock, or 1 for the last rows), K = k:
+// R rows of the low-rank product A = P Qt^T at once (R = kBlock), K = k:
 // each column's k values of Qt are read once for the R rows and summed in registers, j = 0..k-1
 // in order, as the one-row loops below (K = 0) add them. Then, with E (rows er), E -= A; with
 // out (rows o), out = s A cast to T. A starts at 0 when `fromZero` (the residual's order: 0 +
@@ -250,7 +255,8 @@ inline void lowRankBlock(float* const* e, T* const* out, size_t len, const float
   }
 }
 
-// One row of the same with k at run time (k > 8): the product built in `ar` (len floats).
+// One row of the same with k at run time (the last rows, and k > 8): the product built in `ar`
+// (len floats).
 template <bool fromZero, typename T>
 inline void lowRankRow(float* __restrict er, T* __restrict o, size_t len, const float* pi, int k,
                        const float* __restrict qt, size_t qld, float s, float* __restrict ar) {
@@ -273,57 +279,49 @@ inline void lowRankRow(float* __restrict er, T* __restrict o, size_t len, const 
   }
 }
 
-// Over a view: E -= A (e not null) and out = s A (out not null), A = P Qt^T (Qt: k x v.cols at
-// row stride qld). kBlock full rows at a time, then the last rows one by one: a row's values do
-// not depend on the block it falls in.
-template <bool fromZero, typename T>
+// Over a view: E -= A (withE) and out = s A (withO), A = P Qt^T (Qt: k x v.cols at row stride
+// qld). kBlock full rows at a time, then the last rows one by one (and every row when k > 8) by
+// the one-row loops: a row's values do not depend on the path it takes. One instantiation per k
+// and flags only for the blocks: this file's compile time grows with them.
+template <bool fromZero, bool withE, bool withO, typename T>
 void lowRank(float* e, T* out, const MatrixView& v, const float* p, const float* qt, size_t qld,
              int k, float s) {
   const size_t ld = v.stride(), full = v.fullRows();
-  std::vector<float> ar(k > 8 ? v.cols : 0);
-  // R rows from er / o (either may be unused), with K and R as integral constants.
-  auto block = [&](auto K, auto R, float* const* er, T* const* o, size_t len, const float* pi) {
-    if (e && out) lowRankBlock<K, R, fromZero, true, true>(er, o, len, pi, k, qt, qld, s);
-    else if (e) lowRankBlock<K, R, fromZero, true, false>(er, o, len, pi, k, qt, qld, s);
-    else lowRankBlock<K, R, fromZero, false, true>(er, o, len, pi, k, qt, qld, s);
-  };
+  size_t i = 0;
   withK(k, [&](auto K) {
-    size_t i = 0;
     if constexpr (K > 0) {
       for (; i + kBlock <= full; i += kBlock) {
         float* er[kBlock];
         T* o[kBlock];
         for (int b = 0; b < kBlock; ++b) {
-          er[b] = e ? e + (i + b) * ld : nullptr;
-          o[b] = out ? out + (i + b) * ld : nullptr;
+          er[b] = withE ? e + (i + b) * ld : nullptr;
+          o[b] = withO ? out + (i + b) * ld : nullptr;
         }
-        block(K, std::integral_constant<int, kBlock>{}, er, o, v.cols, p + i * k);
+        lowRankBlock<K, kBlock, fromZero, withE, withO>(er, o, v.cols, p + i * k, k, qt, qld, s);
       }
     }
-    for (; i < v.rows; ++i) {
-      const size_t len = v.rowLength(i), off = i * ld;
-      if (len == 0) break;
-      float* er = e ? e + off : nullptr;
-      T* o = out ? out + off : nullptr;
-      if constexpr (K > 0)
-        block(K, std::integral_constant<int, 1>{}, &er, &o, len, p + i * k);
-      else
-        lowRankRow<fromZero>(er, o, len, p + i * k, k, qt, qld, s, ar.data());
-    }
   });
+  std::vector<float> ar(i < v.rows ? v.cols : 0);
+  for (; i < v.rows; ++i) {
+    const size_t len = v.rowLength(i), off = i * ld;
+    if (len == 0) break;
+    lowRankRow<fromZero>(withE ? e + off : nullptr, withO ? out + off : nullptr, len, p + i * k, k,
+                         qt, qld, s, ar.data());
+  }
 }
 
 // Pass 3: out = s P Qbar^T, E -= P Qbar^T.
 template <typename T>
 void pass3(float* e, const MatrixView& v, const float* p, const float* qbart, int k, float s,
            T* out) {
-  lowRank<false>(e, out, v, p, qbart, v.cols, k, s);
+  if (e) lowRank<false, true, true>(e, out, v, p, qbart, v.cols, k, s);
+  else lowRank<false, false, true>(e, out, v, p, qbart, v.cols, k, s);
 }
 
 // E -= P Qt^T over a view (Qt: k x v.cols, row stride qld): the residual of a rank's own factors.
 void subtractLowRank(float* e, const MatrixView& v, const float* p, const float* qt, size_t qld,
                      int k) {
-  lowRank<true, float>(e, nullptr, v, p, qt, qld, k, 1.f);
+  lowRank<true, true, false, float>(e, nullptr, v, p, qt, qld, k, 1.f);
 }
 
 // Rows [r0, r0 + rows) of a view, as a view of their own (its elements start at r0 * stride of
