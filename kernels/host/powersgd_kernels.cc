@@ -45,8 +45,10 @@ constexpr int kBlock = 4;
 
 // Calls f(std::integral_constant<int, K>{}) with K = k for k = 1..8, else K = 0 (k known only at
 // run time). With K known, a kernel keeps the k factor values of a column in registers and makes
-// one sweep over the columns instead of k; the additions stay in the same order, so the bits of
-// every result are those of the k-sweep loops (j = 0, 1, .. k-1 for each element).
+// one sweep over the columns instead of k (pass 2: one per 4); the additions stay in the same
+// order, so the bits of every result are those of the k-sweep loops (j = 0, 1, .. k-1 for each
+// element). That holds while products are not fused into additions (FMA): meson.build of this
+// library passes -ffp-contract=off, so a build for a CPU with FMA keeps it too.
 template <typename F>
 inline decltype(auto) withK(int k, F&& f) {
   switch (k) {

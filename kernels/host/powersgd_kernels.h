@@ -9,8 +9,8 @@
 // loop streams along a row of M. Method: Vogels et al., PowerSGD, NeurIPS 2019, Algorithm 1.
 // Memory traffic per float32 element with error feedback: pass 1 reads G, E and writes M (12 B),
 // pass 2 reads M (4 B), pass 3 reads M, writes E and the output (12 B): 28 B in all.
-// Passes 2 and 3 and the residuals make one sweep over the columns for any k up to 8, the k
-// factor values of a column summed in registers, in the same order as one sweep per j would.
+// For any k up to 8, pass 3 and the residuals sweep a row once and pass 2 once per 4 factor
+// columns, a column's factor values summed in registers, in the same order as one sweep per j.
 #pragma once
 #include <cmath>
 #include <cstddef>

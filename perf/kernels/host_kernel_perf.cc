@@ -35,6 +35,13 @@ double bestSeconds(int repeats, F f) {
   return best;
 }
 
+// A positive decimal count, all of s (no sign, no trailing text), at most `most`; 0 if not.
+size_t positive(const std::string& s, size_t most) {
+  if (s.empty() || s.find_first_not_of("0123456789") != std::string::npos || s.size() > 12) return 0;
+  const size_t x = std::strtoull(s.c_str(), nullptr, 10);
+  return x <= most ? x : 0;
+}
+
 int main(int argc, char** argv) {
   size_t mib = 64;
   int repeats = 5;
@@ -42,9 +49,14 @@ int main(int argc, char** argv) {
   size_t rows = 0, cols = 0;
   for (int c; (c = getopt(argc, argv, "m:k:r:s:h")) != -1;) {
     if (c == 'm') mib = std::strtoul(optarg, nullptr, 10);
-    else if (c == 's') {
-      if (std::sscanf(optarg, "%zux%zu", &rows, &cols) != 2 || !rows || !cols) {
-        fprintf(stderr, "%s: -s takes ROWSxCOLS, e.g. 512x4608\n", argv[0]);
+    else if (c == 's') {  // at most 2^30 elements (4 GiB a matrix; the run holds six)
+      const std::string a = optarg;
+      const size_t x = a.find('x');
+      rows = x == std::string::npos ? 0 : positive(a.substr(0, x), size_t(1) << 30);
+      cols = rows ? positive(a.substr(x + 1), (size_t(1) << 30) / rows) : 0;
+      if (!rows || !cols) {
+        fprintf(stderr, "%s: -s takes ROWSxCOLS, two positive integers with at most 2^30 "
+                "elements in all, e.g. 512x4608; got '%s'\n", argv[0], optarg);
         return 2;
       }
     }
@@ -54,7 +66,9 @@ int main(int argc, char** argv) {
       std::stringstream ss(optarg);
       for (std::string t; std::getline(ss, t, ',');) ks.push_back(std::atoi(t.c_str()));
     } else {
-      fprintf(stderr, "usage: %s [-m MiB] [-k 1,2,4,8] [-r repeats] [-s ROWSxCOLS]\n", argv[0]);
+      fprintf(c == 'h' ? stdout : stderr,
+              "usage: %s [-m MiB] [-k 1,2,4,8] [-r repeats] [-s ROWSxCOLS (instead of -m)]\n",
+              argv[0]);
       return c == 'h' ? 0 : 2;
     }
   }
@@ -63,8 +77,14 @@ int main(int argc, char** argv) {
     return 2;
   }
   const size_t count = rows ? rows * cols : mib * 1024 * 1024 / sizeof(float);
-  host::MatrixView v = batchedView(count);
-  if (rows) v = host::MatrixView{rows, cols, count, 0};
+  const host::MatrixView v = rows ? host::MatrixView{rows, cols, count, 0} : batchedView(count);
+  for (int k : ks) {
+    if (k < 1 || size_t(k) > std::min(v.rows, v.cols)) {  // orthonormalize needs k <= n, m
+      fprintf(stderr, "%s: -k %d: each rank must be 1 .. min(rows, cols) = %zu for the %zu x %zu view\n",
+              argv[0], k, std::min(v.rows, v.cols), v.rows, v.cols);
+      return 2;
+    }
+  }
   std::vector<float> g(count), e(count, 0.f), out(count), a(count), b(count), c(count);
   host::fillNormal(g.data(), count, 1, 1);
   host::fillNormal(b.data(), count, 2, 2);
@@ -78,7 +98,7 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < count; ++i) pa[i] = pb[i] + 3.f * pc[i];
   });
   const double triadBw = 12.0 * count / triad / 1e9;
-  printf("# lowrank_kernel_perf: %.1f MiB float32 per matrix, view %zu x %zu, best of %d, 1 thread\n",
+  printf("# lowrank_kernel_perf: %.3g MiB float32 per matrix, view %zu x %zu, best of %d, 1 thread\n",
          count * 4.0 / (1 << 20), v.rows, v.cols, repeats);
   printf("# triad a = b + s c: %.2f ms, %.2f GB/s (12 B per element)\n", triad * 1e3, triadBw);
   printf("#%4s %-24s %6s %10s %9s %9s\n", "k", "phase", "B/elem", "time(ms)", "GB/s", "of triad");

@@ -253,8 +253,8 @@ INSTANTIATE_TEST_SUITE_P(
     Shapes, AlternateSteps,
     ::testing::Values(Case{1, 1, 1, 1, lowrankFloat32}, Case{7, 5, 35, 2, lowrankFloat32},
                       Case{33, 65, 33 * 65, 4, lowrankFloat32},
-                      Case{300, 200, 300 * 200, 4, lowrankFloat32},  // several tiles both ways
-                      Case{2048, 130, 2048 * 130, 2, lowrankFloat32},  // narrow column tiles
+                      Case{300, 200, 300 * 200, 4, lowrankFloat32},
+                      Case{2048, 130, 2048 * 130, 2, lowrankFloat32},  // several row tiles
                       Case{32, 32, 1009, 4, lowrankFloat32},  // padded square
                       Case{1, 300, 300, 1, lowrankFloat32}, Case{300, 1, 300, 1, lowrankFloat32},
                       Case{40, 50, 1990, 3, lowrankFloat16}, Case{17, 19, 300, 5, lowrankBfloat16}));
@@ -262,7 +262,8 @@ INSTANTIATE_TEST_SUITE_P(
 // The tiles of the fused steps change nothing: the factor has the bits of the unfused passes,
 // over the whole matrix and by the schedule's column blocks alike.
 TEST(AlternateSteps, TilesGiveTheBitsOfTheUnfusedPasses) {
-  // 3000 x 200: three row tiles of the P step and three column tiles of the Q step (1 MiB each).
+  // 3000 x 200: five row tiles of the P step (512 KiB each); the Q step sweeps the whole matrix
+  // twice (until the seventh session it took column tiles: this test held those too).
   for (size_t valid : {size_t(3000 * 200), size_t(3000 * 200 - 123)}) {
     const size_t n = 3000, m = 200;
     const int k = 4;

@@ -60,12 +60,16 @@ def test_algorithms_report_keeps_what_the_probe_measured_and_its_time():
     sample = dict(time_us=100.0, in_place_us=100.0, bytes=1024, nwrong=0, rep=0)
     samples = {key + (a, 1024): [dict(sample)] for a in algorithms_report.FORCED + ["auto"]}
     info = dict(alpha_us=1000.0, overhead_us=2.0, beta_ns_per_byte=80.0, algorithms={"10": "ring"})
-    infos = [dict(info, probe=dict(seconds=s)) for s in (0.05, 0.07, 0.06)] + [dict(info)]
+    infos = [dict(info, probe=dict(seconds=s)) for s in (0.05, 0.10, 0.06)] + [dict(info)]
     points = algorithms_report.analyse(samples, {key: (5.0, 0.08)}, None, {key + ("auto",): infos})
     m = points[0]["measured"]
-    assert m["alpha_us"] == 1000.0 and m["probe_seconds_max"] == 0.07
-    assert m["probe_seconds_median"] == pytest.approx(0.06)
+    assert m["alpha_us"] == 1000.0 and m["probe_seconds_max"] == 0.10
+    assert m["probe_seconds_median"] == pytest.approx(0.06)  # the median, not the mean (0.07)
     assert points[0]["model_choice"] == "ring" and points[0]["choice_from"] == "transport"
     head = dict(date="d", git="g", cmdline="c", cores=2, targets=algorithms_report.targets(points))
     md = algorithms_report.markdown(points, [], head)
-    assert "the probe took 60 ms (median; max 70)" in md
+    assert "the probe took 60 ms (median; max 100)" in md
+    # runs whose transport recorded no probe (constants pinned): no probe time is claimed
+    points = algorithms_report.analyse(samples, {key: (5.0, 0.08)}, None, {key + ("auto",): [info]})
+    assert "probe_seconds_max" not in points[0]["measured"]
+    assert "the probe took" not in algorithms_report.markdown(points, [], head)
