@@ -196,16 +196,6 @@ _lib = None
 nccl_wheel_path_set = cuda_backend_set = False
 
 
-def _candidates():
-    """(paths to try in order, whether LOWRANK_LIBRARY decided them)."""
-    env = os.environ.get("LOWRANK_LIBRARY", "")
-    if env:
-        if os.path.isdir(env):
-            return [os.path.join(env, "liblowrank.so")], True
-        return [env], True
-    return _paths.library_candidates(), False
-
-
 def _missing_dependency(error):
     """A clear message when liblowrank is there but a library it needs is not (UCX), else None."""
     text = str(error)
@@ -225,7 +215,7 @@ def load():
     with _lock:
         if _lib is not None:
             return _lib
-        paths, from_env = _candidates()
+        paths, from_env = _paths.candidates_to_load()
         tried = []
         for path in paths:
             if os.sep in path and not os.path.exists(path):

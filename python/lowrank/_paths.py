@@ -146,13 +146,19 @@ def cuda_backend_for(library):
             or build_backend(library))
 
 
-def library_to_load():
-    """The liblowrank the package loads (LOWRANK_LIBRARY, else the first of library_candidates()
-    that exists), found without loading it; None where no candidate is a file."""
+def candidates_to_load():
+    """(the liblowrank paths the package tries, in order; whether LOWRANK_LIBRARY decided them):
+    LOWRANK_LIBRARY, a file or the folder holding liblowrank.so, else library_candidates()."""
     env = os.environ.get("LOWRANK_LIBRARY", "")
-    paths = ([os.path.join(env, "liblowrank.so") if os.path.isdir(env) else env] if env
-             else library_candidates())
-    return next((p for p in paths if os.sep in p and os.path.exists(p)), None)
+    if env:
+        return [os.path.join(env, "liblowrank.so") if os.path.isdir(env) else env], True
+    return library_candidates(), False
+
+
+def library_to_load():
+    """The liblowrank the package loads (the first of candidates_to_load() that is a file), found
+    without loading it; None where no candidate is a file."""
+    return next((p for p in candidates_to_load()[0] if os.sep in p and os.path.exists(p)), None)
 
 
 def of_library(relative):
