@@ -27,8 +27,9 @@ The load average is read before every run.
 --wait-quiet N: before each pair, wait until at most N tasks are runnable (a shared machine's quiet
 moment, decided before the pair, never from a result). --logs: compute the same statistics from the
 printed output of an interleaved run made by another harness (every run's output appended in order).
-Writes OUT/runs.json (every run), OUT/summary.json (with each side's library: "provenance",
-studies/lib/provenance.py) and OUT/summary.md; prints the summary.
+Writes OUT/runs.json (every run, with the sha256 of the library its side loaded), OUT/summary.json
+(with each side's library: "provenance", studies/lib/provenance.py) and OUT/summary.md; prints the
+summary.
 Needs scipy (studies/lib/stats.py; Debian's python3-scipy); run from the checkout's root as a
 module, as above. First use: studies/ab/results/issue15_ab.md.
 """
@@ -277,6 +278,8 @@ def main():
         for side, binary in order:
             pair[side] = run_one(binary, perf_args, os.path.join(a.out, f"{side}_{i:02d}.json"),
                                  side_env[side])
+            # each run names the library it loaded (its side's, read when the harness started)
+            pair[side]["library_sha256"] = provenance.library_sha256({"provenance": records[side]})
         runs.append(pair)
         tag = f"pair {pair['index']:2d}" if counted else "warm-up"
         b, c = pair["base"], pair["cand"]
