@@ -1,6 +1,7 @@
 #include "kernels/host/powersgd_kernels.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -8,28 +9,56 @@
 #include <vector>
 
 #include "util/convert.h"
+#include "util/env.h"
+#include "util/log.h"
+
+// The element-wise passes' table, one per instruction set (elementwise_impl.h).
+namespace lowrank::host {
+struct ElementwisePasses {
+  // Q = M^T P (pass 2); add: M = G + E first, E += G in place, returning the count of elements
+  // beyond `limit` (the alternating Q step).
+  size_t (*qOfRows)(const void* g, lowrankDataType_t dtype, float* e, const MatrixView& v,
+                    const float* p, int k, float* qt, bool add, float limit);
+  // Pass 3: out = s P Qbar^T, and E -= P Qbar^T when e is not null.
+  void (*decompress)(float* e, const MatrixView& v, const float* p, const float* qbart, int k,
+                     float s, void* out, lowrankDataType_t dtype);
+  // E -= P Qt^T (Qt at row stride qld), products summed from 0.
+  void (*residual)(float* e, const MatrixView& v, const float* p, const float* qt, size_t qld,
+                   int k);
+};
+}  // namespace lowrank::host
+
+// AVX2 for the element-wise passes where GCC compiles for x86-64 (a target pragma; clang has none).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define LOWRANK_HOST_AVX2 1
+#else
+#define LOWRANK_HOST_AVX2 0
+#endif
+
+#define LR_ISA baseline
+#include "kernels/host/elementwise_impl.h"
+#undef LR_ISA
+#if LOWRANK_HOST_AVX2
+#pragma GCC push_options
+#pragma GCC target("avx2")
+#define LR_ISA avx2
+#include "kernels/host/elementwise_impl.h"
+#undef LR_ISA
+#pragma GCC pop_options
+#endif
 
 namespace lowrank::host {
 namespace {
+
+using baseline::kBlock;
+using baseline::limitBits;
+using baseline::rowOfM;
+using baseline::rowScratch;
 
 inline bool nonFinite(float x) {
   uint32_t u;
   std::memcpy(&u, &x, 4);
   return (u & 0x7f800000u) == 0x7f800000u;
-}
-
-// |x| >= the limit whose bits are limBits, or x is NaN or Inf: on the magnitude bits of an IEEE
-// float, order is that of |x|, and NaN and Inf sit above every finite value.
-inline bool beyond(float x, uint32_t limBits) {
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  return (u & 0x7fffffffu) >= limBits;
-}
-
-inline uint32_t limitBits(float limit) {
-  uint32_t u;
-  std::memcpy(&u, &limit, 4);
-  return u & 0x7fffffffu;
 }
 
 inline float dot(const float* __restrict a, const float* __restrict b, size_t len) {
@@ -39,79 +68,8 @@ inline float dot(const float* __restrict a, const float* __restrict b, size_t le
   return acc;
 }
 
-// Rows are processed in blocks of kBlock: each row of Qt (k x m, L2-resident) is then streamed
-// once per block instead of once per row, which keeps pass 1 and 2 memory-bound up to k = 8.
-constexpr int kBlock = 4;
-
-// Calls f(std::integral_constant<int, K>{}) with K = k for k = 1..8, else K = 0 (k known only at
-// run time). With K known, a kernel keeps the k factor values of a column in registers and makes
-// one sweep over the columns instead of k (pass 2: one per 4); the additions stay in the same
-// order, so the bits of every result are those of the k-sweep loops (j = 0, 1, .. k-1 for each
-// element). That holds while products are not fused into additions (FMA): meson.build of this
-// library passes -ffp-contract=off, so a build for a CPU with FMA keeps it too.
-template <typename F>
-inline decltype(auto) withK(int k, F&& f) {
-  switch (k) {
-    case 1: return f(std::integral_constant<int, 1>{});
-    case 2: return f(std::integral_constant<int, 2>{});
-    case 3: return f(std::integral_constant<int, 3>{});
-    case 4: return f(std::integral_constant<int, 4>{});
-    case 5: return f(std::integral_constant<int, 5>{});
-    case 6: return f(std::integral_constant<int, 6>{});
-    case 7: return f(std::integral_constant<int, 7>{});
-    case 8: return f(std::integral_constant<int, 8>{});
-    default: return f(std::integral_constant<int, 0>{});
-  }
-}
-
-// Row i of M as float32. Pass 1 (add = true) fuses the error-feedback add (E += G, in place) and
-// counts non-finite values; pass 2 (add = false) reads M = E, or G without error feedback.
-// Without E, a G that is not float32 is converted into rows + slot * cols (see rowScratch).
-template <typename T, bool add>
-inline const float* rowOfM(const T* __restrict g, float* __restrict e, const MatrixView& v,
-                           size_t i, int slot, float* rows, size_t* bad, uint32_t limBits) {
-  const size_t len = v.rowLength(i), off = i * v.stride();
-  const T* gr = g + off;
-  if (e) {
-    float* er = e + off;
-    if (add) {
-      size_t b = 0;
-#pragma omp simd reduction(+ : b)
-      for (size_t c = 0; c < len; ++c) {
-        float x = toFloat(gr[c]) + er[c];
-        er[c] = x;
-        b += beyond(x, limBits);
-      }
-      *bad += b;
-    }
-    return er;
-  }
-  const float* m;
-  if constexpr (std::is_same_v<T, float>) {
-    m = gr;
-  } else {
-    float* row = rows + size_t(slot) * v.cols;
-#pragma omp simd
-    for (size_t c = 0; c < len; ++c) row[c] = toFloat(gr[c]);
-    m = row;
-  }
-  if (add) {
-    size_t b = 0;
-#pragma omp simd reduction(+ : b)
-    for (size_t c = 0; c < len; ++c) b += beyond(m[c], limBits);
-    *bad += b;
-  }
-  return m;
-}
-
-// Elements of the row scratch rowOfM needs: kBlock rows of M when G is not float32 and there is
-// no E to read M from. Per call, not per thread: a thread would otherwise keep the rows of the
-// widest matrix it ever saw after every buffer is released.
-template <typename T>
-size_t rowScratch(const float* e, const MatrixView& v) {
-  return !e && !std::is_same_v<T, float> ? size_t(kBlock) * v.cols : 0;
-}
-
+// Pass 1: its dot products sum across the vector's lanes, in an order that follows the vector
+// width, so it runs the baseline's code on every machine (the same bits everywhere).
 template <typename T>
 size_t pass1(const T* __restrict g, float* __restrict e, const MatrixView& v,
              const float* __restrict qt, int k, float* __restrict p, float limit) {
@@ -148,184 +106,6 @@ size_t pass1(const T* __restrict g, float* __restrict e, const MatrixView& v,
   return bad;
 }
 
-// Qt[j][c] += sum over the kBlock rows b of P[b][j] M[b][c], rows added in order b = 0..3, for
-// the J columns j0 .. j0 + J - 1 of P (row stride k) in one sweep, their 4 J values in registers.
-template <int J>
-inline void qtAddColumns(float* __restrict qt, size_t cols, const float* const* m,
-                         const float* __restrict pb, int k, int j0) {
-  const float* __restrict m0 = m[0];
-  const float* __restrict m1 = m[1];
-  const float* __restrict m2 = m[2];
-  const float* __restrict m3 = m[3];
-  float p0[J], p1[J], p2[J], p3[J];
-  for (int j = 0; j < J; ++j) {
-    p0[j] = pb[j0 + j], p1[j] = pb[k + j0 + j], p2[j] = pb[2 * k + j0 + j];
-    p3[j] = pb[3 * k + j0 + j];
-  }
-  float* __restrict q0 = qt + size_t(j0) * cols;
-#pragma omp simd
-  for (size_t c = 0; c < cols; ++c) {
-    const float a = m0[c], b = m1[c], d = m2[c], e = m3[c];
-#pragma GCC unroll 4
-    for (int j = 0; j < J; ++j) {
-      float* q = q0 + size_t(j) * cols;
-      q[c] = (((q[c] + p0[j] * a) + p1[j] * b) + p2[j] * d) + p3[j] * e;
-    }
-  }
-}
-
-// All k columns of P: K = 0 (k at run time) one sweep per j; else sweeps of up to 4 columns (4 x 4
-// values of P in registers: more spill, measured slower at k = 8).
-template <int K>
-inline void qtAddBlock(float* qt, size_t cols, const float* const* m, const float* pb, int k) {
-  if constexpr (K == 0) {
-    for (int j = 0; j < k; ++j) qtAddColumns<1>(qt, cols, m, pb, k, j);
-  } else if constexpr (K <= 4) {
-    qtAddColumns<K>(qt, cols, m, pb, k, 0);
-  } else {
-    qtAddColumns<4>(qt, cols, m, pb, k, 0);
-    qtAddColumns<K - 4>(qt, cols, m, pb, k, 4);
-  }
-}
-
-// The same for any k (one function, whatever pass 2's input type: compile time).
-void qtAdd(float* qt, size_t cols, const float* const* m, const float* pb, int k) {
-  withK(k, [&](auto K) { qtAddBlock<K>(qt, cols, m, pb, k); });
-}
-
-// add: M = G + E first (E += G in place), counting elements beyond the limit into *bad (the
-// alternating Q step's pass); else M is E, or G without error feedback (PowerSGD's pass 2).
-template <typename T, bool add = false>
-void pass2(const T* __restrict g, const float* __restrict e, const MatrixView& v,
-           const float* __restrict p, int k, float* __restrict qt, size_t* bad = nullptr,
-           uint32_t lim = 0) {
-  std::memset(qt, 0, sizeof(float) * size_t(k) * v.cols);
-  std::vector<float> rows(rowScratch<T>(e, v));
-  float* em = const_cast<float*>(e);  // rowOfM<.., false> never writes
-  const size_t full = v.fullRows();
-  size_t i = 0, none = 0;
-  size_t* count = add ? bad : &none;
-  for (; i + kBlock <= full; i += kBlock) {
-    const float* m[kBlock];
-    for (int b = 0; b < kBlock; ++b)
-      m[b] = rowOfM<T, add>(g, em, v, i + b, b, rows.data(), count, lim);
-    // Same order of additions as one row at a time: the result does not depend on blocking.
-    qtAdd(qt, v.cols, m, p + i * k, k);
-  }
-  for (; i < v.rows; ++i) {
-    const size_t len = v.rowLength(i);
-    if (len == 0) break;
-    const float* m = rowOfM<T, add>(g, em, v, i, 0, rows.data(), count, lim);
-    for (int j = 0; j < k; ++j) {
-      const float pij = p[i * k + j];
-      float* __restrict q = qt + size_t(j) * v.cols;
-#pragma omp simd
-      for (size_t c = 0; c < len; ++c) q[c] += pij * m[c];
-    }
-  }
-}
-
-// R rows of the low-rank product A = P Qt^T at once (R = kBlock), K = k:
-// each column's k values of Qt are read once for the R rows and summed in registers, j = 0..k-1
-// in order, as the one-row loops below (K = 0) add them. Then, with E (rows er), E -= A; with
-// out (rows o), out = s A cast to T. A starts at 0 when `fromZero` (the residual's order: 0 +
-// p0 q0 + ..), else at p0 q0 (the output's): both kept as they were, so no result bit moves.
-template <int K, int R, bool fromZero, bool withE, bool withO, typename T>
-inline void lowRankBlock(float* const* e, T* const* out, size_t len, const float* pi, int k,
-                         const float* __restrict qt, size_t qld, float s) {
-  float pr[R][K];
-  float* er[R];
-  T* o[R];
-  for (int b = 0; b < R; ++b) {
-    for (int j = 0; j < K; ++j) pr[b][j] = pi[size_t(b) * k + j];
-    er[b] = withE ? e[b] : nullptr;
-    o[b] = withO ? out[b] : nullptr;
-  }
-#pragma omp simd
-  for (size_t c = 0; c < len; ++c) {
-    float q[K];
-#pragma GCC unroll 8
-    for (int j = 0; j < K; ++j) q[j] = qt[size_t(j) * qld + c];
-#pragma GCC unroll 4
-    for (int b = 0; b < R; ++b) {
-      float a = fromZero ? 0.f + pr[b][0] * q[0] : pr[b][0] * q[0];
-#pragma GCC unroll 8
-      for (int j = 1; j < K; ++j) a += pr[b][j] * q[j];
-      if constexpr (withE) er[b][c] -= a;
-      if constexpr (withO) o[b][c] = fromFloat<T>(s * a);
-    }
-  }
-}
-
-// One row of the same with k at run time (the last rows, and k > 8): the product built in `ar`
-// (len floats).
-template <bool fromZero, typename T>
-inline void lowRankRow(float* __restrict er, T* __restrict o, size_t len, const float* pi, int k,
-                       const float* __restrict qt, size_t qld, float s, float* __restrict ar) {
-  const float p0 = pi[0];
-#pragma omp simd
-  for (size_t c = 0; c < len; ++c) ar[c] = fromZero ? 0.f + p0 * qt[c] : p0 * qt[c];
-  for (int j = 1; j < k; ++j) {
-    const float pij = pi[j];
-    const float* __restrict q = qt + size_t(j) * qld;
-#pragma omp simd
-    for (size_t c = 0; c < len; ++c) ar[c] += pij * q[c];
-  }
-  if (er) {
-#pragma omp simd
-    for (size_t c = 0; c < len; ++c) er[c] -= ar[c];
-  }
-  if (o) {
-#pragma omp simd
-    for (size_t c = 0; c < len; ++c) o[c] = fromFloat<T>(s * ar[c]);
-  }
-}
-
-// Over a view: E -= A (withE) and out = s A (withO), A = P Qt^T (Qt: k x v.cols at row stride
-// qld). kBlock full rows at a time, then the last rows one by one (and every row when k > 8) by
-// the one-row loops: a row's values do not depend on the path it takes. One instantiation per k
-// and flags only for the blocks: this file's compile time grows with them.
-template <bool fromZero, bool withE, bool withO, typename T>
-void lowRank(float* e, T* out, const MatrixView& v, const float* p, const float* qt, size_t qld,
-             int k, float s) {
-  const size_t ld = v.stride(), full = v.fullRows();
-  size_t i = 0;
-  withK(k, [&](auto K) {
-    if constexpr (K > 0) {
-      for (; i + kBlock <= full; i += kBlock) {
-        float* er[kBlock];
-        T* o[kBlock];
-        for (int b = 0; b < kBlock; ++b) {
-          er[b] = withE ? e + (i + b) * ld : nullptr;
-          o[b] = withO ? out + (i + b) * ld : nullptr;
-        }
-        lowRankBlock<K, kBlock, fromZero, withE, withO>(er, o, v.cols, p + i * k, k, qt, qld, s);
-      }
-    }
-  });
-  std::vector<float> ar(i < v.rows ? v.cols : 0);
-  for (; i < v.rows; ++i) {
-    const size_t len = v.rowLength(i), off = i * ld;
-    if (len == 0) break;
-    lowRankRow<fromZero>(withE ? e + off : nullptr, withO ? out + off : nullptr, len, p + i * k, k,
-                         qt, qld, s, ar.data());
-  }
-}
-
-// Pass 3: out = s P Qbar^T, E -= P Qbar^T.
-template <typename T>
-void pass3(float* e, const MatrixView& v, const float* p, const float* qbart, int k, float s,
-           T* out) {
-  if (e) lowRank<false, true, true>(e, out, v, p, qbart, v.cols, k, s);
-  else lowRank<false, false, true>(e, out, v, p, qbart, v.cols, k, s);
-}
-
-// E -= P Qt^T over a view (Qt: k x v.cols, row stride qld): the residual of a rank's own factors.
-void subtractLowRank(float* e, const MatrixView& v, const float* p, const float* qt, size_t qld,
-                     int k) {
-  lowRank<true, true, false, float>(e, nullptr, v, p, qt, qld, k, 1.f);
-}
-
 // Rows [r0, r0 + rows) of a view, as a view of their own (its elements start at r0 * stride of
 // the parent's).
 MatrixView rowsOf(const MatrixView& v, size_t r0, size_t rows) {
@@ -341,10 +121,41 @@ MatrixView rowsOf(const MatrixView& v, size_t r0, size_t rows) {
 // reads it from cache: the P step then moves 12 bytes per element, as one pass.
 constexpr size_t kTileBytes = 1 << 19;
 
+// The table of the instruction set in force (hostIsa): chosen once, at the first call, from
+// LOWRANK_HOST_ISA (a bad value: the best this CPU has, with a warning; lowrankCommInitRank fails
+// on it), or set by setHostIsa. Each call reads it once, so a change never splits a call.
+const ElementwisePasses& tableOf(HostIsa isa) {
+#if LOWRANK_HOST_AVX2
+  if (isa == HostIsa::avx2) return avx2::kPasses;
+#endif
+  (void)isa;
+  return baseline::kPasses;
+}
+
+std::atomic<int> gIsa{-1};
+
+const ElementwisePasses& passes() {
+  int isa = gIsa.load(std::memory_order_acquire);
+  if (isa < 0) {
+    HostIsa chosen = HostIsa::baseline;
+    const Status st = hostIsaFromEnv(&chosen);
+    if (!st.ok()) {
+      chosen = hostIsaSupported(HostIsa::avx2) ? HostIsa::avx2 : HostIsa::baseline;
+      LR_WARN("%s; the host kernels run with %s", st.msg.c_str(), hostIsaName(chosen));
+    }
+    int unset = -1;
+    if (gIsa.compare_exchange_strong(unset, int(chosen), std::memory_order_acq_rel))
+      LR_INFO("host kernels: the element-wise passes run with %s", hostIsaName(chosen));
+    isa = gIsa.load(std::memory_order_acquire);
+  }
+  return tableOf(HostIsa(isa));
+}
+
 template <typename T>
 size_t stepP(const T* g, float* e, const MatrixView& v, const float* qt, int k, float* p,
              float limit, lowrankDataType_t wire) {
   if (!e) return pass1(g, e, v, qt, k, p, limit);  // no residual to keep
+  const ElementwisePasses& ew = passes();
   const size_t tile = std::max<size_t>(kBlock, kTileBytes / (sizeof(float) * v.cols) / kBlock * kBlock);
   size_t bad = 0;
   for (size_t r0 = 0; r0 < v.rows; r0 += tile) {
@@ -353,29 +164,55 @@ size_t stepP(const T* g, float* e, const MatrixView& v, const float* qt, int k, 
     const size_t at = r0 * v.stride();
     bad += pass1(g + at, e + at, s, qt, k, p + r0 * k, limit);
     roundTo(wire, p + r0 * k, s.rows * size_t(k));  // as the send will: the residual keeps it
-    subtractLowRank(e + at, s, p + r0 * k, qt, v.cols, k);
+    ew.residual(e + at, s, p + r0 * k, qt, v.cols, k);
   }
   return bad;
 }
 
-template <typename T>
-size_t stepQ(const T* g, float* e, const MatrixView& v, const float* p, int k, float* qt,
-             float limit, lowrankDataType_t wire) {
-  size_t bad = 0;
-  pass2<T, true>(g, e, v, p, k, qt, &bad, limitBits(limit));
-  if (!e) return bad;  // no residual to keep
-  // The residual in a second sweep: E -= P Q^T. One sweep by column tiles (all rows of a few
-  // columns, kept in cache for the residual) would read 8 fewer bytes per element, but it strides
-  // across rows of a few cache lines each, which the prefetchers do not follow: slower than two
-  // sequential sweeps at every shape and tile tried (512 x 4608 to 4096 x 4096, tiles of 1 to
-  // 16 MiB, with and without software prefetch), by 1.05x to 2.9x (docs/design.md, "Alternating
-  // factors").
-  roundTo(wire, qt, size_t(k) * v.cols);  // as the send will: the residual keeps it
-  subtractLowRank(e, v, p, qt, v.cols, k);
-  return bad;
+}  // namespace
+
+const char* hostIsaName(HostIsa isa) { return isa == HostIsa::avx2 ? "avx2" : "baseline"; }
+
+bool hostIsaSupported(HostIsa isa) {
+  if (isa == HostIsa::baseline) return true;
+#if LOWRANK_HOST_AVX2
+  return __builtin_cpu_supports("avx2");
+#else
+  return false;
+#endif
 }
 
-}  // namespace
+Status hostIsaFromEnv(HostIsa* out) {
+  const char* names[3] = {"auto", "avx2", "baseline"};
+  int i = 0;
+  LR_RETURN_IF_ERROR(env::choice("LOWRANK_HOST_ISA", names, 3, &i));
+  if (i == 2) *out = HostIsa::baseline;
+  else if (hostIsaSupported(HostIsa::avx2)) *out = HostIsa::avx2;
+  else if (i == 0) *out = HostIsa::baseline;
+  else
+    return Status::Error(lowrankInvalidUsage,
+                         "LOWRANK_HOST_ISA=avx2, but %s (use auto or baseline)",
+#if LOWRANK_HOST_AVX2
+                         "this CPU has no AVX2"
+#else
+                         "this build has no AVX2 kernels (not x86-64 GCC)"
+#endif
+    );
+  return Status::Ok();
+}
+
+HostIsa hostIsa() {
+  passes();  // chooses, if not yet
+  return HostIsa(gIsa.load(std::memory_order_acquire));
+}
+
+Status setHostIsa(HostIsa isa) {
+  if (!hostIsaSupported(isa))
+    return Status::Error(lowrankInvalidUsage, "the host kernels cannot run with %s here",
+                         hostIsaName(isa));
+  gIsa.store(int(isa), std::memory_order_release);
+  return Status::Ok();
+}
 
 size_t alternateStepP(const void* g, lowrankDataType_t dtype, float* e, const MatrixView& v,
                       const float* qt, int k, float* p, float limit, lowrankDataType_t wire) {
@@ -388,11 +225,18 @@ size_t alternateStepP(const void* g, lowrankDataType_t dtype, float* e, const Ma
 
 size_t alternateStepQ(const void* g, lowrankDataType_t dtype, float* e, const MatrixView& v,
                       const float* p, int k, float* qt, float limit, lowrankDataType_t wire) {
-  switch (dtype) {
-    case lowrankFloat16: return stepQ(static_cast<const half_t*>(g), e, v, p, k, qt, limit, wire);
-    case lowrankBfloat16: return stepQ(static_cast<const bf16_t*>(g), e, v, p, k, qt, limit, wire);
-    default: return stepQ(static_cast<const float*>(g), e, v, p, k, qt, limit, wire);
-  }
+  const ElementwisePasses& ew = passes();
+  const size_t bad = ew.qOfRows(g, dtype, e, v, p, k, qt, true, limit);
+  if (!e) return bad;  // no residual to keep
+  // The residual in a second sweep: E -= P Q^T. One sweep by column tiles (all rows of a few
+  // columns, kept in cache for the residual) would read 8 fewer bytes per element, but it strides
+  // across rows of a few cache lines each, which the prefetchers do not follow: slower than two
+  // sequential sweeps at every shape and tile tried (512 x 4608 to 4096 x 4096, tiles of 1 to
+  // 16 MiB, with and without software prefetch), by 1.05x to 2.9x (docs/design.md, "Alternating
+  // factors").
+  roundTo(wire, qt, size_t(k) * v.cols);  // as the send will: the residual keeps it
+  ew.residual(e, v, p, qt, v.cols, k);
+  return bad;
 }
 
 size_t errorFeedbackAndP(const void* g, lowrankDataType_t dtype, float* e, const MatrixView& v,
@@ -406,20 +250,13 @@ size_t errorFeedbackAndP(const void* g, lowrankDataType_t dtype, float* e, const
 
 void computeQ(const void* g, lowrankDataType_t dtype, const float* e, const MatrixView& v,
               const float* p, int k, float* qt) {
-  switch (dtype) {
-    case lowrankFloat16: return pass2(static_cast<const half_t*>(g), e, v, p, k, qt);
-    case lowrankBfloat16: return pass2(static_cast<const bf16_t*>(g), e, v, p, k, qt);
-    default: return pass2(static_cast<const float*>(g), e, v, p, k, qt);
-  }
+  // without add, pass 2 only reads E
+  passes().qOfRows(g, dtype, const_cast<float*>(e), v, p, k, qt, false, INFINITY);
 }
 
 void decompressAndUpdateError(float* e, const MatrixView& v, const float* p, const float* qbart,
                               int k, float s, void* out, lowrankDataType_t dtype) {
-  switch (dtype) {
-    case lowrankFloat16: return pass3(e, v, p, qbart, k, s, static_cast<half_t*>(out));
-    case lowrankBfloat16: return pass3(e, v, p, qbart, k, s, static_cast<bf16_t*>(out));
-    default: return pass3(e, v, p, qbart, k, s, static_cast<float*>(out));
-  }
+  passes().decompress(e, v, p, qbart, k, s, out, dtype);
 }
 
 void scale(float* x, size_t count, float s) {

@@ -11,11 +11,14 @@
 // pass 2 reads M (4 B), pass 3 reads M, writes E and the output (12 B): 28 B in all.
 // For any k up to 8, pass 3 and the residuals sweep a row once and pass 2 once per 4 factor
 // columns, a column's factor values summed in registers, in the same order as one sweep per j.
+// Passes 2 and 3 and the residuals run with AVX2 where the CPU has it (HostIsa below), with the
+// same bits as the baseline's.
 #pragma once
 #include <cmath>
 #include <cstddef>
 
 #include "lowrank/lowrank.h"
+#include "util/status.h"
 
 namespace lowrank::host {
 
@@ -75,6 +78,21 @@ size_t alternateStepP(const void* g, lowrankDataType_t dtype, float* e, const Ma
 size_t alternateStepQ(const void* g, lowrankDataType_t dtype, float* e, const MatrixView& v,
                       const float* p, int k, float* qt, float limit = INFINITY,
                       lowrankDataType_t wire = lowrankFloat32);
+
+// The instruction set of the element-wise passes (pass 2, pass 3, the residuals, the alternating
+// Q step's first sweep): the x86-64 baseline (SSE2), or AVX2 where GCC built it and the CPU has it.
+// Every output bit is the same with either (docs/design.md, "Host kernels and the instruction
+// set"); only time differs. Pass 1 sums across a vector's lanes, so it always runs the baseline's
+// code. Thread safety: all of these may be called from any thread; a kernel call reads the choice
+// once.
+enum class HostIsa { baseline = 0, avx2 = 1 };
+const char* hostIsaName(HostIsa isa);
+bool hostIsaSupported(HostIsa isa);  // built in, and this CPU (and its OS) runs it
+// The choice LOWRANK_HOST_ISA asks for: auto or unset (AVX2 where supported), avx2 (an error where
+// not supported), baseline. lowrankInvalidUsage names a bad value.
+Status hostIsaFromEnv(HostIsa* out);
+HostIsa hostIsa();  // in force: setHostIsa's, else LOWRANK_HOST_ISA's, chosen at the first call
+Status setHostIsa(HostIsa isa);  // for tests and benchmarks; lowrankInvalidUsage if unsupported
 
 // Qt *= s, elementwise over k x m (turns the allreduced sum of Q into Qbar).
 void scale(float* x, size_t count, float s);

@@ -98,8 +98,9 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < count; ++i) pa[i] = pb[i] + 3.f * pc[i];
   });
   const double triadBw = 12.0 * count / triad / 1e9;
-  printf("# lowrank_kernel_perf: %.3g MiB float32 per matrix, view %zu x %zu, best of %d, 1 thread\n",
-         count * 4.0 / (1 << 20), v.rows, v.cols, repeats);
+  printf("# lowrank_kernel_perf: %.3g MiB float32 per matrix, view %zu x %zu, best of %d, 1 thread, "
+         "element-wise passes %s (LOWRANK_HOST_ISA)\n",
+         count * 4.0 / (1 << 20), v.rows, v.cols, repeats, host::hostIsaName(host::hostIsa()));
   printf("# triad a = b + s c: %.2f ms, %.2f GB/s (12 B per element)\n", triad * 1e3, triadBw);
   printf("#%4s %-24s %6s %10s %9s %9s\n", "k", "phase", "B/elem", "time(ms)", "GB/s", "of triad");
   for (int k : ks) {

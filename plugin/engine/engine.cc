@@ -2,6 +2,7 @@
 
 #include <cstdio>
 
+#include "kernels/host/powersgd_kernels.h"
 #include "platform/cuda_probe.h"
 #include "platform/nccl.h"
 #include "transport/nccl/nccl_transport.h"
@@ -23,8 +24,16 @@ Status releaseNccl(void* comm, bool abort) {
 
 }  // namespace
 
+// LOWRANK_HOST_ISA, read by the host kernels at their first call: a bad value, or avx2 on a CPU
+// without it, fails the communicator's creation here rather than in a call.
+static Status checkHostIsa() {
+  host::HostIsa isa;
+  return host::hostIsaFromEnv(&isa);
+}
+
 Status Engine::overUcx(const EngineConfig& cfg, const lowrankUniqueId& id, int rank, int nranks,
                        std::unique_ptr<Engine>* out) {
+  LR_RETURN_IF_ERROR(checkHostIsa());
   std::unique_ptr<Transport> ucx;
   UcxTransportOptions opt;
   opt.cost = cfg.ucxCost;
@@ -43,7 +52,8 @@ Status Engine::overNccl(const EngineConfig& cfg, void* ncclComm, bool owned,
                         std::unique_ptr<Engine>* out) {
   const nccl::Api* api = nullptr;
   std::unique_ptr<NcclTransport> t;
-  Status s = nccl::realNccl(&api);
+  Status s = checkHostIsa();
+  if (s.ok()) s = nccl::realNccl(&api);
   if (s.ok()) s = NcclTransport::create(api, ncclComm, cfg.timeoutSec, &t);
   if (!s.ok()) {
     if (owned) (void)releaseNccl(ncclComm, /*abort=*/false);  // made for this engine: not left behind

@@ -33,7 +33,7 @@ TEST(Config, MalformedVariablesAreErrorsNamingThem) {
                             {"LOWRANK_DEBUG", "LOUD"},
                             {"LOWRANK_UCX_ALPHA_US", "0"},       {"LOWRANK_UCX_BETA_NS", "-1"},
                             {"LOWRANK_UCX_BETA_NS", "fast"},     {"LOWRANK_UCX_ALGO", "tree"},
-                            {"LOWRANK_UCX_ALGO", "tuned"}};
+                            {"LOWRANK_UCX_ALGO", "tuned"},       {"LOWRANK_HOST_ISA", "sse"}};
   for (auto& c : cases) {
     EnvGuard g(c[0], c[1]);
     EXPECT_EQ(initWith(nullptr), lowrankInvalidUsage) << c[0] << "=" << c[1];
