@@ -8,7 +8,9 @@
 #include <thread>
 
 #include "transport/bootstrap/bootstrap.h"
+#include "transport/ucx/eager.h"
 #include "transport/ucx/tag.h"
+#include "util/env.h"
 #include "util/log.h"
 
 namespace lowrank::ucx {
@@ -60,6 +62,20 @@ Status UcxComm::init(const lowrankUniqueId& id, const std::string& tls) {
   if (!tls.empty() && (st = ucp_config_modify(cfg, "TLS", tls.c_str())) != UCS_OK) {
     ucp_config_release(cfg);
     return Status::Error(lowrankInvalidArgument, "ucx: TLS=%s: %s", tls.c_str(), ucs_status_string(st));
+  }
+  // Eager messages where the data can only travel over TCP (eager.h: UCX's rendezvous costs a
+  // round trip and a slower path per message there).
+  const char* envTls = env::get("UCX_TLS");
+  const std::string tlsInForce = !tls.empty() ? tls : envTls ? envTls : "";
+  if (const char* rndv = rendezvousThreshold(env::get("UCX_RNDV_THRESH"), tlsInForce,
+                                             hostHasRdmaDevice())) {
+    if ((st = ucp_config_modify(cfg, "RNDV_THRESH", rndv)) != UCS_OK) {
+      ucp_config_release(cfg);
+      return Status::Error(lowrankSystemError, "ucx: RNDV_THRESH=%s: %s", rndv, ucs_status_string(st));
+    }
+    if (rank_ == 0)
+      LR_INFO("ucx: the data travels over TCP only: messages eager (RNDV_THRESH=%s; "
+              "UCX_RNDV_THRESH overrides)", rndv);
   }
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES;
