@@ -176,6 +176,7 @@ const char* hostIsaName(HostIsa isa) { return isa == HostIsa::avx2 ? "avx2" : "b
 bool hostIsaSupported(HostIsa isa) {
   if (isa == HostIsa::baseline) return true;
 #if LOWRANK_HOST_AVX2
+  __builtin_cpu_init();  // in case this runs before libgcc's own constructor (a static initializer)
   return __builtin_cpu_supports("avx2");
 #else
   return false;
