@@ -117,7 +117,7 @@ constexpr Variable kTable[] = {
     // The launchers' own variables, read in their place (transport/bootstrap/launcher_env.cc).
     {"RANK"}, {"WORLD_SIZE"}, {"OMPI_COMM_WORLD_RANK"}, {"OMPI_COMM_WORLD_SIZE"}, {"PMI_RANK"},
     {"PMI_SIZE"}, {"SLURM_PROCID"}, {"SLURM_NTASKS"}, {"MASTER_ADDR"}, {"MASTER_PORT"},
-    {"UCX_TLS"}, {"UCX_RNDV_THRESH"},  // UCX's own (read by the transport: ucx/eager.h)
+    {"UCX_RNDV_THRESH"},  // UCX's own; set, it keeps UCX's threshold (transport/ucx/eager.h)
     {"LOWRANK_NCCL_LIBRARY", "nccl",
      "path or soname", "`libnccl.so.2` (the one the program already loaded)",
      "the real NCCL that lowrank's own NCCL calls go to, opened once per process; each entry point"

@@ -17,6 +17,8 @@ TEST(Eager, TcpOnlyByTheTransportList) {
   EXPECT_FALSE(tcpOnly("ud_x,self", false));
   EXPECT_FALSE(tcpOnly("cuda_ipc,tcp", false));
   EXPECT_FALSE(tcpOnly("tcpx", false));  // unknown names are not TCP
+  EXPECT_TRUE(tcpOnly("tcp,mm,self", true));  // mm: UCX's alias of the shared-memory ones
+  EXPECT_FALSE(tcpOnly("sm,self", false));    // no network transport at all: not "TCP only"
 }
 
 TEST(Eager, AllOrNegatedListsDependOnTheHostsDevices) {

@@ -9,14 +9,16 @@ namespace lowrank::ucx {
 bool tcpOnly(const std::string& tls, bool rdmaDevices) {
   if (tls.empty() || tls == "all" || tls[0] == '^') return !rdmaDevices;
   std::stringstream ss(tls);
+  bool tcp = false;
   for (std::string t; std::getline(ss, t, ',');) {
-    static const char* const kLocal[] = {"tcp",  "self", "sm",  "shm",  "posix",
+    static const char* const kLocal[] = {"self", "sm",   "shm",  "mm",   "posix",
                                          "sysv", "cma",  "knem", "xpmem"};
-    bool known = false;
+    bool known = t == "tcp";
+    tcp = tcp || known;
     for (const char* k : kLocal) known = known || t == k;
     if (!known) return false;  // rc, ud, dc, ib, cuda_ipc, ...: maybe not TCP
   }
-  return true;
+  return tcp;  // without tcp no network transport is left (the communicator fails to connect)
 }
 
 bool hostHasRdmaDevice() {

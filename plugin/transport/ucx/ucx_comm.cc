@@ -3,6 +3,8 @@
 #include <poll.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -55,6 +57,28 @@ Status UcxComm::create(const lowrankUniqueId& id, int rank, int nranks, double t
   return Status::Ok();
 }
 
+namespace {
+// The value of UCX_<name> in a UCX configuration as UCX read it (environment, configuration files,
+// defaults), from its printed form; "" if not found.
+std::string configValue(ucp_config_t* cfg, const char* name) {
+  char* text = nullptr;
+  size_t size = 0;
+  FILE* f = open_memstream(&text, &size);
+  if (!f) return "";
+  ucp_config_print(cfg, f, nullptr, UCS_CONFIG_PRINT_CONFIG);
+  fclose(f);
+  const std::string all(text ? text : "", size);
+  free(text);
+  const std::string key = std::string("UCX_") + name + "=";
+  for (size_t at = 0; at < all.size();) {
+    const size_t end = std::min(all.find('\n', at), all.size());
+    if (all.compare(at, key.size(), key) == 0) return all.substr(at + key.size(), end - at - key.size());
+    at = end + 1;
+  }
+  return "";
+}
+}  // namespace
+
 Status UcxComm::init(const lowrankUniqueId& id, const std::string& tls) {
   ucp_config_t* cfg = nullptr;
   ucs_status_t st = ucp_config_read(nullptr, nullptr, &cfg);
@@ -64,11 +88,15 @@ Status UcxComm::init(const lowrankUniqueId& id, const std::string& tls) {
     return Status::Error(lowrankInvalidArgument, "ucx: TLS=%s: %s", tls.c_str(), ucs_status_string(st));
   }
   // Eager messages where the data can only travel over TCP (eager.h: UCX's rendezvous costs a
-  // round trip and a slower path per message there).
-  const char* envTls = env::get("UCX_TLS");
-  const std::string tlsInForce = !tls.empty() ? tls : envTls ? envTls : "";
-  if (const char* rndv = rendezvousThreshold(env::get("UCX_RNDV_THRESH"), tlsInForce,
-                                             hostHasRdmaDevice())) {
+  // round trip and a slower path per message there). UCX's own values, from its environment and
+  // its configuration files alike.
+  const std::string tlsInForce = !tls.empty() ? tls : configValue(cfg, "TLS");
+  // The user's threshold: any value in the environment (auto included), or one other than the
+  // default in a configuration file.
+  const char* envRndv = env::get("UCX_RNDV_THRESH");
+  const std::string fileRndv = configValue(cfg, "RNDV_THRESH");
+  const char* userRndv = envRndv ? envRndv : fileRndv != "auto" ? fileRndv.c_str() : nullptr;
+  if (const char* rndv = rendezvousThreshold(userRndv, tlsInForce, hostHasRdmaDevice())) {
     if ((st = ucp_config_modify(cfg, "RNDV_THRESH", rndv)) != UCS_OK) {
       ucp_config_release(cfg);
       return Status::Error(lowrankSystemError, "ucx: RNDV_THRESH=%s: %s", rndv, ucs_status_string(st));
