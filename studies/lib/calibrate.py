@@ -156,11 +156,22 @@ def bulk(peers, rate, seconds=1.5, skip=0.3, mtu=1500):
                   ratio=goodput / want, mss=mss, seconds=seconds, skipped_s=skip)
 
 
+def rt_runtime_us():
+    """kernel.sched_rt_runtime_us, or None where it cannot be read. At the default (950000) the
+    kernel stops every real-time thread (the wire's, the NAPI threads, the helpers) for the rest of
+    a second once they used 0.95 s of it, which 1 Gbit/s can reach (docs/benchmarks.md, "Links")."""
+    try:
+        with open("/proc/sys/kernel/sched_rt_runtime_us") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return None
+
+
 def calibrate(hosts, *, pings=PINGS, message_bytes=MESSAGE_BYTES, bulk_s=1.5):
     """Runs the checks on `hosts` (a made studies.lib.hosts.Hosts, or anything with n, prefix(i),
     settings() -> (kind, rate bit/s, delay s) and link_stats() -> str) at the rate and delay they
     are set to. Returns a dict for a run's JSON: link, rate_bps, delay_s, hosts, when, loadavg,
-    helpers_rt, checks {name: {passed, measured numbers (seconds, bit/s), the target}}, skipped
+    helpers_rt, rt_runtime_us (the kernel's real-time throttling; -1: off), checks {name: {passed, measured numbers (seconds, bit/s), the target}}, skipped
     {name: why}, failed [names], passed (bool), wire (the wire's release lateness over the checks,
     its status line; "" for netem). Raises CalibrationError if a helper cannot run; a failed check
     is only recorded (see checked())."""
@@ -170,7 +181,7 @@ def calibrate(hosts, *, pings=PINGS, message_bytes=MESSAGE_BYTES, bulk_s=1.5):
     rt = _rt_prefix()
     out = dict(link=kind, rate_bps=rate, delay_s=delay_s, hosts=hosts.n,
                when=time.strftime("%Y-%m-%dT%H:%M:%S%z"), loadavg=os.getloadavg(),
-               helpers_rt=bool(rt), checks={}, skipped={})
+               helpers_rt=bool(rt), rt_runtime_us=rt_runtime_us(), checks={}, skipped={})
     hosts.link_stats()  # counters from here on
     runs = [("ping_pong", lambda p: ping_pong(p, delay_s, pings))]
     if rate:
@@ -198,7 +209,8 @@ def calibrate(hosts, *, pings=PINGS, message_bytes=MESSAGE_BYTES, bulk_s=1.5):
 def describe(cal):
     """One line per check: name, pass/FAIL, measured against target."""
     lines = [f"link {cal['link']}, {cal['rate_bps'] / 1e6:g} Mbit/s, delay {cal['delay_s'] * 1e3:g} ms, "
-             f"{cal['hosts']} hosts, load {cal['loadavg'][0]:.1f}"]
+             f"{cal['hosts']} hosts, load {cal['loadavg'][0]:.1f}, "
+             f"sched_rt_runtime_us {cal.get('rt_runtime_us')}"]
     for name, c in cal["checks"].items():
         word = "pass" if c["passed"] else "FAIL"
         if "median_s" in c:

@@ -96,13 +96,19 @@ def test_bad_schedule_input_is_refused():
 
 def test_require_names_the_failed_check():
     cal = dict(link="wire", rate_bps=RATE, delay_s=1e-3, hosts=2, loadavg=(0.0, 0.0, 0.0),
-               checks={"ping_pong": dict(passed=True, median_s=2e-3, want_s=2e-3, tolerance_s=2e-4),
+               rt_runtime_us=-1, checks={"ping_pong": dict(passed=True, median_s=2e-3, want_s=2e-3, tolerance_s=2e-4),
                        "bulk": dict(passed=False, goodput_bps=80e6, want_bps=95.6e6)},
                skipped={}, failed=["bulk"], passed=False)
     with pytest.raises(calibrate.CalibrationError, match="bulk: FAIL"):
         calibrate.require(cal)
+    assert "sched_rt_runtime_us -1" in calibrate.describe(cal)
     cal.update(failed=[], passed=True)
     assert calibrate.require(cal) is cal
+
+
+def test_rt_runtime_is_the_kernels():
+    with open("/proc/sys/kernel/sched_rt_runtime_us") as f:
+        assert calibrate.rt_runtime_us() == int(f.read())
 
 
 def _need_root_links():
