@@ -4,8 +4,10 @@
 // function of another header is compiled for AVX2 there). Every pass here computes each output
 // element by its own sequence of float operations (no sum across the columns a vector holds), so
 // the vector width does not change one bit of a result; -ffp-contract=off keeps products and
-// additions apart. The reductions over a row (pass 1's dot products) are not here: their order
-// follows the vector width, so they run the baseline's code on every machine.
+// additions apart. The one reduction over a row here, the alternating P step's dot products
+// (pOfRows), sums into 8 lanes in an order written out, whatever the vector width. PowerSGD's
+// pass 1 is not here: its order follows the vector width (omp simd), its bits are held by the
+// committed checkpoint fixtures, so it runs the baseline's code on every machine.
 namespace lowrank::host::LR_ISA {
 namespace {
 
@@ -260,6 +262,81 @@ void lowRank(float* e, T* out, const MatrixView& v, const float* p, const float*
   }
 }
 
+// Eight float lanes, whatever the instruction set: two SSE registers in the baseline's code, one
+// AVX register in AVX2's. Element-wise operations on it are IEEE per lane, so the lanes' bits do
+// not depend on how the compiler splits them. Only ever a local: no function takes or returns one
+// (their ABI differs between the two).
+typedef float Lanes8 __attribute__((vector_size(32)));
+constexpr size_t kLanes = 8;
+
+// The alternating P step's dot products P[r][j0 + j] = M[r] . Qt[j0 + j] for R rows (m[r], len
+// elements each) and J columns of P at once (J Qt rows at row stride qld), R x J lanes-vectors in
+// registers. The order, the same for every row however it is blocked and under every instruction
+// set: element c adds into lane c mod 8 (c = lane, lane + 8, .. from 0) over the whole multiples
+// of 8, the rest into lanes 0, 1, .. after them, then the lanes ((0+4)+(2+6))+((1+5)+(3+7)).
+template <int R, int J>
+inline void dotLanes(const float* const* m, size_t len, const float* __restrict qt, size_t qld,
+                     int j0, float* __restrict p, int k) {
+  Lanes8 acc[R][J];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 2
+    for (int j = 0; j < J; ++j) acc[r][j] = Lanes8{};
+  const size_t whole = len / kLanes * kLanes;
+  for (size_t c = 0; c < whole; c += kLanes) {
+    Lanes8 q[J];
+#pragma GCC unroll 2
+    for (int j = 0; j < J; ++j) std::memcpy(&q[j], qt + size_t(j0 + j) * qld + c, sizeof(Lanes8));
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      Lanes8 x;
+      std::memcpy(&x, m[r] + c, sizeof(Lanes8));
+#pragma GCC unroll 2
+      for (int j = 0; j < J; ++j) acc[r][j] += x * q[j];
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < J; ++j) {
+      float a[kLanes];
+      std::memcpy(a, &acc[r][j], sizeof a);
+      const float* q = qt + size_t(j0 + j) * qld;
+      for (size_t c = whole; c < len; ++c) a[c - whole] += m[r][c] * q[c];
+      p[size_t(r) * k + j0 + j] = ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+    }
+}
+
+// All k columns for R rows: two columns a sweep (R = 4: 8 lanes-vectors of sums, with 4 of M and 2
+// of Qt, within AVX2's 16 registers), a last single one when k is odd.
+template <int R>
+inline void dotRows(const float* const* m, size_t len, const float* qt, size_t qld, int k,
+                    float* p) {
+  int j0 = 0;
+  for (; j0 + 2 <= k; j0 += 2) dotLanes<R, 2>(m, len, qt, qld, j0, p, k);
+  if (j0 < k) dotLanes<R, 1>(m, len, qt, qld, j0, p, k);
+}
+
+// The alternating P step's first sweep: M = G + E (E += G in place, counting elements beyond the
+// limit) and P = M Qt^T, kBlock rows at a time. Without E, M is G (converted when not float32).
+template <typename T>
+size_t pass1Lanes(const T* __restrict g, float* __restrict e, const MatrixView& v,
+                  const float* __restrict qt, int k, float* __restrict p, uint32_t lim) {
+  size_t bad = 0;
+  std::vector<float> rows(rowScratch<T>(e, v));
+  const size_t full = v.fullRows();
+  size_t i = 0;
+  for (; i + kBlock <= full; i += kBlock) {
+    const float* m[kBlock];
+    for (int b = 0; b < kBlock; ++b)
+      m[b] = rowOfM<T, true>(g, e, v, i + b, b, rows.data(), &bad, lim);
+    dotRows<kBlock>(m, v.cols, qt, v.cols, k, p + i * k);
+  }
+  for (; i < v.rows; ++i) {
+    const float* m[1] = {rowOfM<T, true>(g, e, v, i, 0, rows.data(), &bad, lim)};
+    dotRows<1>(m, v.rowLength(i), qt, v.cols, k, p + i * k);
+  }
+  return bad;
+}
+
 // The table's entries: the dtype of G or of the output picked at run time.
 size_t qOfRows(const void* g, lowrankDataType_t dtype, float* e, const MatrixView& v, const float* p,
                int k, float* qt, bool add, float limit) {
@@ -276,6 +353,16 @@ size_t qOfRows(const void* g, lowrankDataType_t dtype, float* e, const MatrixVie
     default: run(static_cast<const float*>(g)); break;
   }
   return bad;
+}
+
+size_t pOfRows(const void* g, lowrankDataType_t dtype, float* e, const MatrixView& v,
+               const float* qt, int k, float* p, float limit) {
+  const uint32_t lim = limitBits(limit);
+  switch (dtype) {
+    case lowrankFloat16: return pass1Lanes(static_cast<const half_t*>(g), e, v, qt, k, p, lim);
+    case lowrankBfloat16: return pass1Lanes(static_cast<const bf16_t*>(g), e, v, qt, k, p, lim);
+    default: return pass1Lanes(static_cast<const float*>(g), e, v, qt, k, p, lim);
+  }
 }
 
 void decompress(float* e, const MatrixView& v, const float* p, const float* qbart, int k, float s,
@@ -297,6 +384,6 @@ void residual(float* e, const MatrixView& v, const float* p, const float* qt, si
 
 }  // namespace
 
-const ElementwisePasses kPasses = {&qOfRows, &decompress, &residual};
+const ElementwisePasses kPasses = {&qOfRows, &decompress, &residual, &pOfRows};
 
 }  // namespace lowrank::host::LR_ISA

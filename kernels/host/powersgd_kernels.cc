@@ -25,6 +25,10 @@ struct ElementwisePasses {
   // E -= P Qt^T (Qt at row stride qld), products summed from 0.
   void (*residual)(float* e, const MatrixView& v, const float* p, const float* qt, size_t qld,
                    int k);
+  // The alternating P step's first sweep: E += G (counting elements beyond `limit`), P = M Qt^T,
+  // its dot products in 8 lanes in a fixed order (the same bits under every instruction set).
+  size_t (*pOfRows)(const void* g, lowrankDataType_t dtype, float* e, const MatrixView& v,
+                    const float* qt, int k, float* p, float limit);
 };
 }  // namespace lowrank::host
 
@@ -151,18 +155,20 @@ const ElementwisePasses& passes() {
   return tableOf(HostIsa(isa));
 }
 
+// The alternating P step. Its dot products are pOfRows' (8 fixed lanes, vectorized under AVX2),
+// not pass 1's: alternation has no checkpoints from before that kernel to hold its bits.
 template <typename T>
-size_t stepP(const T* g, float* e, const MatrixView& v, const float* qt, int k, float* p,
-             float limit, lowrankDataType_t wire) {
-  if (!e) return pass1(g, e, v, qt, k, p, limit);  // no residual to keep
+size_t stepP(const T* g, lowrankDataType_t dtype, float* e, const MatrixView& v, const float* qt,
+             int k, float* p, float limit, lowrankDataType_t wire) {
   const ElementwisePasses& ew = passes();
+  if (!e) return ew.pOfRows(g, dtype, e, v, qt, k, p, limit);  // no residual to keep
   const size_t tile = std::max<size_t>(kBlock, kTileBytes / (sizeof(float) * v.cols) / kBlock * kBlock);
   size_t bad = 0;
   for (size_t r0 = 0; r0 < v.rows; r0 += tile) {
     const MatrixView s = rowsOf(v, r0, std::min(tile, v.rows - r0));
     if (s.valid == 0) break;
     const size_t at = r0 * v.stride();
-    bad += pass1(g + at, e + at, s, qt, k, p + r0 * k, limit);
+    bad += ew.pOfRows(g + at, dtype, e + at, s, qt, k, p + r0 * k, limit);
     roundTo(wire, p + r0 * k, s.rows * size_t(k));  // as the send will: the residual keeps it
     ew.residual(e + at, s, p + r0 * k, qt, v.cols, k);
   }
@@ -218,9 +224,9 @@ Status setHostIsa(HostIsa isa) {
 size_t alternateStepP(const void* g, lowrankDataType_t dtype, float* e, const MatrixView& v,
                       const float* qt, int k, float* p, float limit, lowrankDataType_t wire) {
   switch (dtype) {
-    case lowrankFloat16: return stepP(static_cast<const half_t*>(g), e, v, qt, k, p, limit, wire);
-    case lowrankBfloat16: return stepP(static_cast<const bf16_t*>(g), e, v, qt, k, p, limit, wire);
-    default: return stepP(static_cast<const float*>(g), e, v, qt, k, p, limit, wire);
+    case lowrankFloat16: return stepP(static_cast<const half_t*>(g), dtype, e, v, qt, k, p, limit, wire);
+    case lowrankBfloat16: return stepP(static_cast<const bf16_t*>(g), dtype, e, v, qt, k, p, limit, wire);
+    default: return stepP(static_cast<const float*>(g), dtype, e, v, qt, k, p, limit, wire);
   }
 }
 

@@ -115,6 +115,53 @@ TEST(HostIsa, ElementwisePassesGiveTheSameBitsWithEitherInstructionSet) {
   ASSERT_TRUE(setHostIsa(before).ok());
 }
 
+// The alternating P step's dot products, in the order its kernel states (8 lanes, element c into
+// lane c mod 8 over the whole multiples of 8, the rest into lanes 0.., lanes summed
+// ((0+4)+(2+6))+((1+5)+(3+7))), one element at a time: the kernel's P must equal it to the bit
+// under each instruction set, whatever its rows' blocking (a kernel summing in its vector's own
+// order, as PowerSGD's pass 1 does, fails this).
+float laneDot(const float* m, const float* q, size_t len) {
+  float a[8] = {};
+  const size_t whole = len / 8 * 8;
+  for (size_t c = 0; c < whole; ++c) a[c % 8] += m[c] * q[c];
+  for (size_t c = whole; c < len; ++c) a[c - whole] += m[c] * q[c];
+  return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+}
+
+TEST(HostIsa, AlternatingPStepSumsInEightFixedLanes) {
+  std::vector<HostIsa> isas = {HostIsa::baseline};
+  if (hostIsaSupported(HostIsa::avx2)) isas.push_back(HostIsa::avx2);
+  const HostIsa before = hostIsa();
+  // rows: 4-row blocks and the rows after them; widths: below 8, whole multiples, tails; a padded
+  // last row; a column block (ld > cols); odd and even k (2-column sweeps and a single one).
+  const Shape shapes[] = {{23, 37, 37, 23 * 37, 3, lowrankFloat32},
+                          {8, 64, 64, 8 * 64, 4, lowrankFloat32},
+                          {6, 5, 5, 30, 1, lowrankFloat32},
+                          {30, 41, 41, 29 * 41 + 17, 5, lowrankFloat32},
+                          {17, 24, 53, 17 * 53, 2, lowrankFloat32},
+                          {5, 1031, 1031, 5 * 1031, 12, lowrankFloat32}};
+  for (HostIsa isa : isas) {
+    ASSERT_TRUE(setHostIsa(isa).ok());
+    for (const Shape& s : shapes) {
+      MatrixView v{s.rows, s.cols, s.valid, s.ld == s.cols ? 0 : s.ld};
+      const std::vector<float> g = randomVec(s.rows * s.ld, 21);
+      const std::vector<float> qt = randomVec(size_t(s.k) * s.cols, 22);
+      std::vector<float> p(s.rows * size_t(s.k), -1.f);
+      EXPECT_EQ(alternateStepP(g.data(), lowrankFloat32, nullptr, v, qt.data(), s.k, p.data(),
+                               INFINITY, lowrankFloat32), 0u);
+      for (size_t i = 0; i < s.rows; ++i)
+        for (int j = 0; j < s.k; ++j) {
+          const float want = laneDot(g.data() + i * s.ld, qt.data() + size_t(j) * s.cols, v.rowLength(i));
+          const float got = p[i * s.k + j];
+          EXPECT_EQ(std::memcmp(&got, &want, 4), 0)
+              << s.name() << " " << hostIsaName(isa) << ": P[" << i << "][" << j << "] " << got
+              << ", the fixed lanes give " << want;
+        }
+    }
+  }
+  ASSERT_TRUE(setHostIsa(before).ok());
+}
+
 TEST(HostIsa, ChoiceAndErrors) {
   EXPECT_TRUE(hostIsaSupported(HostIsa::baseline));
   EXPECT_STREQ(hostIsaName(HostIsa::avx2), "avx2");
