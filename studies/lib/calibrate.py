@@ -171,9 +171,9 @@ def calibrate(hosts, *, pings=PINGS, message_bytes=MESSAGE_BYTES, bulk_s=1.5):
     """Runs the checks on `hosts` (a made studies.lib.hosts.Hosts, or anything with n, prefix(i),
     settings() -> (kind, rate bit/s, delay s) and link_stats() -> str) at the rate and delay they
     are set to. Returns a dict for a run's JSON: link, rate_bps, delay_s, hosts, when, loadavg,
-    helpers_rt, rt_runtime_us (the kernel's real-time throttling; -1: off), checks {name: {passed, measured numbers (seconds, bit/s), the target}}, skipped
-    {name: why}, failed [names], passed (bool), wire (the wire's release lateness over the checks,
-    its status line; "" for netem). Raises CalibrationError if a helper cannot run; a failed check
+    helpers_rt, rt_runtime_us (the kernel's real-time throttling; -1: off), checks {name: {passed,
+    measured numbers (seconds, bit/s), the target}}, skipped {name: why}, failed [names], passed
+    (bool), wire (the wire's release lateness over the checks, its status line; "" for netem). Raises CalibrationError if a helper cannot run; a failed check
     is only recorded (see checked())."""
     kind, rate, delay_s = hosts.settings()
     if hosts.n < 2:

@@ -120,11 +120,15 @@ TEST(HostIsa, ElementwisePassesGiveTheSameBitsWithEitherInstructionSet) {
 // ((0+4)+(2+6))+((1+5)+(3+7))), one element at a time: the kernel's P must equal it to the bit
 // under each instruction set, whatever its rows' blocking (a kernel summing in its vector's own
 // order, as PowerSGD's pass 1 does, fails this).
+// Each product is rounded before its addition (volatile), as the kernel's -ffp-contract=off does,
+// whatever contraction a build of the tests allows.
 float laneDot(const float* m, const float* q, size_t len) {
   float a[8] = {};
   const size_t whole = len / 8 * 8;
-  for (size_t c = 0; c < whole; ++c) a[c % 8] += m[c] * q[c];
-  for (size_t c = whole; c < len; ++c) a[c - whole] += m[c] * q[c];
+  for (size_t c = 0; c < len; ++c) {
+    volatile float prod = m[c] * q[c];
+    a[c < whole ? c % 8 : c - whole] += prod;
+  }
   return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
 }
 
