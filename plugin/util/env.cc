@@ -52,10 +52,11 @@ constexpr Variable kTable[] = {
      " fp16 included). The PyTorch hooks' factor_dtype wins over it. Must be the same on every"
      " rank"},
     {"LOWRANK_HOST_ISA", "comm", "`auto`, `avx2`, `baseline` (any case)", "`auto`",
-     "the instruction set of the host kernels' element-wise passes (pass 2, pass 3, the residuals): "
+     "the instruction set of the host kernels' element-wise passes (pass 2, pass 3, the residuals, "
+     "the alternating steps' first sweeps, the P step's dot products in 8 fixed lanes): "
      "`auto` takes AVX2 where the CPU has it (x86-64 builds by GCC), `baseline` the x86-64 "
-     "baseline (SSE2). Every result bit is the same with either, only time differs; pass 1 always "
-     "runs the baseline. `avx2` on a CPU without it fails lowrankCommInitRank. Read once per "
+     "baseline (SSE2). Every result bit is the same with either, only time differs; PowerSGD's "
+     "pass 1 always runs the baseline. `avx2` on a CPU without it fails lowrankCommInitRank. Read once per "
      "process, at the first compressed call"},
     {"LOWRANK_PIPELINE_CHUNK", "comm", "integer 1 .. 2^30", "8388608",
      "elements of the gradient matrix per chunk; buffers with fewer than two chunks of compressed "

@@ -173,8 +173,9 @@ def calibrate(hosts, *, pings=PINGS, message_bytes=MESSAGE_BYTES, bulk_s=1.5):
     are set to. Returns a dict for a run's JSON: link, rate_bps, delay_s, hosts, when, loadavg,
     helpers_rt, rt_runtime_us (the kernel's real-time throttling; -1: off), checks {name: {passed,
     measured numbers (seconds, bit/s), the target}}, skipped {name: why}, failed [names], passed
-    (bool), wire (the wire's release lateness over the checks, its status line; "" for netem). Raises CalibrationError if a helper cannot run; a failed check
-    is only recorded (see checked())."""
+    (bool), wire (the wire's release lateness over the checks, its status line; "" for netem).
+    rt_runtime_us is None where /proc cannot be read. Raises CalibrationError if a helper cannot
+    run; a failed check is only recorded (see checked())."""
     kind, rate, delay_s = hosts.settings()
     if hosts.n < 2:
         raise CalibrationError("calibration needs at least 2 hosts")
