@@ -76,7 +76,10 @@ def wait_quiet(limit, longest):
     return time.perf_counter() - t0
 
 
-def run_one(binary, perf_args, json_path, env):
+def run_one(binary, perf_args, json_path, env, library_sha256):
+    """Runs the perf binary once (its JSON at json_path, its output beside it as .log) and returns
+    the run's numbers. library_sha256 (the library its side loads, read when the harness started)
+    goes into the run's JSON and the returned dict, so that each result names its library."""
     cmd = [binary] + perf_args + ["-J", json_path]
     load = loadavg()
     t0 = time.perf_counter()
@@ -92,6 +95,9 @@ def run_one(binary, perf_args, json_path, env):
         raise SystemExit(f"ab_compare: {' '.join(cmd)} exited with {rc}")
     with open(json_path) as f:
         j = json.load(f)
+    j["library_sha256"] = library_sha256
+    with open(json_path, "w") as f:
+        json.dump(j, f, indent=2)
     res = [r for r in j["results"] if r["lowrank"]["mode"] == "powersgd"]
     if len(res) != 1:
         raise SystemExit(f"ab_compare: expected one powersgd row in {json_path}, found {len(res)}")
@@ -101,7 +107,8 @@ def run_one(binary, perf_args, json_path, env):
             "user_s": ru.ru_utime, "sys_s": ru.ru_stime, "nivcsw": ru.ru_nivcsw,
             "oop_us": r["out_of_place"]["time"], "inp_us": r["in_place"]["time"],
             "compute_us": lr.get("compute_us"), "comm_us": lr.get("comm_us"),
-            "relerr": lr.get("relerr"), "ratio": lr.get("ratio"), "wire_bytes": lr.get("wire_bytes")}
+            "relerr": lr.get("relerr"), "ratio": lr.get("ratio"), "wire_bytes": lr.get("wire_bytes"),
+            "library_sha256": library_sha256}
 
 
 def parse_text(text):
@@ -276,10 +283,10 @@ def main():
             order = order[::-1]
         pair["order"] = [side for side, _ in order]
         for side, binary in order:
-            pair[side] = run_one(binary, perf_args, os.path.join(a.out, f"{side}_{i:02d}.json"),
-                                 side_env[side])
             # each run names the library it loaded (its side's, read when the harness started)
-            pair[side]["library_sha256"] = provenance.library_sha256({"provenance": records[side]})
+            pair[side] = run_one(binary, perf_args, os.path.join(a.out, f"{side}_{i:02d}.json"),
+                                 side_env[side],
+                                 provenance.library_sha256({"provenance": records[side]}))
         runs.append(pair)
         tag = f"pair {pair['index']:2d}" if counted else "warm-up"
         b, c = pair["base"], pair["cand"]
