@@ -315,11 +315,14 @@ inline void dotRows(const float* const* m, size_t len, const float* qt, size_t q
   if (j0 < k) dotLanes<R, 1>(m, len, qt, qld, j0, p, k);
 }
 
-// The alternating P step's first sweep: M = G + E (E += G in place, counting elements beyond the
-// limit) and P = M Qt^T, kBlock rows at a time. Without E, M is G (converted when not float32).
-template <typename T>
-size_t pass1Lanes(const T* __restrict g, float* __restrict e, const MatrixView& v,
-                  const float* __restrict qt, int k, float* __restrict p, uint32_t lim) {
+// The rows of a P computation's first sweep (PowerSGD's pass 1 and the alternating P step): M =
+// G + E (E += G in place, counting elements beyond the limit; without E, M is G, converted when
+// not float32), kBlock rows at a time, then the rows after them one by one. blockDots(m, pi)
+// writes the k values of P of the kBlock rows m (v.cols each) from pi on, rowDots(mi, len, pi)
+// those of one row of len elements. Returns the count beyond the limit.
+template <typename T, typename Block, typename Row>
+size_t sweepRowsOfM(const T* __restrict g, float* __restrict e, const MatrixView& v, int k,
+                    float* p, uint32_t lim, Block&& blockDots, Row&& rowDots) {
   size_t bad = 0;
   std::vector<float> rows(rowScratch<T>(e, v));
   const size_t full = v.fullRows();
@@ -328,13 +331,24 @@ size_t pass1Lanes(const T* __restrict g, float* __restrict e, const MatrixView& 
     const float* m[kBlock];
     for (int b = 0; b < kBlock; ++b)
       m[b] = rowOfM<T, true>(g, e, v, i + b, b, rows.data(), &bad, lim);
-    dotRows<kBlock>(m, v.cols, qt, v.cols, k, p + i * k);
+    blockDots(m, p + i * k);
   }
-  for (; i < v.rows; ++i) {
-    const float* m[1] = {rowOfM<T, true>(g, e, v, i, 0, rows.data(), &bad, lim)};
-    dotRows<1>(m, v.rowLength(i), qt, v.cols, k, p + i * k);
-  }
+  for (; i < v.rows; ++i)
+    rowDots(rowOfM<T, true>(g, e, v, i, 0, rows.data(), &bad, lim), v.rowLength(i), p + i * k);
   return bad;
+}
+
+// The alternating P step's first sweep: P = M Qt^T in fixed lanes (dotRows).
+template <typename T>
+size_t pass1Lanes(const T* g, float* e, const MatrixView& v, const float* qt, int k, float* p,
+                  uint32_t lim) {
+  return sweepRowsOfM(
+      g, e, v, k, p, lim,
+      [&](const float* const* m, float* pi) { dotRows<kBlock>(m, v.cols, qt, v.cols, k, pi); },
+      [&](const float* mi, size_t len, float* pi) {
+        const float* m[1] = {mi};
+        dotRows<1>(m, len, qt, v.cols, k, pi);
+      });
 }
 
 // The table's entries: the dtype of G or of the output picked at run time.

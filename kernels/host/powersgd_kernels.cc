@@ -56,8 +56,6 @@ namespace {
 
 using baseline::kBlock;
 using baseline::limitBits;
-using baseline::rowOfM;
-using baseline::rowScratch;
 
 inline bool nonFinite(float x) {
   uint32_t u;
@@ -75,17 +73,9 @@ inline float dot(const float* __restrict a, const float* __restrict b, size_t le
 // Pass 1: its dot products sum across the vector's lanes, in an order that follows the vector
 // width, so it runs the baseline's code on every machine (the same bits everywhere).
 template <typename T>
-size_t pass1(const T* __restrict g, float* __restrict e, const MatrixView& v,
-             const float* __restrict qt, int k, float* __restrict p, float limit) {
-  size_t bad = 0;
-  const uint32_t lim = limitBits(limit);
-  std::vector<float> rows(rowScratch<T>(e, v));
-  const size_t full = v.fullRows();
-  size_t i = 0;
-  for (; i + kBlock <= full; i += kBlock) {
-    const float* m[kBlock];
-    for (int b = 0; b < kBlock; ++b)
-      m[b] = rowOfM<T, true>(g, e, v, i + b, b, rows.data(), &bad, lim);
+size_t pass1(const T* g, float* e, const MatrixView& v, const float* __restrict qt, int k,
+             float* p, float limit) {
+  auto block = [&](const float* const* m, float* __restrict pi) {
     for (int j = 0; j < k; ++j) {
       const float* __restrict q = qt + size_t(j) * v.cols;
       float a0 = 0, a1 = 0, a2 = 0, a3 = 0;
@@ -96,18 +86,16 @@ size_t pass1(const T* __restrict g, float* __restrict e, const MatrixView& v,
         a2 += m[2][c] * q[c];
         a3 += m[3][c] * q[c];
       }
-      p[(i + 0) * k + j] = a0;
-      p[(i + 1) * k + j] = a1;
-      p[(i + 2) * k + j] = a2;
-      p[(i + 3) * k + j] = a3;
+      pi[0 * k + j] = a0;
+      pi[1 * k + j] = a1;
+      pi[2 * k + j] = a2;
+      pi[3 * k + j] = a3;
     }
-  }
-  for (; i < v.rows; ++i) {
-    const size_t len = v.rowLength(i);
-    const float* m = rowOfM<T, true>(g, e, v, i, 0, rows.data(), &bad, lim);
-    for (int j = 0; j < k; ++j) p[i * k + j] = dot(m, qt + size_t(j) * v.cols, len);
-  }
-  return bad;
+  };
+  auto row = [&](const float* mi, size_t len, float* pi) {
+    for (int j = 0; j < k; ++j) pi[j] = dot(mi, qt + size_t(j) * v.cols, len);
+  };
+  return baseline::sweepRowsOfM(g, e, v, k, p, limitBits(limit), block, row);
 }
 
 // Rows [r0, r0 + rows) of a view, as a view of their own (its elements start at r0 * stride of
