@@ -262,6 +262,41 @@ void lowRank(float* e, T* out, const MatrixView& v, const float* p, const float*
   }
 }
 
+// M = G + (E - Pk Qk^T) into E for R rows (E holding the last Q step's M, whose residual was left
+// to this P step: alternateStepQ's deferResidual), counting elements beyond the limit: each
+// product summed from 0 as the residual's (lowRankBlock<K, R, true, true, ..>), subtracted from E,
+// then G added as rowOfM adds it: the bits of the residual taken in its own sweep, in one read and
+// one write of E. pk: the R rows' k values (read before the caller writes its own P there).
+template <int K, int R, typename T>
+inline void mOfRowsAfterQ(const T* const* g, float* const* e, size_t len, const float* pk, int k,
+                          const float* __restrict qk, size_t qld, size_t* bad, uint32_t lim) {
+  float pr[R][K];
+  float* er[R];
+  const T* gr[R];
+  for (int b = 0; b < R; ++b) {
+    for (int j = 0; j < K; ++j) pr[b][j] = pk[size_t(b) * k + j];
+    er[b] = e[b];
+    gr[b] = g[b];
+  }
+  size_t n = 0;
+#pragma omp simd reduction(+ : n)
+  for (size_t c = 0; c < len; ++c) {
+    float q[K];
+#pragma GCC unroll 8
+    for (int j = 0; j < K; ++j) q[j] = qk[size_t(j) * qld + c];
+#pragma GCC unroll 4
+    for (int b = 0; b < R; ++b) {
+      float a = 0.f + pr[b][0] * q[0];
+#pragma GCC unroll 8
+      for (int j = 1; j < K; ++j) a += pr[b][j] * q[j];
+      const float x = toFloat(gr[b][c]) + (er[b][c] - a);
+      er[b][c] = x;
+      n += beyond(x, lim);
+    }
+  }
+  *bad += n;
+}
+
 // Eight float lanes, whatever the instruction set: two SSE registers in the baseline's code, one
 // AVX register in AVX2's. Element-wise operations on it are IEEE per lane, so the lanes' bits do
 // not depend on how the compiler splits them. Only ever a local: no function takes or returns one
@@ -320,35 +355,67 @@ inline void dotRows(const float* const* m, size_t len, const float* qt, size_t q
 // not float32), kBlock rows at a time, then the rows after them one by one. blockDots(m, pi)
 // writes the k values of P of the kBlock rows m (v.cols each) from pi on, rowDots(mi, len, pi)
 // those of one row of len elements. Returns the count beyond the limit.
+// pendingQt (with e; the alternating P step after a Q step that left its residual): E holds that
+// step's M, p its P (rows x k), pendingQt its own Q (k x v.cols, stride v.cols): M = G + (E - P
+// pendingQt^T) (mOfRowsAfterQ), each row's P read before the dots overwrite it.
 template <typename T, typename Block, typename Row>
 size_t sweepRowsOfM(const T* __restrict g, float* __restrict e, const MatrixView& v, int k,
-                    float* p, uint32_t lim, Block&& blockDots, Row&& rowDots) {
+                    float* p, uint32_t lim, Block&& blockDots, Row&& rowDots,
+                    const float* pendingQt = nullptr) {
   size_t bad = 0;
   std::vector<float> rows(rowScratch<T>(e, v));
-  const size_t full = v.fullRows();
+  std::vector<float> ar(pendingQt ? v.cols : 0);
+  const size_t full = v.fullRows(), ld = v.stride();
+  // One row after a Q step, any k: its residual (as lowRank's one-row path), then G added.
+  auto afterQ = [&](size_t i) {
+    const size_t len = v.rowLength(i);
+    lowRankRow<true, float>(e + i * ld, nullptr, len, p + i * k, k, pendingQt, v.cols, 1.f,
+                            ar.data());
+    return rowOfM<T, true>(g, e, v, i, 0, rows.data(), &bad, lim);
+  };
   size_t i = 0;
   for (; i + kBlock <= full; i += kBlock) {
     const float* m[kBlock];
-    for (int b = 0; b < kBlock; ++b)
-      m[b] = rowOfM<T, true>(g, e, v, i + b, b, rows.data(), &bad, lim);
+    if (pendingQt) {
+      withK(k, [&](auto K) {
+        if constexpr (K > 0) {
+          const T* gb[kBlock];
+          float* eb[kBlock];
+          for (int b = 0; b < kBlock; ++b) {
+            gb[b] = g + (i + b) * ld;
+            eb[b] = e + (i + b) * ld;
+            m[b] = eb[b];
+          }
+          mOfRowsAfterQ<K, kBlock>(gb, eb, v.cols, p + i * k, k, pendingQt, v.cols, &bad, lim);
+        } else {
+          for (int b = 0; b < kBlock; ++b) m[b] = afterQ(i + b);
+        }
+      });
+    } else {
+      for (int b = 0; b < kBlock; ++b)
+        m[b] = rowOfM<T, true>(g, e, v, i + b, b, rows.data(), &bad, lim);
+    }
     blockDots(m, p + i * k);
   }
-  for (; i < v.rows; ++i)
-    rowDots(rowOfM<T, true>(g, e, v, i, 0, rows.data(), &bad, lim), v.rowLength(i), p + i * k);
+  for (; i < v.rows; ++i) {
+    const float* mi = pendingQt ? afterQ(i) : rowOfM<T, true>(g, e, v, i, 0, rows.data(), &bad, lim);
+    rowDots(mi, v.rowLength(i), p + i * k);
+  }
   return bad;
 }
 
 // The alternating P step's first sweep: P = M Qt^T in fixed lanes (dotRows).
 template <typename T>
 size_t pass1Lanes(const T* g, float* e, const MatrixView& v, const float* qt, int k, float* p,
-                  uint32_t lim) {
+                  uint32_t lim, const float* pendingQt) {
   return sweepRowsOfM(
       g, e, v, k, p, lim,
       [&](const float* const* m, float* pi) { dotRows<kBlock>(m, v.cols, qt, v.cols, k, pi); },
       [&](const float* mi, size_t len, float* pi) {
         const float* m[1] = {mi};
         dotRows<1>(m, len, qt, v.cols, k, pi);
-      });
+      },
+      pendingQt);
 }
 
 // The table's entries: the dtype of G or of the output picked at run time.
@@ -370,12 +437,13 @@ size_t qOfRows(const void* g, lowrankDataType_t dtype, float* e, const MatrixVie
 }
 
 size_t pOfRows(const void* g, lowrankDataType_t dtype, float* e, const MatrixView& v,
-               const float* qt, int k, float* p, float limit) {
+               const float* qt, int k, float* p, float limit, const float* pendingQt) {
   const uint32_t lim = limitBits(limit);
+  const float* pq = e ? pendingQt : nullptr;
   switch (dtype) {
-    case lowrankFloat16: return pass1Lanes(static_cast<const half_t*>(g), e, v, qt, k, p, lim);
-    case lowrankBfloat16: return pass1Lanes(static_cast<const bf16_t*>(g), e, v, qt, k, p, lim);
-    default: return pass1Lanes(static_cast<const float*>(g), e, v, qt, k, p, lim);
+    case lowrankFloat16: return pass1Lanes(static_cast<const half_t*>(g), e, v, qt, k, p, lim, pq);
+    case lowrankBfloat16: return pass1Lanes(static_cast<const bf16_t*>(g), e, v, qt, k, p, lim, pq);
+    default: return pass1Lanes(static_cast<const float*>(g), e, v, qt, k, p, lim, pq);
   }
 }
 

@@ -27,8 +27,9 @@ struct ElementwisePasses {
                    int k);
   // The alternating P step's first sweep: E += G (counting elements beyond `limit`), P = M Qt^T,
   // its dot products in 8 lanes in a fixed order (the same bits under every instruction set).
+  // pendingQt: the last Q step's residual first (E -= P pendingQt^T, P in p: sweepRowsOfM).
   size_t (*pOfRows)(const void* g, lowrankDataType_t dtype, float* e, const MatrixView& v,
-                    const float* qt, int k, float* p, float limit);
+                    const float* qt, int k, float* p, float limit, const float* pendingQt);
 };
 }  // namespace lowrank::host
 
@@ -147,16 +148,17 @@ const ElementwisePasses& passes() {
 // not pass 1's: alternation has no checkpoints from before that kernel to hold its bits.
 template <typename T>
 size_t stepP(const T* g, lowrankDataType_t dtype, float* e, const MatrixView& v, const float* qt,
-             int k, float* p, float limit, lowrankDataType_t wire) {
+             int k, float* p, float limit, lowrankDataType_t wire, const float* pendingQt) {
   const ElementwisePasses& ew = passes();
-  if (!e) return ew.pOfRows(g, dtype, e, v, qt, k, p, limit);  // no residual to keep
+  if (!e) return ew.pOfRows(g, dtype, e, v, qt, k, p, limit, nullptr);  // no residual to keep
   const size_t tile = std::max<size_t>(kBlock, kTileBytes / (sizeof(float) * v.cols) / kBlock * kBlock);
   size_t bad = 0;
   for (size_t r0 = 0; r0 < v.rows; r0 += tile) {
     const MatrixView s = rowsOf(v, r0, std::min(tile, v.rows - r0));
     if (s.valid == 0) break;
     const size_t at = r0 * v.stride();
-    bad += ew.pOfRows(g + at, dtype, e + at, s, qt, k, p + r0 * k, limit);
+    // With pendingQt, the last Q step's residual in the same sweep (one read and write of E).
+    bad += ew.pOfRows(g + at, dtype, e + at, s, qt, k, p + r0 * k, limit, pendingQt);
     roundTo(wire, p + r0 * k, s.rows * size_t(k));  // as the send will: the residual keeps it
     ew.residual(e + at, s, p + r0 * k, qt, v.cols, k);
   }
@@ -210,16 +212,26 @@ Status setHostIsa(HostIsa isa) {
 }
 
 size_t alternateStepP(const void* g, lowrankDataType_t dtype, float* e, const MatrixView& v,
-                      const float* qt, int k, float* p, float limit, lowrankDataType_t wire) {
+                      const float* qt, int k, float* p, float limit, lowrankDataType_t wire,
+                      const float* pendingQt) {
   switch (dtype) {
-    case lowrankFloat16: return stepP(static_cast<const half_t*>(g), dtype, e, v, qt, k, p, limit, wire);
-    case lowrankBfloat16: return stepP(static_cast<const bf16_t*>(g), dtype, e, v, qt, k, p, limit, wire);
-    default: return stepP(static_cast<const float*>(g), dtype, e, v, qt, k, p, limit, wire);
+    case lowrankFloat16:
+      return stepP(static_cast<const half_t*>(g), dtype, e, v, qt, k, p, limit, wire, pendingQt);
+    case lowrankBfloat16:
+      return stepP(static_cast<const bf16_t*>(g), dtype, e, v, qt, k, p, limit, wire, pendingQt);
+    default:
+      return stepP(static_cast<const float*>(g), dtype, e, v, qt, k, p, limit, wire, pendingQt);
   }
 }
 
+void subtractLowRank(float* e, const MatrixView& v, const float* p, const float* qt, size_t qld,
+                     int k) {
+  passes().residual(e, v, p, qt, qld, k);
+}
+
 size_t alternateStepQ(const void* g, lowrankDataType_t dtype, float* e, const MatrixView& v,
-                      const float* p, int k, float* qt, float limit, lowrankDataType_t wire) {
+                      const float* p, int k, float* qt, float limit, lowrankDataType_t wire,
+                      bool deferResidual) {
   const ElementwisePasses& ew = passes();
   const size_t bad = ew.qOfRows(g, dtype, e, v, p, k, qt, true, limit);
   if (!e) return bad;  // no residual to keep
@@ -230,7 +242,7 @@ size_t alternateStepQ(const void* g, lowrankDataType_t dtype, float* e, const Ma
   // 16 MiB, with and without software prefetch), by 1.05x to 2.9x (docs/design.md, "Alternating
   // factors").
   roundTo(wire, qt, size_t(k) * v.cols);  // as the send will: the residual keeps it
-  ew.residual(e, v, p, qt, v.cols, k);
+  if (!deferResidual) ew.residual(e, v, p, qt, v.cols, k);
   return bad;
 }
 

@@ -63,7 +63,8 @@ void decompressAndUpdateError(float* e, const MatrixView& v, const float* p, con
 // factors"): one factor per call, computed against the kept other one, then the residual of the
 // rank's own factors. The P step takes both by row tiles of M kept in cache for the second sweep
 // (12 bytes per element of M); the Q step's factor needs every row before any residual, so it
-// sweeps M twice (20 bytes). The decompression (pass 3 without E) writes 4 more.
+// sweeps M twice (20 bytes), or once (12) when the next P step takes its residual (below). The
+// decompression (pass 3 without E) writes 4 more.
 // P step (qt: the kept Q, orthonormal, k x cols at stride cols):
 //   M = G + E, P = M Q, E = M - P Q^T.
 // Q step (p: the kept P, orthonormal, n x k; qt: k x v.cols, written):
@@ -72,12 +73,24 @@ void decompressAndUpdateError(float* e, const MatrixView& v, const float* p, con
 // are NaN, Inf or not below `limit`, as errorFeedbackAndP. wire (16-bit factors, bfloat16 or
 // float16): the factor is rounded to it before the residual is taken, as the send will round it,
 // so that the residual keeps what the wire drops (with e only; float32: untouched).
+// The Q step's residual can be left to the next P step (16 bytes per element over a P and a Q
+// step instead of 20): alternateStepQ with deferResidual leaves E = M (and qt rounded to wire),
+// and the next alternateStepP, given that step's own Q as pendingQt (k x cols at stride cols) and
+// its P in p (the kept P the Q step read), first takes E -= P pendingQt^T tile by tile, with the
+// same operations as the Q step's sweep would have (same bits; subtractLowRank below does the
+// same for a reader of E in between), then its own step; p is overwritten row by row after its
+// rows are read.
 size_t alternateStepP(const void* g, lowrankDataType_t dtype, float* e, const MatrixView& v,
                       const float* qt, int k, float* p, float limit = INFINITY,
-                      lowrankDataType_t wire = lowrankFloat32);
+                      lowrankDataType_t wire = lowrankFloat32, const float* pendingQt = nullptr);
 size_t alternateStepQ(const void* g, lowrankDataType_t dtype, float* e, const MatrixView& v,
                       const float* p, int k, float* qt, float limit = INFINITY,
-                      lowrankDataType_t wire = lowrankFloat32);
+                      lowrankDataType_t wire = lowrankFloat32, bool deferResidual = false);
+
+// E -= P Qt^T over a view (P: rows x k, Qt: k x v.cols at row stride qld), each element
+// 0 + p0 q0 + p1 q1 + .. subtracted: the residual of the alternating steps, to the bit.
+void subtractLowRank(float* e, const MatrixView& v, const float* p, const float* qt, size_t qld,
+                     int k);
 
 // The instruction set of the element-wise passes (pass 2, pass 3, the residuals, the alternating
 // Q step's first sweep): the x86-64 baseline (SSE2), or AVX2 where GCC built it and the CPU has it.

@@ -142,10 +142,26 @@ int main(int argc, char** argv) {
       host::decompressAndUpdateError(nullptr, v, p.data(), qt.data(), k, 1.f, out.data(),
                                      lowrankFloat32);
     });
+    // The Q step's residual left to the next P step (HostState::residualPending): the Q step one
+    // sweep (12 B), the P step its residual first, tile by tile, then as above (12 B). The kept P
+    // is put back before each P step (the step overwrites it with its own).
+    const std::vector<float> pKept = p;
+    const double tqd = bestSeconds(repeats, [&] {
+      host::alternateStepQ(g.data(), lowrankFloat32, e.data(), v, p.data(), k, qt.data(),
+                           INFINITY, lowrankFloat32, /*deferResidual=*/true);
+    });
+    const double tpd = bestSeconds(repeats, [&] {
+      std::copy(pKept.begin(), pKept.end(), p.begin());
+      host::alternateStepP(g.data(), lowrankFloat32, e.data(), v, qt.data(), k, p.data(),
+                           INFINITY, lowrankFloat32, qt.data());
+    });
     struct { const char* name; double bytes, t; } alt[] = {
         {"alternate P step", 12, tp}, {"alternate Q step", 20, tq},
         {"decompress, no E", 4, td}, {"alternate P + decompress", 16, tp + td},
-        {"alternate Q + decompress", 24, tq + td}};
+        {"alternate Q + decompress", 24, tq + td},
+        {"alt Q step, deferred", 12, tqd}, {"alt P step, Q's residual", 12, tpd},
+        {"alt pair deferred + 2 dec", 32, tqd + tpd + 2 * td},
+        {"alt pair + 2 decompress", 40, tq + tp + 2 * td}};
     for (auto& r : alt) {
       const double bw = r.bytes * count / r.t / 1e9;
       printf(" %4d %-24s %6.0f %10.2f %9.2f %8.0f%%\n", k, r.name, r.bytes, r.t * 1e3, bw,

@@ -460,12 +460,12 @@ void Bench::measurePhases(const Case& c, Mode mode, Row& row) {
 
   // bound: 3 fused passes over the compressed elements (G and E read, M written; M read; M read,
   // E and out written: 20 B of float32 state + 2 x the dtype's size), the exact part read + written.
-  // Alternating: the P step one fused pass (G and E read, E written: 8 B + the dtype), the Q step
-  // that pass and a second over E for the residual (8 B more: kernels/host/powersgd_kernels.cc,
-  // stepQ), the output written (the dtype): 12 B + 2 x dtype per element over a P and a Q step.
+  // Alternating: each step one fused pass (G and E read, E written: 8 B + the dtype; the Q step's
+  // residual is taken by the next P step's pass: kernels/host/powersgd_kernels.h, deferResidual),
+  // the output written (the dtype): 8 B + 2 x dtype per element, P step or Q step.
   const double exactEl = static_cast<double>(v.exactElements);
   const double compEl = static_cast<double>(c.count) - exactEl;
-  setBound(compEl * ((alternate_ ? 12.0 : 20.0) + 2.0 * ts) + exactEl * 2.0 * ts);
+  setBound(compEl * ((alternate_ ? 8.0 : 20.0) + 2.0 * ts) + exactEl * 2.0 * ts);
 }
 
 // Bytes of memory the system can still give (MemAvailable), or 0 if unknown.

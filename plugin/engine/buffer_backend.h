@@ -56,6 +56,11 @@ class BufferBackend {
   virtual std::unique_ptr<BackendState> allocate(const Plan& plan, const Call& c,
                                                  const EngineConfig& cfg, std::string* why,
                                                  bool* refused) = 0;
+  // The bytes allocate takes for plan (what lowrankStats_t.stateBytes counts): Plan::stateBytes,
+  // and what this backend keeps beside it.
+  virtual uint64_t stateBytes(const Plan& plan, bool errorFeedback) const {
+    return plan.stateBytes(errorFeedback);
+  }
   // One compressed call of a planned buffer. freshQ: the initial Qt of every compressed tensor
   // (plan.qElems floats, orthonormal; read before the call returns), or null for the warm start
   // (the last call's Qbar, orthonormalized by the backend). *fellBack: some comm rank's input was

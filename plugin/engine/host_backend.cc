@@ -5,6 +5,7 @@
 #include <cstring>
 #include <new>
 
+#include "kernels/host/powersgd_kernels.h"
 #include "util/dtype.h"
 #include "util/log.h"
 
@@ -31,7 +32,16 @@ Status HostBackend::agree(uint64_t words[PlanCheck::kWords]) {
 Status HostBackend::save(BackendState& state, const Plan& plan, float* residual, float* qt,
                          float* p) {
   const auto& st = static_cast<const HostState&>(state);
-  if (residual && !st.error.empty()) std::copy_n(st.error.data(), plan.count, residual);
+  if (residual && !st.error.empty()) {
+    std::copy_n(st.error.data(), plan.count, residual);
+    if (st.residualPending) {  // the last Q step's residual, as the next P step would take it
+      const float* pk = st.payload.data() + plan.payload().p;
+      for (const TensorPlan& t : plan.tensors)
+        if (t.compressed)
+          host::subtractLowRank(residual + t.offset, t.view, pk + t.pOffset,
+                                st.ownQ.data() + t.qOffset, t.view.cols, t.k);
+    }
+  }
   std::copy_n(st.qt.data(), plan.qElems, qt);
   if (p) std::copy_n(st.payload.data() + plan.payload().p, plan.pElems, p);
   return Status::Ok();
@@ -41,6 +51,7 @@ Status HostBackend::load(BackendState& state, const Plan& plan, const float* res
                          const float* qt, const float* p) {
   auto& st = static_cast<HostState&>(state);
   if (residual && !st.error.empty()) std::copy_n(residual, plan.count, st.error.data());
+  st.residualPending = false;
   std::copy_n(qt, plan.qElems, st.qt.data());
   if (p) std::copy_n(p, plan.pElems, st.payload.data() + plan.payload().p);
   return Status::Ok();
@@ -56,6 +67,7 @@ std::unique_ptr<BackendState> HostBackend::allocate(const Plan& plan, const Call
     st->payload.assign(plan.payload().elems, 0.f);
     st->qt.assign(plan.qElems, 0.f);
     st->qwire.assign(plan.qWireElems(), 0.f);
+    if (plan.alternate && cfg_.errorFeedback) st->ownQ.assign(plan.qElems, 0.f);  // stateBytes
     return st;
   } catch (const std::bad_alloc&) {
     *why = "out of host memory";

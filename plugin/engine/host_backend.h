@@ -15,14 +15,20 @@ namespace lowrank {
 // allreduce #1 (exact part | P of every compressed tensor | non-finite count | op), Qt of every
 // compressed tensor (after a call: Qbar, the next call's warm start), and the Q wire (Qt by
 // column blocks, as the Q chunks travel).
+// Alternating with error feedback: ownQ, the last Q step's own Q (Qt layout, rounded as sent),
+// and residualPending: that step left E = M and its residual, E -= P^ ownQ^T with P^ in the
+// payload's P, to the next P step (alternateStepP's pendingQt); save() takes it on the copy it
+// returns, load() starts without one.
 struct HostState final : BackendState {
-  std::vector<float> error, payload, qt, qwire;
+  std::vector<float> error, payload, qt, qwire, ownQ;
+  bool residualPending = false;
   uint64_t bytes() const override {
-    return sizeof(float) * (error.capacity() + payload.capacity() + qt.capacity() + qwire.capacity());
+    return sizeof(float) * (error.capacity() + payload.capacity() + qt.capacity() +
+                            qwire.capacity() + ownQ.capacity());
   }
   void memory(lowrankMemoryInfo_t* info) const override {
     info->residualBytes = sizeof(float) * error.capacity();
-    info->factorBytes = sizeof(float) * (qt.capacity() + qwire.capacity());
+    info->factorBytes = sizeof(float) * (qt.capacity() + qwire.capacity() + ownQ.capacity());
     info->payloadBytes = sizeof(float) * payload.capacity();
   }
 };
@@ -34,6 +40,10 @@ class HostBackend final : public BufferBackend {
   Status agree(uint64_t words[PlanCheck::kWords]) override;
   std::unique_ptr<BackendState> allocate(const Plan& plan, const Call& c, const EngineConfig& cfg,
                                          std::string* why, bool* refused) override;
+  uint64_t stateBytes(const Plan& plan, bool errorFeedback) const override {  // + HostState::ownQ
+    return plan.stateBytes(errorFeedback) +
+           (plan.alternate && errorFeedback ? sizeof(float) * plan.qElems : 0);
+  }
   Status compressed(BackendState& state, const Plan& plan, const Call& c, const float* freshQ,
                     bool qStep, bool* fellBack) override;
   Status save(BackendState& state, const Plan& plan, float* residual, float* qt,

@@ -29,8 +29,9 @@ Status runCompressedOnHost(HostState& st, const Plan& pl, const EngineConfig& cf
 //   exact part and the checks ride as in PowerSGD's allreduce #1); once all are reduced,
 //   Pbar = P / N (kept in the payload for the next call) and out = s Pbar Q^T.
 // Q step: P = the kept Pbar orthonormalized; pass by column blocks (alternateStepQ: E += G,
-//   Q = M^T P, E -= P Q^T), each Q chunk posted in the Q payload (plan.qPayload: exact part |
-//   Q | checks); once reduced, Qbar = Q / N (kept as the next P step's Q) and out = s P Qbar^T.
+//   Q = M^T P; E -= P Q^T is left to the next P step's pass, Q kept as st.ownQ), each Q chunk
+//   posted in the Q payload (plan.qPayload: exact part | Q | checks); once reduced, Qbar = Q / N
+//   (kept as the next P step's Q) and out = s P Qbar^T.
 // Nothing is written to recvbuff before every rank's checks are in (*fellBack as above).
 Status runAlternateOnHost(HostState& st, const Plan& pl, const EngineConfig& cfg,
                           const void* sendbuff, void* recvbuff, lowrankRedOp_t op,

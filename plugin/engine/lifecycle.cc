@@ -33,7 +33,7 @@ std::unique_ptr<BackendState> allocateState(BufferBackend& be, const Plan& pl, c
   if (!state)
     LR_WARN("buffer %p: could not allocate %llu bytes of compression state (%s); it is allreduced "
             "exactly, uncompressed, until it is planned again (lowrankStats_t.exactOnlyPlans)",
-            buf, (unsigned long long)pl.stateBytes(cfg.errorFeedback), why.c_str());
+            buf, (unsigned long long)be.stateBytes(pl, cfg.errorFeedback), why.c_str());
   return state;
 }
 

@@ -69,8 +69,9 @@ struct Plan {
   lowrankPayloadLayout_t qPayload() const { return lowrankPayload(exactElems, qElems); }
   uint64_t qWireElems() const { return alternate ? qPayload().elems : qElems; }
   // Bytes of a buffer's state under this plan, host or device alike: the float32 residual (error
-  // feedback), the payload, Qt and its wire copy (HostState, cuda's DeviceBuffer). What
-  // lowrankStats_t.stateBytes counts for it, and what a failed allocation says it could not get.
+  // feedback), the payload, Qt and its wire copy (HostState, cuda's DeviceBuffer); a backend may
+  // keep more (BufferBackend::stateBytes: what lowrankStats_t.stateBytes counts, and what a
+  // failed allocation says it could not get).
   // Alternating, P of the payload is also the kept factor between a P step and the next Q step.
   uint64_t stateBytes(bool errorFeedback) const {
     return sizeof(float) * (uint64_t(errorFeedback ? count : 0) + payload().elems + qElems + qWireElems());

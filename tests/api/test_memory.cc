@@ -21,8 +21,8 @@ lowrankResult_t neverAlloc(void**, size_t, void*, void*) {
 }
 void neverFree(void*, void*, void*) { ADD_FAILURE() << "a host buffer freed device memory"; }
 
-TEST(Memory, HostBufferReportsTheFormula) {
-  withComms(2, [](int rank, lowrankComm_t comm) {
+void reportsTheFormula(bool alternate) {
+  withComms(2, [alternate](int rank, lowrankComm_t comm) {
     size_t count = 0;
     std::vector<int> ndims;
     std::vector<const size_t*> dims;
@@ -42,11 +42,12 @@ TEST(Memory, HostBufferReportsTheFormula) {
     ASSERT_EQ(lowrankCommSetAllocator(comm, &neverAlloc, &neverFree, nullptr), lowrankSuccess);
     ASSERT_EQ(lowrankBufferSetLayout(comm, buf.data(), int(kShapes.size()), ndims.data(),
                                      dims.data()), lowrankSuccess);
+    ASSERT_EQ(lowrankBufferSetAlternate(comm, buf.data(), alternate ? 1 : 0), lowrankSuccess);
     ASSERT_EQ(lowrankAllReduce(buf.data(), buf.data(), count, lowrankFloat32, lowrankAvg, comm,
                                nullptr), lowrankSuccess) << lowrankGetLastError(comm);
     ASSERT_EQ(lowrankBufferGetMemory(comm, buf.data(), &m), lowrankSuccess);
     EXPECT_EQ(m.supplied, 0);
-    expectMemoryFormula(m, memoryFormula(kShapes, 4, false));
+    expectMemoryFormula(m, memoryFormula(kShapes, 4, false, alternate));
     lowrankStats_t st;
     ASSERT_EQ(lowrankGetStats(comm, &st), lowrankSuccess);
     EXPECT_EQ(st.stateBytes, m.totalBytes);
@@ -56,5 +57,11 @@ TEST(Memory, HostBufferReportsTheFormula) {
     EXPECT_EQ(m.totalBytes, 0u) << "released";
   });
 }
+
+TEST(Memory, HostBufferReportsTheFormula) { reportsTheFormula(false); }
+
+// Alternating: the Q wire carries the exact part and the checks, and the last Q step's own Q is
+// kept for the next P step's residual.
+TEST(Memory, HostAlternatingBufferReportsTheFormula) { reportsTheFormula(true); }
 
 }  // namespace

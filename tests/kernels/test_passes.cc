@@ -301,6 +301,59 @@ TEST(AlternateSteps, TilesGiveTheBitsOfTheUnfusedPasses) {
   }
 }
 
+// A Q step that leaves its residual to the next P step (deferResidual, then pendingQt) gives that
+// P step the bits of the eager sequence: the same factor, the same residual after it, the same E
+// as subtractLowRank reads it in between; over several row tiles, by the schedule's column blocks
+// (the own Q gathered into the tensor's layout), padded, with 16-bit factors, in each
+// instruction set.
+TEST(AlternateSteps, DeferredResidualGivesTheBitsOfTheEagerOne) {
+  const size_t n = 3000, m = 200;
+  const HostIsa before = hostIsa();
+  for (HostIsa isa : {HostIsa::baseline, HostIsa::avx2}) {
+    if (!hostIsaSupported(isa)) continue;
+    ASSERT_TRUE(setHostIsa(isa).ok());
+    for (lowrankDataType_t wire : {lowrankFloat32, lowrankBfloat16})
+      for (size_t valid : {n * m, n * m - 123})
+        for (int k : {1, 4, 11}) {
+          SCOPED_TRACE(::testing::Message() << hostIsaName(isa) << " wire " << int(wire)
+                                            << " valid " << valid << " k " << k);
+          const MatrixView v{n, m, valid};
+          const std::vector<float> g1 = randomVec(valid, 51), g2 = randomVec(valid, 52),
+                                   e0 = randomVec(valid, 53), qt = randomVec(size_t(k) * m, 54),
+                                   pk = randomVec(n * size_t(k), 55);
+          // Eager: the Q step's own residual sweep, then the P step.
+          std::vector<float> eE = e0, qE(size_t(k) * m), pE = pk;
+          alternateStepQ(g1.data(), lowrankFloat32, eE.data(), v, pk.data(), k, qE.data(),
+                         INFINITY, wire);
+          const std::vector<float> afterQ = eE;
+          alternateStepP(g2.data(), lowrankFloat32, eE.data(), v, qt.data(), k, pE.data(),
+                         INFINITY, wire);
+          // Deferred, the Q step by two column blocks as the schedule takes them.
+          std::vector<float> eD = e0, qD(size_t(k) * m), pD = pk;
+          const size_t cuts[] = {0, 120, m};
+          for (int b = 0; b < 2; ++b) {
+            const size_t c0 = cuts[b], w = cuts[b + 1] - c0;
+            std::vector<float> blk(size_t(k) * w);
+            alternateStepQ(g1.data() + c0, lowrankFloat32, eD.data() + c0,
+                           MatrixView{n, w, valid - c0, m}, pk.data(), k, blk.data(), INFINITY,
+                           wire, /*deferResidual=*/true);
+            for (int j = 0; j < k; ++j)
+              for (size_t c = 0; c < w; ++c) qD[j * m + c0 + c] = blk[j * w + c];
+          }
+          EXPECT_EQ(qD, qE) << "the Q step's factor";
+          std::vector<float> read = eD;  // a reader in between (HostBackend::save)
+          subtractLowRank(read.data(), v, pD.data(), qD.data(), m, k);
+          EXPECT_EQ(read, afterQ) << "E as read between the steps";
+          EXPECT_NE(eD, afterQ) << "the residual was left to the P step";
+          alternateStepP(g2.data(), lowrankFloat32, eD.data(), v, qt.data(), k, pD.data(),
+                         INFINITY, wire, qD.data());
+          EXPECT_EQ(pD, pE) << "the P step's factor";
+          EXPECT_EQ(eD, eE) << "the P step's residual";
+        }
+  }
+  ASSERT_TRUE(setHostIsa(before).ok());
+}
+
 TEST(AlternateSteps, CountNonFiniteAndHugeInputs) {
   std::vector<float> g(100, 1.f), qt(10, 1.f), p(10, 1.f), e(100, 0.f), out(10);
   g[7] = NAN;

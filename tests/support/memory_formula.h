@@ -4,7 +4,8 @@
 // compression test), viewed as n = shape[0] by m = the rest. The device workspace is the
 // orthonormalization's one-block term alone: shapes with n <= 256, m <= 512 and n k, m k < 4096
 // (no multi-block or cuSOLVER path, no partial sums of passes 1 and 2). alternate: ACP-SGD's
-// plan, whose Q wire holds a Q step's payload (exact part | Q | 2 checks: Plan::qWireElems).
+// plan, whose Q wire holds a Q step's payload (exact part | Q | 2 checks: Plan::qWireElems),
+// and on the host the last Q step's own Q.
 // factors16: 16-bit factors (LOWRANK_FACTOR_DTYPE bf16 / fp16), whose device scratch is workspace.
 #pragma once
 #include <gtest/gtest.h>
@@ -37,6 +38,7 @@ inline lowrankMemoryInfo_t memoryFormula(const std::vector<std::vector<size_t>>&
   f.device = device;
   f.residualBytes = 4 * count;  // error feedback on
   f.factorBytes = 2 * 4 * mk + (alternate ? 4 * (exact + 2) : 0);
+  if (alternate && !device) f.factorBytes += 4 * mk;  // the last Q step's own Q (host_backend.h)
   f.payloadBytes = 4 * (exact + nk + 2);
   if (device) {
     f.workspaceBytes = 8 * ortho;
