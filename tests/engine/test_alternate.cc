@@ -319,6 +319,55 @@ TEST(Alternate, PhaseIsSavedAndRestartsOnAChangeOfK) {
   }, alternating(2));
 }
 
+// A rejected call (a non-finite input on one comm rank, seen in the last chunk's checks) is the
+// exact allreduce on every rank, at a P step and at a Q step, out of place (whose chunks are
+// decompressed into recvbuff as they land, before the checks: the exact result must overwrite
+// every one of them) and in place; the state restarts, so the next call is a P step.
+TEST(Alternate, RejectedCallIsExactAfterEarlyDecompression) {
+  EnvGuard chunk("LOWRANK_PIPELINE_CHUNK", "200");  // several chunks
+  const int N = 3;
+  const size_t bad = kN0 * kM0 + kN1 * kM1 - 1;  // the last element of M: in the last chunk
+  lowrankConfig_t pipelined = alternating(2);
+  pipelined.pipeline = 1;
+  for (int at : {0, 1})  // the rejected call: a P step, a Q step
+    for (bool inPlace : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << (at ? "Q step" : "P step")
+                                        << (inPlace ? ", in place" : ", out of place"));
+      withComms(N, [&](int r, lowrankComm_t comm) {
+        std::vector<float> buf(kCount, -7.f);
+        setLayout(comm, buf.data());
+        lowrankBufferView_t v;
+        for (int c = 0; c <= at; ++c) {
+          std::vector<float> g = gaussian(kCount, 31 * c + r);
+          if (c == at && r == 2) g[bad] = NAN;
+          if (inPlace) buf = g;
+          ASSERT_EQ(lowrankAllReduce(inPlace ? buf.data() : g.data(), buf.data(), kCount,
+                                     lowrankFloat32, lowrankSum, comm, nullptr), lowrankSuccess)
+              << lowrankGetLastError(comm);
+        }
+        std::vector<double> sum(kCount, 0.0);
+        for (int q = 0; q < N; ++q) {
+          const std::vector<float> g = gaussian(kCount, 31 * at + q);
+          for (size_t i = 0; i < kCount; ++i) sum[i] += g[i];
+        }
+        EXPECT_TRUE(std::isnan(buf[bad]));
+        for (size_t i = 0; i < kCount; ++i)
+          if (i != bad) ASSERT_NEAR(buf[i], sum[i], 1e-5) << "element " << i;
+        lowrankStats_t st;
+        ASSERT_EQ(lowrankGetStats(comm, &st), lowrankSuccess);
+        EXPECT_EQ(st.fallbackCalls, 1u);
+        std::vector<float> g = gaussian(kCount, 99 + r);
+        ASSERT_EQ(lowrankAllReduce(g.data(), buf.data(), kCount, lowrankFloat32, lowrankSum, comm,
+                                   nullptr), lowrankSuccess) << lowrankGetLastError(comm);
+        for (float x : buf) ASSERT_TRUE(std::isfinite(x));
+        const lowrank::SavedTensors s = decoded(save(comm, buf.data()));
+        EXPECT_TRUE(s.tensors[0].qStep) << "the state restarted: that call was a P step";
+        ASSERT_EQ(lowrankBufferGetView(comm, buf.data(), &v), lowrankSuccess);
+        EXPECT_GE(v.chunks, 2u) << "pipelined";
+      }, pipelined);
+    }
+}
+
 // Ranks at different phases, or with different schedules, fail the call together.
 TEST(Alternate, RanksThatDisagreeFailTogether) {
   std::vector<Bytes> atQ(2);  // after one call: a Q step next
