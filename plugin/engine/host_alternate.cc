@@ -87,10 +87,16 @@ Status runAlternateOnHost(HostState& st, const Plan& pl, const EngineConfig& cfg
     ticket[c] = tr.post(pay + from, to - from, lowrankFloat32, lowrankSum,
                         pl.factorWire(from, to - from, at.p, at.flag));
   }
+  Status s = tr.wait(ticket.back());
+  if (s.ok()) s = readChecks(at, pay, op, N, fellBack);
+  if (!s.ok() || *fellBack) return failed(s);
+  st.residualPending = qStep && e;
+  unpackExact(pl, pay, recvbuff, op, N);
+
   // The decompression, out = s P Q^T from the reduced factor and the kept one (no E: the residual
   // is already taken). The reduced factor is kept: Pbar in the payload, Qbar in the whole Qt.
   const float outScale = op == lowrankSum ? float(N) : 1.f;
-  auto decompress = [&](const Chunk& ch) {
+  for (const Chunk& ch : chunks) {
     host::scale(pay + base + ch.offset, ch.count - (!qStep && &ch == &chunks.back() ? 2 : 0),
                 1.f / float(N));
     for (size_t b = ch.first; b < ch.last; ++b) {
@@ -109,22 +115,7 @@ Status runAlternateOnHost(HostState& st, const Plan& pl, const EngineConfig& cfg
         std::copy_n(qbar + size_t(j) * sp.qld, sp.cols,
                     qt + t.qOffset + size_t(j) * t.view.cols + sp.first);
     }
-  };
-  // Out of place, each chunk is decompressed as it lands, before the checks (in the last chunk)
-  // are in: the input is still there for the exact allreduce of a rejected call, which then
-  // overwrites recvbuff (in place, the input is recvbuff: nothing is written before the checks).
-  const size_t early = send != recv ? chunks.size() - 1 : 0;
-  for (size_t c = 0; c < early; ++c) {
-    const Status w = tr.wait(ticket[c]);
-    if (!w.ok()) return failed(w);
-    decompress(chunks[c]);
   }
-  Status s = tr.wait(ticket.back());
-  if (s.ok()) s = readChecks(at, pay, op, N, fellBack);
-  if (!s.ok() || *fellBack) return failed(s);
-  st.residualPending = qStep && e;
-  unpackExact(pl, pay, recvbuff, op, N);
-  for (size_t c = early; c < chunks.size(); ++c) decompress(chunks[c]);
   return Status::Ok();
 }
 

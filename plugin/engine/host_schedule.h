@@ -32,9 +32,7 @@ Status runCompressedOnHost(HostState& st, const Plan& pl, const EngineConfig& cf
 //   Q = M^T P; E -= P Q^T is left to the next P step's pass, Q kept as st.ownQ), each Q chunk
 //   posted in the Q payload (plan.qPayload: exact part | Q | checks); once reduced, Qbar = Q / N
 //   (kept as the next P step's Q) and out = s P Qbar^T.
-// The checks ride in the last chunk. In place, nothing is written to recvbuff before every rank's
-// checks are in (*fellBack as above); out of place, each chunk is decompressed as it lands (the
-// input stays for the exact allreduce of a rejected call, which overwrites recvbuff).
+// Nothing is written to recvbuff before every rank's checks are in (*fellBack as above).
 Status runAlternateOnHost(HostState& st, const Plan& pl, const EngineConfig& cfg,
                           const void* sendbuff, void* recvbuff, lowrankRedOp_t op,
                           const float* freshQ, bool qStep, AsyncTransport& tr, bool* fellBack);

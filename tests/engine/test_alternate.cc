@@ -320,10 +320,10 @@ TEST(Alternate, PhaseIsSavedAndRestartsOnAChangeOfK) {
 }
 
 // A rejected call (a non-finite input on one comm rank, seen in the last chunk's checks) is the
-// exact allreduce on every rank, at a P step and at a Q step, out of place (whose chunks are
-// decompressed into recvbuff as they land, before the checks: the exact result must overwrite
-// every one of them) and in place; the state restarts, so the next call is a P step.
-TEST(Alternate, RejectedCallIsExactAfterEarlyDecompression) {
+// exact allreduce on every rank, at a P step and at a Q step, pipelined, out of place and in place
+// (were recvbuff written before the checks are in, the in-place input would be lost); the state
+// restarts, so the next call is a P step.
+TEST(Alternate, RejectedCallIsExactOnEveryRank) {
   EnvGuard chunk("LOWRANK_PIPELINE_CHUNK", "200");  // several chunks
   const int N = 3;
   const size_t bad = kN0 * kM0 + kN1 * kM1 - 1;  // the last element of M: in the last chunk
