@@ -552,7 +552,8 @@ typedef struct {
   double ratio;                /* (compressedElements + exactElements) / payloadElements: input
                                   elements per element handed to the transport; 0 before any */
   uint64_t stateBytes;         /* bytes of per-buffer state held now: per buffer, its float32
-                                  residual, payload (exact part, P, checks) and Q twice; host
+                                  residual, payload (exact part, P, checks) and Q twice (host
+                                  alternating buffers: three times, docs/cuda.md "Memory"); host
                                   memory for host buffers, device memory for device ones
                                   (lowrankBufferGetMemory: every byte of one buffer, its
                                   workspaces, tables and pinned memory included) */
@@ -613,7 +614,9 @@ typedef struct {
                               lowrankCommSetAllocator; 0: lowrank's own (cudaMallocAsync) */
   uint64_t residualBytes;  /* the residual E: 4 * count with error feedback, else 0 */
   uint64_t factorBytes;    /* Qt of every compressed tensor and its copy by column blocks (the
-                              Q allreduce's): 2 * 4 * sum of k * m */
+                              Q allreduce's): 2 * 4 * sum of k * m; alternating, more (the
+                              exact part and checks the Q step carries; on the host the last Q
+                              step's own Q): docs/cuda.md, "Memory" */
   uint64_t payloadBytes;   /* the P allreduce's payload: 4 * (exact elements + sum of n * k + 2) */
   uint64_t workspaceBytes; /* device: the orthonormalization workspaces (float64), the partial
                               sums of passes 1 and 2, cuSOLVER's, and with 16-bit factors their

@@ -93,8 +93,9 @@ Status runAlternateOnHost(HostState& st, const Plan& pl, const EngineConfig& cfg
   st.residualPending = qStep && e;
   unpackExact(pl, pay, recvbuff, op, N);
 
-  // The decompression, out = s P Q^T from the reduced factor and the kept one (no E: the residual
-  // is already taken). The reduced factor is kept: Pbar in the payload, Qbar in the whole Qt.
+  // The decompression, out = s P Q^T from the reduced factor and the kept one (no E: the P step's
+  // residual is taken, the Q step's left to the next P step). The reduced factor is kept: Pbar in
+  // the payload, Qbar in the whole Qt.
   const float outScale = op == lowrankSum ? float(N) : 1.f;
   for (const Chunk& ch : chunks) {
     host::scale(pay + base + ch.offset, ch.count - (!qStep && &ch == &chunks.back() ? 2 : 0),
