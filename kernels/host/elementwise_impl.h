@@ -175,6 +175,19 @@ void pass2(const T* __restrict g, const float* __restrict e, const MatrixView& v
   }
 }
 
+// One element of the low-rank product A = P Qt^T: row pr of P (K values) against the K values q
+// of Qt's column, j = 0..K-1 in order, from 0 when `fromZero` (the residual's order: 0 + p0 q0 +
+// ..), else from p0 q0 (the output's). Every block path below sums through it, so the residual
+// taken in its own sweep and the one a P step takes for the last Q step (mOfRowsAfterQ) agree to
+// the bit.
+template <int K, bool fromZero>
+inline float lowRankAt(const float (&pr)[K], const float (&q)[K]) {
+  float a = fromZero ? 0.f + pr[0] * q[0] : pr[0] * q[0];
+#pragma GCC unroll 8
+  for (int j = 1; j < K; ++j) a += pr[j] * q[j];
+  return a;
+}
+
 // R rows of the low-rank product A = P Qt^T at once (R = kBlock), K = k:
 // each column's k values of Qt are read once for the R rows and summed in registers, j = 0..k-1
 // in order, as the one-row loops below (K = 0) add them. Then, with E (rows er), E -= A; with
@@ -198,9 +211,7 @@ inline void lowRankBlock(float* const* e, T* const* out, size_t len, const float
     for (int j = 0; j < K; ++j) q[j] = qt[size_t(j) * qld + c];
 #pragma GCC unroll 4
     for (int b = 0; b < R; ++b) {
-      float a = fromZero ? 0.f + pr[b][0] * q[0] : pr[b][0] * q[0];
-#pragma GCC unroll 8
-      for (int j = 1; j < K; ++j) a += pr[b][j] * q[j];
+      const float a = lowRankAt<K, fromZero>(pr[b], q);
       if constexpr (withE) er[b][c] -= a;
       if constexpr (withO) o[b][c] = fromFloat<T>(s * a);
     }
@@ -264,7 +275,7 @@ void lowRank(float* e, T* out, const MatrixView& v, const float* p, const float*
 
 // M = G + (E - Pk Qk^T) into E for R rows (E holding the last Q step's M, whose residual was left
 // to this P step: alternateStepQ's deferResidual), counting elements beyond the limit: each
-// product summed from 0 as the residual's (lowRankBlock<K, R, true, true, ..>), subtracted from E,
+// product summed from 0 as the residual's (lowRankAt<K, true>), subtracted from E,
 // then G added as rowOfM adds it: the bits of the residual taken in its own sweep, in one read and
 // one write of E. pk: the R rows' k values (read before the caller writes its own P there).
 template <int K, int R, typename T>
@@ -286,10 +297,7 @@ inline void mOfRowsAfterQ(const T* const* g, float* const* e, size_t len, const 
     for (int j = 0; j < K; ++j) q[j] = qk[size_t(j) * qld + c];
 #pragma GCC unroll 4
     for (int b = 0; b < R; ++b) {
-      float a = 0.f + pr[b][0] * q[0];
-#pragma GCC unroll 8
-      for (int j = 1; j < K; ++j) a += pr[b][j] * q[j];
-      const float x = toFloat(gr[b][c]) + (er[b][c] - a);
+      const float x = toFloat(gr[b][c]) + (er[b][c] - lowRankAt<K, true>(pr[b], q));
       er[b][c] = x;
       n += beyond(x, lim);
     }
@@ -398,7 +406,8 @@ size_t sweepRowsOfM(const T* __restrict g, float* __restrict e, const MatrixView
     blockDots(m, p + i * k);
   }
   for (; i < v.rows; ++i) {
-    const float* mi = pendingQt ? afterQ(i) : rowOfM<T, true>(g, e, v, i, 0, rows.data(), &bad, lim);
+    const float* mi =
+        pendingQt ? afterQ(i) : rowOfM<T, true>(g, e, v, i, 0, rows.data(), &bad, lim);
     rowDots(mi, v.rowLength(i), p + i * k);
   }
   return bad;
@@ -439,11 +448,11 @@ size_t qOfRows(const void* g, lowrankDataType_t dtype, float* e, const MatrixVie
 size_t pOfRows(const void* g, lowrankDataType_t dtype, float* e, const MatrixView& v,
                const float* qt, int k, float* p, float limit, const float* pendingQt) {
   const uint32_t lim = limitBits(limit);
-  const float* pq = e ? pendingQt : nullptr;
+  auto run = [&](auto* gt) { return pass1Lanes(gt, e, v, qt, k, p, lim, pendingQt); };
   switch (dtype) {
-    case lowrankFloat16: return pass1Lanes(static_cast<const half_t*>(g), e, v, qt, k, p, lim, pq);
-    case lowrankBfloat16: return pass1Lanes(static_cast<const bf16_t*>(g), e, v, qt, k, p, lim, pq);
-    default: return pass1Lanes(static_cast<const float*>(g), e, v, qt, k, p, lim, pq);
+    case lowrankFloat16: return run(static_cast<const half_t*>(g));
+    case lowrankBfloat16: return run(static_cast<const bf16_t*>(g));
+    default: return run(static_cast<const float*>(g));
   }
 }
 

@@ -27,7 +27,8 @@ struct ElementwisePasses {
                    int k);
   // The alternating P step's first sweep: E += G (counting elements beyond `limit`), P = M Qt^T,
   // its dot products in 8 lanes in a fixed order (the same bits under every instruction set).
-  // pendingQt: the last Q step's residual first (E -= P pendingQt^T, P in p: sweepRowsOfM).
+  // pendingQt (with e only): the last Q step's residual first (E -= P pendingQt^T, P in p:
+  // sweepRowsOfM).
   size_t (*pOfRows)(const void* g, lowrankDataType_t dtype, float* e, const MatrixView& v,
                     const float* qt, int k, float* p, float limit, const float* pendingQt);
 };

@@ -67,7 +67,7 @@ std::unique_ptr<BackendState> HostBackend::allocate(const Plan& plan, const Call
     st->payload.assign(plan.payload().elems, 0.f);
     st->qt.assign(plan.qElems, 0.f);
     st->qwire.assign(plan.qWireElems(), 0.f);
-    if (plan.alternate && cfg_.errorFeedback) st->ownQ.assign(plan.qElems, 0.f);  // stateBytes
+    st->ownQ.assign(ownQElems(plan, cfg_.errorFeedback), 0.f);
     return st;
   } catch (const std::bad_alloc&) {
     *why = "out of host memory";

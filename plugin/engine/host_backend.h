@@ -19,6 +19,11 @@ namespace lowrank {
 // and residualPending: that step left E = M and its residual, E -= P^ ownQ^T with P^ in the
 // payload's P, to the next P step (alternateStepP's pendingQt); save() takes it on the copy it
 // returns, load() starts without one.
+// The elements of HostState::ownQ under a plan (allocate and stateBytes alike).
+inline size_t ownQElems(const Plan& plan, bool errorFeedback) {
+  return plan.alternate && errorFeedback ? plan.qElems : 0;
+}
+
 struct HostState final : BackendState {
   std::vector<float> error, payload, qt, qwire, ownQ;
   bool residualPending = false;
@@ -41,8 +46,7 @@ class HostBackend final : public BufferBackend {
   std::unique_ptr<BackendState> allocate(const Plan& plan, const Call& c, const EngineConfig& cfg,
                                          std::string* why, bool* refused) override;
   uint64_t stateBytes(const Plan& plan, bool errorFeedback) const override {  // + HostState::ownQ
-    return plan.stateBytes(errorFeedback) +
-           (plan.alternate && errorFeedback ? sizeof(float) * plan.qElems : 0);
+    return plan.stateBytes(errorFeedback) + sizeof(float) * ownQElems(plan, errorFeedback);
   }
   Status compressed(BackendState& state, const Plan& plan, const Call& c, const float* freshQ,
                     bool qStep, bool* fellBack) override;
