@@ -175,17 +175,17 @@ void pass2(const T* __restrict g, const float* __restrict e, const MatrixView& v
   }
 }
 
-// One element of the low-rank product A = P Qt^T: row pr of P (K values) against the K values q
-// of Qt's column, j = 0..K-1 in order, from 0 when `fromZero` (the residual's order: 0 + p0 q0 +
-// ..), else from p0 q0 (the output's). Every block path below sums through it, so the residual
-// taken in its own sweep and the one a P step takes for the last Q step (mOfRowsAfterQ) agree to
-// the bit.
-template <int K, bool fromZero>
-inline float lowRankAt(const float (&pr)[K], const float (&q)[K]) {
-  float a = fromZero ? 0.f + pr[0] * q[0] : pr[0] * q[0];
+// One element of the low-rank product A = P Qt^T into a: row pr of P (K values) against the K
+// values q of Qt's column, j = 0..K-1 in order, from 0 when `fromZero` (the residual's order: 0 +
+// p0 q0 + ..), else from p0 q0 (the output's). V is a float, or 8 columns at once (Lanes8: IEEE per
+// lane, so the same bits). Every block path below sums through it, so the residual taken in its own
+// sweep and the one a P step takes for the last Q step (pRowsAfterQ) agree to the bit. Written
+// through a reference: a function returning a 32-byte vector changes ABI without AVX (-Wpsabi).
+template <int K, bool fromZero, typename V>
+inline void lowRankAt(V& a, const float (&pr)[K], const V (&q)[K]) {
+  a = fromZero ? V{} + pr[0] * q[0] : pr[0] * q[0];
 #pragma GCC unroll 8
   for (int j = 1; j < K; ++j) a += pr[j] * q[j];
-  return a;
 }
 
 // R rows of the low-rank product A = P Qt^T at once (R = kBlock), K = k:
@@ -211,7 +211,8 @@ inline void lowRankBlock(float* const* e, T* const* out, size_t len, const float
     for (int j = 0; j < K; ++j) q[j] = qt[size_t(j) * qld + c];
 #pragma GCC unroll 4
     for (int b = 0; b < R; ++b) {
-      const float a = lowRankAt<K, fromZero>(pr[b], q);
+      float a;
+      lowRankAt<K, fromZero>(a, pr[b], q);
       if constexpr (withE) er[b][c] -= a;
       if constexpr (withO) o[b][c] = fromFloat<T>(s * a);
     }
@@ -273,42 +274,10 @@ void lowRank(float* e, T* out, const MatrixView& v, const float* p, const float*
   }
 }
 
-// M = G + (E - Pk Qk^T) into E for R rows (E holding the last Q step's M, whose residual was left
-// to this P step: alternateStepQ's deferResidual), counting elements beyond the limit: each
-// product summed from 0 as the residual's (lowRankAt<K, true>), subtracted from E,
-// then G added as rowOfM adds it: the bits of the residual taken in its own sweep, in one read and
-// one write of E. pk: the R rows' k values (read before the caller writes its own P there).
-template <int K, int R, typename T>
-inline void mOfRowsAfterQ(const T* const* g, float* const* e, size_t len, const float* pk, int k,
-                          const float* __restrict qk, size_t qld, size_t* bad, uint32_t lim) {
-  float pr[R][K];
-  float* er[R];
-  const T* gr[R];
-  for (int b = 0; b < R; ++b) {
-    for (int j = 0; j < K; ++j) pr[b][j] = pk[size_t(b) * k + j];
-    er[b] = e[b];
-    gr[b] = g[b];
-  }
-  size_t n = 0;
-#pragma omp simd reduction(+ : n)
-  for (size_t c = 0; c < len; ++c) {
-    float q[K];
-#pragma GCC unroll 8
-    for (int j = 0; j < K; ++j) q[j] = qk[size_t(j) * qld + c];
-#pragma GCC unroll 4
-    for (int b = 0; b < R; ++b) {
-      const float x = toFloat(gr[b][c]) + (er[b][c] - lowRankAt<K, true>(pr[b], q));
-      er[b][c] = x;
-      n += beyond(x, lim);
-    }
-  }
-  *bad += n;
-}
-
 // Eight float lanes, whatever the instruction set: two SSE registers in the baseline's code, one
 // AVX register in AVX2's. Element-wise operations on it are IEEE per lane, so the lanes' bits do
-// not depend on how the compiler splits them. Only ever a local: no function takes or returns one
-// (their ABI differs between the two).
+// not depend on how the compiler splits them. Only ever a local: no function takes one by value or
+// returns one (their ABI differs between the two).
 typedef float Lanes8 __attribute__((vector_size(32)));
 constexpr size_t kLanes = 8;
 
@@ -358,14 +327,82 @@ inline void dotRows(const float* const* m, size_t len, const float* qt, size_t q
   if (j0 < k) dotLanes<R, 1>(m, len, qt, qld, j0, p, k);
 }
 
+// Rows of the fused P step after a Q step (pRowsAfterQ) at once: 4 rows x k sums in lanes, the
+// best of 1, 2, 4 and 8 rows at k = 1..8 here (fewer reload the 2k rows of Q per row; 8 spill).
+constexpr int kPRows = 4;
+
+typedef int32_t Ints8 __attribute__((vector_size(32)));
+
+// The alternating P step's first sweep of R rows (len elements each; E rows e, G rows g) after a
+// Q step that left its residual: E holds that step's M, p the rows' k values of its P, qk (K rows
+// at stride qld) its own Q. Per 8 columns: M = G + (E - P qk^T), the residual's product by
+// lowRankAt as its own sweep takes it, written to E and counted beyond the limit; then added into
+// the rows' dot products with qt in dotLanes' order, which write p. One read of the rows where the
+// residual's sweep and dotRows' two sweeps read them three times: same operations, same bits.
+template <int K, int R>
+inline void pRowsAfterQ(const float* const* g, float* const* e, size_t len, int k,
+                        const float* __restrict qk, const float* __restrict qt, size_t qld,
+                        float* p, size_t* bad, uint32_t lim) {
+  float pr[R][K];
+  Lanes8 acc[R][K];
+  for (int b = 0; b < R; ++b)
+    for (int j = 0; j < K; ++j) pr[b][j] = p[size_t(b) * k + j], acc[b][j] = Lanes8{};
+  const Ints8 limv = Ints8{} + int32_t(lim), magnitude = Ints8{} + 0x7fffffff;
+  Ints8 over = {};
+  const size_t whole = len / kLanes * kLanes;
+  for (size_t c = 0; c < whole; c += kLanes) {
+    Lanes8 q[K], d[K];
+#pragma GCC unroll 8
+    for (int j = 0; j < K; ++j) {
+      std::memcpy(&q[j], qk + size_t(j) * qld + c, sizeof(Lanes8));
+      std::memcpy(&d[j], qt + size_t(j) * qld + c, sizeof(Lanes8));
+    }
+#pragma GCC unroll 4
+    for (int b = 0; b < R; ++b) {
+      Lanes8 gx, ex, a;
+      std::memcpy(&gx, g[b] + c, sizeof(Lanes8));
+      std::memcpy(&ex, e[b] + c, sizeof(Lanes8));
+      lowRankAt<K, true>(a, pr[b], q);
+      const Lanes8 x = gx + (ex - a);
+      std::memcpy(e[b] + c, &x, sizeof(Lanes8));
+      Ints8 u;
+      std::memcpy(&u, &x, sizeof u);
+      over -= (u & magnitude) >= limv;  // -1 where beyond
+#pragma GCC unroll 8
+      for (int j = 0; j < K; ++j) acc[b][j] += x * d[j];
+    }
+  }
+  size_t n = 0;
+  for (size_t l = 0; l < kLanes; ++l) n += uint32_t(over[l]);
+  for (int b = 0; b < R; ++b) {
+    float s[K][kLanes];
+    std::memcpy(s, acc[b], sizeof s);
+    for (size_t c = whole; c < len; ++c) {
+      float q[K], a;
+      for (int j = 0; j < K; ++j) q[j] = qk[size_t(j) * qld + c];
+      lowRankAt<K, true>(a, pr[b], q);
+      const float x = g[b][c] + (e[b][c] - a);
+      e[b][c] = x;
+      n += beyond(x, lim);
+      for (int j = 0; j < K; ++j) s[j][c - whole] += x * qt[size_t(j) * qld + c];
+    }
+    for (int j = 0; j < K; ++j) {
+      const float* t = s[j];
+      p[size_t(b) * k + j] = ((t[0] + t[4]) + (t[2] + t[6])) + ((t[1] + t[5]) + (t[3] + t[7]));
+    }
+  }
+  *bad += n;
+}
+
 // The rows of a P computation's first sweep (PowerSGD's pass 1 and the alternating P step): M =
 // G + E (E += G in place, counting elements beyond the limit; without E, M is G, converted when
 // not float32), kBlock rows at a time, then the rows after them one by one. blockDots(m, pi)
 // writes the k values of P of the kBlock rows m (v.cols each) from pi on, rowDots(mi, len, pi)
 // those of one row of len elements. Returns the count beyond the limit.
-// pendingQt (with e; the alternating P step after a Q step that left its residual): E holds that
-// step's M, p its P (rows x k), pendingQt its own Q (k x v.cols, stride v.cols): M = G + (E - P
-// pendingQt^T) (mOfRowsAfterQ), each row's P read before the dots overwrite it.
+// pendingQt (with e; the alternating P step after a Q step that left its residual, k > 8: fewer
+// go through pStepAfterQ): E holds that step's M, p its P (rows x k), pendingQt its own Q (k x
+// v.cols, stride v.cols): M = G + (E - P pendingQt^T), each row's P read before the dots
+// overwrite it.
 template <typename T, typename Block, typename Row>
 size_t sweepRowsOfM(const T* __restrict g, float* __restrict e, const MatrixView& v, int k,
                     float* p, uint32_t lim, Block&& blockDots, Row&& rowDots,
@@ -385,20 +422,7 @@ size_t sweepRowsOfM(const T* __restrict g, float* __restrict e, const MatrixView
   for (; i + kBlock <= full; i += kBlock) {
     const float* m[kBlock];
     if (pendingQt) {
-      withK(k, [&](auto K) {
-        if constexpr (K > 0) {
-          const T* gb[kBlock];
-          float* eb[kBlock];
-          for (int b = 0; b < kBlock; ++b) {
-            gb[b] = g + (i + b) * ld;
-            eb[b] = e + (i + b) * ld;
-            m[b] = eb[b];
-          }
-          mOfRowsAfterQ<K, kBlock>(gb, eb, v.cols, p + i * k, k, pendingQt, v.cols, &bad, lim);
-        } else {
-          for (int b = 0; b < kBlock; ++b) m[b] = afterQ(i + b);
-        }
-      });
+      for (int b = 0; b < kBlock; ++b) m[b] = afterQ(i + b);
     } else {
       for (int b = 0; b < kBlock; ++b)
         m[b] = rowOfM<T, true>(g, e, v, i + b, b, rows.data(), &bad, lim);
@@ -425,6 +449,71 @@ size_t pass1Lanes(const T* g, float* e, const MatrixView& v, const float* qt, in
         dotRows<1>(m, len, qt, v.cols, k, pi);
       },
       pendingQt);
+}
+
+// The whole alternating P step after a Q step that left its residual (pendingQt), k <= 8, kPRows
+// rows at a time while they are in cache: pRowsAfterQ's sweep, the rows' P rounded as the send will
+// (roundTo `wire`), then their own residual E -= P Qt^T by lowRankBlock, the residual sweep's code.
+// The last rows (fewer than kPRows, or short) take the same steps by the row-by-row paths
+// (sweepRowsOfM, lowRank), which give the same bits. Returns the count beyond the limit.
+template <typename T>
+size_t pStepRows(const T* g, float* e, const MatrixView& v, const float* qt, int k, float* p,
+                 uint32_t lim, const float* pendingQt, lowrankDataType_t wire) {
+  const size_t ld = v.stride(), full = v.fullRows();
+  size_t bad = 0, i = 0;
+  // G not float32: each block's rows converted first (toFloat, exact), so that the sweep is
+  // compiled once per k, not once per dtype.
+  std::vector<float> rows(std::is_same_v<T, float> ? 0 : size_t(kPRows) * v.cols);
+  withK(k, [&](auto K) {
+    if constexpr (K > 0) {
+      for (; i + kPRows <= full; i += kPRows) {
+        const float* gb[kPRows];
+        float* eb[kPRows];
+        for (int b = 0; b < kPRows; ++b) {
+          eb[b] = e + (i + b) * ld;
+          const T* gr = g + (i + b) * ld;
+          if constexpr (std::is_same_v<T, float>) {
+            gb[b] = gr;
+          } else {
+            float* to = rows.data() + size_t(b) * v.cols;
+#pragma omp simd
+            for (size_t c = 0; c < v.cols; ++c) to[c] = toFloat(gr[c]);
+            gb[b] = to;
+          }
+        }
+        float* pi = p + i * k;
+        pRowsAfterQ<K, kPRows>(gb, eb, v.cols, k, pendingQt, qt, v.cols, pi, &bad, lim);
+        roundTo(wire, pi, size_t(kPRows) * k);
+        lowRankBlock<K, kPRows, true, true, false, float>(eb, nullptr, v.cols, pi, k, qt, v.cols,
+                                                          1.f);
+      }
+    }
+  });
+  if (i < v.rows) {
+    MatrixView rest = v;
+    rest.ld = ld;
+    rest.rows = v.rows - i;
+    rest.valid = v.valid > i * ld ? v.valid - i * ld : 0;
+    if (rest.valid > 0) {
+      const size_t at = i * ld;
+      bad += pass1Lanes(g + at, e + at, rest, qt, k, p + i * k, lim, pendingQt);
+      roundTo(wire, p + i * k, rest.rows * size_t(k));
+      lowRank<true, true, false, float>(e + at, nullptr, rest, p + i * k, qt, v.cols, k, 1.f);
+    }
+  }
+  return bad;
+}
+
+size_t pStepAfterQ(const void* g, lowrankDataType_t dtype, float* e, const MatrixView& v,
+                   const float* qt, int k, float* p, float limit, const float* pendingQt,
+                   lowrankDataType_t wire) {
+  const uint32_t lim = limitBits(limit);
+  auto run = [&](auto* gt) { return pStepRows(gt, e, v, qt, k, p, lim, pendingQt, wire); };
+  switch (dtype) {
+    case lowrankFloat16: return run(static_cast<const half_t*>(g));
+    case lowrankBfloat16: return run(static_cast<const bf16_t*>(g));
+    default: return run(static_cast<const float*>(g));
+  }
 }
 
 // The table's entries: the dtype of G or of the output picked at run time.
@@ -475,6 +564,6 @@ void residual(float* e, const MatrixView& v, const float* p, const float* qt, si
 
 }  // namespace
 
-const ElementwisePasses kPasses = {&qOfRows, &decompress, &residual, &pOfRows};
+const ElementwisePasses kPasses = {&qOfRows, &decompress, &residual, &pOfRows, &pStepAfterQ};
 
 }  // namespace lowrank::host::LR_ISA

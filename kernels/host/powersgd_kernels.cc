@@ -31,6 +31,12 @@ struct ElementwisePasses {
   // sweepRowsOfM).
   size_t (*pOfRows)(const void* g, lowrankDataType_t dtype, float* e, const MatrixView& v,
                     const float* qt, int k, float* p, float limit, const float* pendingQt);
+  // The whole alternating P step after a Q step that left its residual (pendingQt), k <= 8, with
+  // E: pOfRows' results, P rounded to `wire`, then E -= P Qt^T, a few rows at a time (the bits of
+  // pOfRows, roundTo and residual over the view).
+  size_t (*pStepAfterQ)(const void* g, lowrankDataType_t dtype, float* e, const MatrixView& v,
+                        const float* qt, int k, float* p, float limit, const float* pendingQt,
+                        lowrankDataType_t wire);
 };
 }  // namespace lowrank::host
 
@@ -152,6 +158,7 @@ size_t stepP(const T* g, lowrankDataType_t dtype, float* e, const MatrixView& v,
              int k, float* p, float limit, lowrankDataType_t wire, const float* pendingQt) {
   const ElementwisePasses& ew = passes();
   if (!e) return ew.pOfRows(g, dtype, e, v, qt, k, p, limit, nullptr);  // no residual to keep
+  if (pendingQt && k <= 8) return ew.pStepAfterQ(g, dtype, e, v, qt, k, p, limit, pendingQt, wire);
   const size_t tile = std::max<size_t>(kBlock, kTileBytes / (sizeof(float) * v.cols) / kBlock * kBlock);
   size_t bad = 0;
   for (size_t r0 = 0; r0 < v.rows; r0 += tile) {
