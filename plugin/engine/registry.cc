@@ -61,7 +61,10 @@ Status movedId(const void* buf, uint64_t id) {
 
 std::string shapeText(const Shape& s) {
   std::string out = "(";
-  for (size_t d = 0; d < s.size(); ++d) out += (d ? "," : "") + std::to_string(s[d]);
+  for (size_t d = 0; d < s.size(); ++d) {
+    if (d) out += ',';
+    out += std::to_string(s[d]);
+  }
   return out + ")";
 }
 

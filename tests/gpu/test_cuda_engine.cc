@@ -13,12 +13,14 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
 
 #include "engine/data.h"
 #include "gpu/device_support.h"
+#include "support/env.h"
 #include "support/ranks.h"
 
 using namespace lowrank::testing;
@@ -52,7 +54,7 @@ TEST_P(DeviceVsHost, AgreeCallAfterCall) {
     count += n;
   }
   // Several chunks per phase when pipelined (both engines read the same variable).
-  setenv("LOWRANK_PIPELINE_CHUNK", "4096", 1);
+  const lowrank::testing::EnvGuard chunk("LOWRANK_PIPELINE_CHUNK", "4096");
   lowrankConfig_t cfg = config(k);
   cfg.pipeline = pipelined;
   cfg.errorFeedback = ef;
@@ -100,7 +102,6 @@ TEST_P(DeviceVsHost, AgreeCallAfterCall) {
   }
   cudaStreamDestroy(s);
   cudaFree(out);
-  unsetenv("LOWRANK_PIPELINE_CHUNK");
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -351,11 +352,12 @@ TEST(DeviceEngineEmulated, NonblockingNcclCommunicatorIsWaitedOut) {
   const std::vector<float> x = rankKInput(n, m, 4, 0);
   // Three compressed calls and an exact one (int32) on a comm made with `polls` set.
   auto run = [&](const char* polls, double timeoutSec, std::string* error) {
-    if (polls) setenv("NCCL_DOUBLE_INPROGRESS", polls, 1);
+    std::optional<lowrank::testing::EnvGuard> inProgress;
+    if (polls) inProgress.emplace("NCCL_DOUBLE_INPROGRESS", polls);
     lowrankConfig_t cfg = config(4);
     cfg.timeoutSec = timeoutSec;
     OneRankNccl one(cfg);  // the double reads the variable at ncclCommInitAll
-    unsetenv("NCCL_DOUBLE_INPROGRESS");
+    inProgress.reset();
     void* g = toDevice(x, lowrankFloat32);
     void* ints = nullptr;
     EXPECT_EQ(cudaMalloc(&ints, 64 * sizeof(int)), cudaSuccess);

@@ -9,10 +9,12 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include "engine/data.h"
 #include "gpu/device_support.h"
+#include "support/env.h"
 #include "support/ranks.h"
 
 using namespace lowrank::testing;
@@ -30,7 +32,8 @@ std::vector<float> run200(bool alternate, bool memoryPools = true) {
   constexpr int kCalls = 200, kSaveAfter = 49, kRestoreAt = 100;
   // Without pools (the emulation's LOWRANK_EMU_NO_MEMORY_POOLS, read when the backend's comm is
   // made at the first call) set-up is synchronous, on the legacy default stream (cuda.md).
-  if (!memoryPools) setenv("LOWRANK_EMU_NO_MEMORY_POOLS", "1", 1);
+  std::optional<lowrank::testing::EnvGuard> noPools;
+  if (!memoryPools) noPools.emplace("LOWRANK_EMU_NO_MEMORY_POOLS", "1");
   const size_t count = countOf(kShapes);
   lowrankConfig_t cfg = config(4);
   cfg.seed = 3;
@@ -86,7 +89,7 @@ std::vector<float> run200(bool alternate, bool memoryPools = true) {
           << lowrankGetLastError(one.comm);
     }
   }
-  unsetenv("LOWRANK_EMU_NO_MEMORY_POOLS");
+  noPools.reset();
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   lowrankStats_t stats;
   EXPECT_EQ(lowrankGetStats(one.comm, &stats), lowrankSuccess);

@@ -8,12 +8,14 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "engine/data.h"
 #include "gpu/device_support.h"
+#include "support/env.h"
 #include "support/ranks.h"
 #include "trace.h"
 
@@ -48,7 +50,8 @@ std::set<uint64_t> ancestors(const std::map<uint64_t, const emu::TracedOp*>& ops
 
 TEST(DeviceStreams, CallersNextKernelWaitsOnCommunicationOnlyThroughTheFinalJoin) {
   LR_SKIP_WITHOUT_DEVICE();
-  setenv("LOWRANK_PIPELINE_CHUNK", "2048", 1);  // several chunks: waits mid-call if any
+  // Several chunks: waits mid-call if any (read when the comm is made).
+  std::optional<lowrank::testing::EnvGuard> chunk(std::in_place, "LOWRANK_PIPELINE_CHUNK", "2048");
   const size_t count = countOf(kShapes);
   lowrankConfig_t cfg = config(4);
   cfg.startIter = 0;
@@ -69,7 +72,7 @@ TEST(DeviceStreams, CallersNextKernelWaitsOnCommunicationOnlyThroughTheFinalJoin
   ASSERT_EQ(cudaMemsetAsync(g, 0, sizeof(float), s), cudaSuccess);  // the caller's next kernel
   const std::vector<emu::TracedOp> trace = emu::traceEnd();
   ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
-  unsetenv("LOWRANK_PIPELINE_CHUNK");
+  chunk.reset();
 
   std::map<uint64_t, const emu::TracedOp*> ops;
   for (const auto& op : trace) ops[op.seq] = &op;

@@ -20,6 +20,7 @@
 #include "engine/data.h"
 #include "gpu/device_support.h"
 #include "lowrank/lowrank_nccl.h"
+#include "support/env.h"
 #include "support/ranks.h"
 #include "sync_calls.h"
 
@@ -163,9 +164,10 @@ TEST(DeviceSyncCalls, NoneOnTheTrainingPathOfADdpShapedRun) {
 // would see such calls.
 TEST(DeviceSyncCalls, WithoutMemoryPoolsTheRebucketingSynchronizes) {
   LR_SKIP_WITHOUT_DEVICE();
-  setenv("LOWRANK_EMU_NO_MEMORY_POOLS", "1", 1);
-  const RunCounts run = ddpShapedRun();
-  unsetenv("LOWRANK_EMU_NO_MEMORY_POOLS");
+  const RunCounts run = [] {
+    const lowrank::testing::EnvGuard noPools("LOWRANK_EMU_NO_MEMORY_POOLS", "1");
+    return ddpShapedRun();
+  }();
   ASSERT_EQ(run.error, "");
   EXPECT_NE(run.training.find("cudaMalloc: "), std::string::npos) << run.training;
   EXPECT_NE(run.training.find("cudaFree: "), std::string::npos) << run.training;

@@ -23,6 +23,7 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -32,6 +33,7 @@
 #include "gpu/device_support.h"
 #include "lowrank/lowrank_nccl.h"
 #include "nccl/nccl_ranks.h"
+#include "support/env.h"
 #include "support/ranks.h"
 
 using namespace lowrank::testing;
@@ -242,10 +244,11 @@ class DeviceTensorIds : public ::testing::TestWithParam<bool> {
  protected:
   void SetUp() override {
     LR_SKIP_WITHOUT_DEVICE();
-    if (GetParam()) setenv("LOWRANK_PIPELINE_CHUNK", kChunk, 1);
+    if (GetParam()) chunk_.emplace("LOWRANK_PIPELINE_CHUNK", kChunk);
     N = ranksHere();
   }
-  void TearDown() override { unsetenv("LOWRANK_PIPELINE_CHUNK"); }
+  void TearDown() override { chunk_.reset(); }
+  std::optional<lowrank::testing::EnvGuard> chunk_;
 
   lowrankConfig_t cfg() const {
     lowrankConfig_t c = config(3);
@@ -542,7 +545,8 @@ TEST_P(DeviceVsHostWithIds, AgreeCallAfterCallThroughMovesAndRegrouping) {
   LR_SKIP_WITHOUT_DEVICE();
   const auto [dtype, pipelined] = GetParam();
   const int N = ranksHere(), first = 3, calls = 6;
-  if (pipelined) setenv("LOWRANK_PIPELINE_CHUNK", kChunk, 1);
+  std::optional<lowrank::testing::EnvGuard> chunk;
+  if (pipelined) chunk.emplace("LOWRANK_PIPELINE_CHUNK", kChunk);
   lowrankConfig_t cfg = config(4);
   cfg.seed = 11;
   cfg.startIter = 0;
@@ -621,7 +625,7 @@ TEST_P(DeviceVsHostWithIds, AgreeCallAfterCallThroughMovesAndRegrouping) {
     if (pipelined) { EXPECT_GT(v.chunks, 1u) << "several chunks per phase"; }
     for (void* x : {stableCa, stableB}) EXPECT_EQ(lowrankBufferRelease(comm, x), lowrankSuccess);
   });
-  unsetenv("LOWRANK_PIPELINE_CHUNK");
+  chunk.reset();
 
   for (int r = 0; r < N; ++r) {
     for (int t = 0; t < calls; ++t)

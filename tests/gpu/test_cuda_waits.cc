@@ -14,6 +14,7 @@
 #include <future>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -24,6 +25,7 @@
 
 #include "engine/data.h"
 #include "gpu/device_support.h"
+#include "support/env.h"
 #include "support/ranks.h"
 #ifdef LOWRANK_CUDA_EMULATION
 #include "support/nccl_double/nccl_double.h"
@@ -173,7 +175,8 @@ TEST(DeviceWaits, AbortEndsACallBlockedOnTheDeviceApplicationsNccl) {
 // the one deadline.
 void abortWithStuckBuffers(bool memoryPools) {
   LeftAllocated deliberately;
-  if (!memoryPools) setenv("LOWRANK_EMU_NO_MEMORY_POOLS", "1", 1);
+  std::optional<lowrank::testing::EnvGuard> noPools;
+  if (!memoryPools) noPools.emplace("LOWRANK_EMU_NO_MEMORY_POOLS", "1");
   OneRankNccl one(configWithTimeout(120));
   constexpr int kBuffers = 32;
   std::vector<std::unique_ptr<Gradient>> grads;
@@ -181,7 +184,7 @@ void abortWithStuckBuffers(bool memoryPools) {
     grads.push_back(std::make_unique<Gradient>());
     // (The first device call makes the backend's comm, which asks the device about pools.)
     ASSERT_EQ(grads.back()->allReduce(one.comm), lowrankSuccess) << lowrankGetLastError(one.comm);
-    unsetenv("LOWRANK_EMU_NO_MEMORY_POOLS");
+    noPools.reset();
   }
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   {

@@ -58,9 +58,9 @@ Status UcxComm::create(const lowrankUniqueId& id, int rank, int nranks, double t
 }
 
 namespace {
-// The value of UCX_<name> in a UCX configuration as UCX read it (environment, configuration files,
-// defaults), from its printed form; "" if not found.
-std::string configValue(ucp_config_t* cfg, const char* name) {
+// A UCX configuration as UCX read it (environment, configuration files, defaults), in its printed
+// form: one UCX_<name>=<value> a line.
+std::string configText(ucp_config_t* cfg) {
   char* text = nullptr;
   size_t size = 0;
   FILE* f = open_memstream(&text, &size);
@@ -69,6 +69,11 @@ std::string configValue(ucp_config_t* cfg, const char* name) {
   fclose(f);
   const std::string all(text ? text : "", size);
   free(text);
+  return all;
+}
+
+// The value of UCX_<name> in configText's form; "" if not found.
+std::string configValue(const std::string& all, const char* name) {
   const std::string key = std::string("UCX_") + name + "=";
   for (size_t at = 0; at < all.size();) {
     const size_t end = std::min(all.find('\n', at), all.size());
@@ -90,11 +95,12 @@ Status UcxComm::init(const lowrankUniqueId& id, const std::string& tls) {
   // Eager messages where the data can only travel over TCP (eager.h: UCX's rendezvous costs a
   // round trip and a slower path per message there). UCX's own values, from its environment and
   // its configuration files alike.
-  const std::string tlsInForce = !tls.empty() ? tls : configValue(cfg, "TLS");
+  const std::string config = configText(cfg);  // printed once: UCX's whole configuration
+  const std::string tlsInForce = !tls.empty() ? tls : configValue(config, "TLS");
   // The user's threshold: any value in the environment (auto included), or one other than the
   // default in a configuration file.
   const char* envRndv = env::get("UCX_RNDV_THRESH");
-  const std::string fileRndv = configValue(cfg, "RNDV_THRESH");
+  const std::string fileRndv = configValue(config, "RNDV_THRESH");
   const char* userRndv = envRndv ? envRndv : fileRndv != "auto" ? fileRndv.c_str() : nullptr;
   if (const char* rndv = rendezvousThreshold(userRndv, tlsInForce, hostHasRdmaDevice())) {
     if ((st = ucp_config_modify(cfg, "RNDV_THRESH", rndv)) != UCS_OK) {
