@@ -239,7 +239,10 @@ def targets(points):
     return t
 
 
-def figure(points, out):
+def figure(points, out, caption=None):
+    """OUT.png: a panel per (hosts, rate, delay), µs per call against bytes, each algorithm forced
+    and auto (dashed); `caption` (where the points came from) under the panels. None without
+    matplotlib."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -258,7 +261,9 @@ def figure(points, out):
         ax.set(xscale="log", yscale="log", xlabel="bytes", ylabel="µs per call",
                title=f"{key[0]} hosts, {key[1]}, {key[2]} one way")
         ax.legend(fontsize=7)
-    fig.tight_layout()
+    if caption:
+        fig.text(0.01, 0.002, caption, fontsize=6, va="bottom")
+    fig.tight_layout(rect=(0, 0.03 if caption else 0, 1, 1))
     fig.savefig(out + ".png", dpi=90)
     return out + ".png"
 
@@ -288,7 +293,7 @@ def main():
                 targets=targets(points))
     if args.provenance:
         head["provenance"] = provenance.finish(json.load(open(args.provenance)))
-    fig = figure(points, out)
+    fig = figure(points, out, caption=f"{os.path.basename(out)}.json, revision {args.git}")
     json.dump(dict(head, figure=fig, points=points, runs=walls), open(out + ".json", "w"), indent=1)
     md = markdown(points, walls, head)
     if fig is None:
