@@ -499,6 +499,8 @@ size_t pStepRows(const T* g, float* e, const MatrixView& v, const float* qt, int
       bad += pass1Lanes(g + at, e + at, rest, qt, k, p + i * k, lim, pendingQt);
       roundTo(wire, p + i * k, rest.rows * size_t(k));
       lowRank<true, true, false, float>(e + at, nullptr, rest, p + i * k, qt, v.cols, k, 1.f);
+    } else {  // rows of padding alone: M's rows are 0, so are their P (not the last step's values)
+      std::fill(p + i * k, p + v.rows * k, 0.f);
     }
   }
   return bad;

@@ -293,7 +293,7 @@ def main():
                 targets=targets(points))
     if args.provenance:
         head["provenance"] = provenance.finish(json.load(open(args.provenance)))
-    fig = figure(points, out, caption=f"{os.path.basename(out)}.json, revision {args.git}")
+    fig = figure(points, out, caption=f"{os.path.basename(out)}.json, revision {args.git.split()[0] if args.git.split() else '?'}")
     json.dump(dict(head, figure=fig, points=points, runs=walls), open(out + ".json", "w"), indent=1)
     md = markdown(points, walls, head)
     if fig is None:

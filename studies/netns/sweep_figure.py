@@ -5,8 +5,9 @@ report, the revision its runs used and their library's sha256 (where the report 
 
     python3 -m studies.netns.sweep_figure FIG REPORT.json [REPORT.json ...]
 
-writes FIG.png. A report without points, or a Python without matplotlib, is refused (message on
-stderr, exit 1, nothing written); a wrong command line gets a usage, exit 2.
+writes FIG.png. A report that cannot be read or has no points, a FIG in a folder that does not
+exist, or a Python without matplotlib, is refused (message on stderr, exit 1, nothing written); a
+wrong command line gets a usage, exit 2.
 """
 import argparse
 import json
@@ -16,21 +17,41 @@ import sys
 from studies.netns.algorithms_report import figure
 
 
+POINT_KEYS = ("world", "rate", "delay", "size", "algos")
+
+
+def load_report(path):
+    """The report's dict; exits with a message (exit 1) where it cannot be read or has no points
+    in algorithms_report's form."""
+    try:
+        with open(path) as f:
+            report = json.load(f)
+    except (OSError, ValueError) as e:
+        sys.exit(f"sweep_figure: {path}: {e}")
+    points = report.get("points") if isinstance(report, dict) else None
+    if not points:
+        sys.exit(f"sweep_figure: {path} has no points")
+    if not all(isinstance(p, dict) and all(k in p for k in POINT_KEYS) for p in points):
+        sys.exit(f"sweep_figure: {path}: not an algorithms.sh report (each point needs {', '.join(POINT_KEYS)})")
+    return report
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m studies.netns.sweep_figure", description=__doc__.split("\n\n")[0])
-    ap.add_argument("fig", metavar="FIG", help="writes FIG.png")
+    ap.add_argument("fig", metavar="FIG", help="writes FIG.png (a .png given is not doubled)")
     ap.add_argument("reports", metavar="REPORT.json", nargs="+", help="algorithms.sh reports")
     args = ap.parse_args(argv)
+    out = args.fig[:-4] if args.fig.endswith(".png") else args.fig
+    if not os.path.isdir(os.path.dirname(out) or "."):
+        sys.exit(f"sweep_figure: {os.path.dirname(out)}: no such folder")
     points, sources = [], []
     for path in args.reports:
-        report = json.load(open(path))
-        if not report.get("points"):
-            sys.exit(f"sweep_figure: {path} has no points")
+        report = load_report(path)
         points += report["points"]
         lib = ((report.get("provenance") or {}).get("library") or {}).get("sha256")
         sources.append(f"{os.path.basename(path)} (revision {str(report.get('git', '?')).split()[0]}"
                        + (f", library sha256 {lib[:12]}" if lib else "") + ")")
-    png = figure(points, args.fig, caption="from " + ", ".join(sources))
+    png = figure(points, out, caption="from " + ", ".join(sources))
     if png is None:
         sys.exit("sweep_figure: matplotlib is not importable by this Python")
     print(png)

@@ -75,12 +75,24 @@ def test_algorithms_report_keeps_what_the_probe_measured_and_its_time():
     assert "the probe took" not in algorithms_report.markdown(points, [], head)
 
 
-def test_sweep_figure_refuses_a_report_without_points(tmp_path, monkeypatch):
-    report = tmp_path / "empty.json"
-    report.write_text(json.dumps({"git": "abc", "points": []}))
+@pytest.mark.parametrize("content", ['{"git": "abc", "points": []}', "not json", "[1, 2]",
+                                     '{"points": [{"size": 4}]}', None])
+def test_sweep_figure_refuses_what_it_cannot_draw(tmp_path, monkeypatch, content):
+    """No points, not JSON, not a dict, points of another form, no file: a message naming the file
+    (exit 1), no traceback, nothing written."""
+    report = tmp_path / "report.json"
+    if content is not None:
+        report.write_text(content)
     code = run_main(sweep_figure, [str(tmp_path / "fig"), str(report)], monkeypatch)
-    assert code not in (0, None) and str(report) in str(code)
+    assert isinstance(code, str) and str(report) in code
     assert not (tmp_path / "fig.png").exists()
+
+
+def test_sweep_figure_refuses_a_missing_folder(tmp_path, monkeypatch):
+    report = tmp_path / "report.json"
+    report.write_text('{"points": [{"world": 4, "rate": "1gbit", "delay": "1ms", "size": 256, "algos": {}}]}')
+    code = run_main(sweep_figure, [str(tmp_path / "nodir" / "fig"), str(report)], monkeypatch)
+    assert isinstance(code, str) and "nodir" in code
 
 
 def test_sweep_figure_draws_a_committed_report(tmp_path, monkeypatch):
@@ -88,7 +100,7 @@ def test_sweep_figure_draws_a_committed_report(tmp_path, monkeypatch):
     pytest.importorskip("matplotlib")
     import os
     report = os.path.join(os.path.dirname(__file__), "../../studies/netns/results/issue40_eager_judged.json")
-    monkeypatch.setattr(sys, "argv", ["sweep_figure", str(tmp_path / "fig"), report])
+    monkeypatch.setattr(sys, "argv", ["sweep_figure", str(tmp_path / "fig.png"), report])
     sweep_figure.main()
-    png = tmp_path / "fig.png"
+    png = tmp_path / "fig.png"  # a FIG ending in .png is not doubled
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
