@@ -63,9 +63,9 @@ void decompressAndUpdateError(float* e, const MatrixView& v, const float* p, con
 // factors"): one factor per call, computed against the kept other one, then the residual of the
 // rank's own factors. The P step takes both by blocks of rows kept in cache for the second sweep
 // (12 bytes per element of M; after a deferred Q step, k <= 8, one sweep of 4 rows takes the Q
-// step's residual, M and the dot products together); the Q step's factor needs every row before any residual, so it
-// sweeps M twice (20 bytes), or once (12) when the next P step takes its residual (below). The
-// decompression (pass 3 without E) writes 4 more.
+// step's residual, M and the dot products together); the Q step's factor needs every row before
+// any residual, so it sweeps M twice (20 bytes), or once (12) when the next P step takes its
+// residual (below). The decompression (pass 3 without E) writes 4 more.
 // P step (qt: the kept Q, orthonormal, k x cols at stride cols):
 //   M = G + E, P = M Q, E = M - P Q^T.
 // Q step (p: the kept P, orthonormal, n x k; qt: k x v.cols, written):

@@ -96,10 +96,10 @@ Status runAlternateOnHost(HostState& st, const Plan& pl, const EngineConfig& cfg
   // The decompression, out = s P Q^T from the reduced factor and the kept one (no E: the P step's
   // residual is taken, the Q step's left to the next P step). The reduced factor is kept: Pbar in
   // the payload, Qbar in the whole Qt. Every factor is in by now (the checks ride in the last
-  // chunk), so a Q step first puts each block's Qbar into its tensor's whole Qt and both steps
-  // then write the output by row blocks, whole rows at a time: a Q step's column blocks would sweep
-  // every row of the output once per block (measured: the decompression of a world-4 ResNet-50
-  // call took as long as the P step's sweep). Each element's products are the same either way.
+  // chunk), so a Q step first puts each block's Qbar into its tensor's whole Qt, and both steps
+  // then write the output by row blocks, whole rows at a time: one loop, where a Q step's column
+  // blocks swept every row once per block (no faster or slower, measured:
+  // studies/ab/results/issue44_rowdec_ab.md). Each element's products are the same either way.
   const float outScale = op == lowrankSum ? float(N) : 1.f;
   for (const Chunk& ch : chunks) {
     host::scale(pay + base + ch.offset, ch.count - (!qStep && &ch == &chunks.back() ? 2 : 0),
