@@ -461,9 +461,10 @@ size_t pStepRows(const T* g, float* e, const MatrixView& v, const float* qt, int
                  uint32_t lim, const float* pendingQt, lowrankDataType_t wire) {
   const size_t ld = v.stride(), full = v.fullRows();
   size_t bad = 0, i = 0;
-  // G not float32: each block's rows converted first (toFloat, exact), so that the sweep is
-  // compiled once per k, not once per dtype.
-  std::vector<float> rows(std::is_same_v<T, float> ? 0 : size_t(kPRows) * v.cols);
+  // G not float32: each block's rows converted first (rowOfM without E: toFloat into the row
+  // scratch, exact), so that the sweep is compiled once per k, not once per dtype.
+  static_assert(kPRows <= kBlock, "rowScratch holds kBlock rows");
+  std::vector<float> rows(rowScratch<T>(nullptr, v));
   withK(k, [&](auto K) {
     if constexpr (K > 0) {
       for (; i + kPRows <= full; i += kPRows) {
@@ -471,15 +472,7 @@ size_t pStepRows(const T* g, float* e, const MatrixView& v, const float* qt, int
         float* eb[kPRows];
         for (int b = 0; b < kPRows; ++b) {
           eb[b] = e + (i + b) * ld;
-          const T* gr = g + (i + b) * ld;
-          if constexpr (std::is_same_v<T, float>) {
-            gb[b] = gr;
-          } else {
-            float* to = rows.data() + size_t(b) * v.cols;
-#pragma omp simd
-            for (size_t c = 0; c < v.cols; ++c) to[c] = toFloat(gr[c]);
-            gb[b] = to;
-          }
+          gb[b] = rowOfM<T, false>(g, nullptr, v, i + b, b, rows.data(), nullptr, lim);
         }
         float* pi = p + i * k;
         pRowsAfterQ<K, kPRows>(gb, eb, v.cols, k, pendingQt, qt, v.cols, pi, &bad, lim);
@@ -490,10 +483,7 @@ size_t pStepRows(const T* g, float* e, const MatrixView& v, const float* qt, int
     }
   });
   if (i < v.rows) {
-    MatrixView rest = v;
-    rest.ld = ld;
-    rest.rows = v.rows - i;
-    rest.valid = v.valid > i * ld ? v.valid - i * ld : 0;
+    const MatrixView rest = v.rowsFrom(i, v.rows - i);
     if (rest.valid > 0) {
       const size_t at = i * ld;
       bad += pass1Lanes(g + at, e + at, rest, qt, k, p + i * k, lim, pendingQt);

@@ -106,17 +106,6 @@ size_t pass1(const T* g, float* e, const MatrixView& v, const float* __restrict 
   return baseline::sweepRowsOfM(g, e, v, k, p, limitBits(limit), block, row);
 }
 
-// Rows [r0, r0 + rows) of a view, as a view of their own (its elements start at r0 * stride of
-// the parent's).
-MatrixView rowsOf(const MatrixView& v, size_t r0, size_t rows) {
-  MatrixView s = v;
-  const size_t skip = r0 * v.stride();
-  s.ld = v.stride();
-  s.rows = rows;
-  s.valid = v.valid > skip ? v.valid - skip : 0;
-  return s;
-}
-
 // Bytes of M a row tile of the alternating P step holds, so that its second sweep (the residual)
 // reads it from cache: the P step then moves 12 bytes per element, as one pass.
 constexpr size_t kTileBytes = 1 << 19;
@@ -162,7 +151,7 @@ size_t stepP(const T* g, lowrankDataType_t dtype, float* e, const MatrixView& v,
   const size_t tile = std::max<size_t>(kBlock, kTileBytes / (sizeof(float) * v.cols) / kBlock * kBlock);
   size_t bad = 0;
   for (size_t r0 = 0; r0 < v.rows; r0 += tile) {
-    const MatrixView s = rowsOf(v, r0, std::min(tile, v.rows - r0));
+    const MatrixView s = v.rowsFrom(r0, std::min(tile, v.rows - r0));
     if (s.valid == 0) break;
     const size_t at = r0 * v.stride();
     // With pendingQt, the last Q step's residual in the same sweep (one read and write of E).

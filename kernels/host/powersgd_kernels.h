@@ -40,6 +40,15 @@ struct MatrixView {
     size_t f = (valid - cols) / stride() + 1;
     return f < rows ? f : rows;
   }
+  // Rows [r0, r0 + n) as a view of their own (its elements start at r0 * stride() of this one's).
+  MatrixView rowsFrom(size_t r0, size_t n) const {
+    MatrixView s = *this;
+    const size_t skip = r0 * stride();
+    s.ld = stride();
+    s.rows = n;
+    s.valid = valid > skip ? valid - skip : 0;
+    return s;
+  }
 };
 
 // Pass 1, fused error-feedback add and P = M Q:
