@@ -239,6 +239,14 @@ def targets(points):
     return t
 
 
+def source_label(name, report):
+    """How a figure's caption names a report (its "git" and "provenance" as algorithms_report
+    writes them): 'NAME (revision R, library sha256 S)', S's first 12 digits, where recorded."""
+    rev = (str(report.get("git") or "").split() or ["?"])[0]
+    sha = provenance.library_sha256(report)
+    return f"{name} (revision {rev}" + (f", library sha256 {sha[:12]}" if sha != "unrecorded" else "") + ")"
+
+
 def figure(points, out, caption=None):
     """OUT.png: a panel per (hosts, rate, delay), µs per call against bytes, each algorithm forced
     and auto (dashed); `caption` (where the points came from) under the panels. None without
@@ -293,7 +301,7 @@ def main():
                 targets=targets(points))
     if args.provenance:
         head["provenance"] = provenance.finish(json.load(open(args.provenance)))
-    fig = figure(points, out, caption=f"{os.path.basename(out)}.json, revision {args.git.split()[0] if args.git.split() else '?'}")
+    fig = figure(points, out, caption=source_label(os.path.basename(out) + ".json", head))
     json.dump(dict(head, figure=fig, points=points, runs=walls), open(out + ".json", "w"), indent=1)
     md = markdown(points, walls, head)
     if fig is None:

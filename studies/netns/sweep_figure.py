@@ -14,7 +14,7 @@ import json
 import os
 import sys
 
-from studies.netns.algorithms_report import figure
+from studies.netns.algorithms_report import figure, source_label
 
 
 POINT_KEYS = ("world", "rate", "delay", "size", "algos")
@@ -48,9 +48,7 @@ def main(argv=None):
     for path in args.reports:
         report = load_report(path)
         points += report["points"]
-        lib = ((report.get("provenance") or {}).get("library") or {}).get("sha256")
-        sources.append(f"{os.path.basename(path)} (revision {str(report.get('git', '?')).split()[0]}"
-                       + (f", library sha256 {lib[:12]}" if lib else "") + ")")
+        sources.append(source_label(os.path.basename(path), report))
     png = figure(points, out, caption="from " + ", ".join(sources))
     if png is None:
         sys.exit("sweep_figure: matplotlib is not importable by this Python")

@@ -104,3 +104,14 @@ def test_sweep_figure_draws_a_committed_report(tmp_path, monkeypatch):
     sweep_figure.main()
     png = tmp_path / "fig.png"  # a FIG ending in .png is not doubled
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_source_label_names_revision_and_library():
+    """A figure's caption names a report by its revision (the first word of "git") and, where its
+    provenance recorded it, its library's sha256 (12 digits)."""
+    from studies.netns.algorithms_report import source_label
+    report = {"git": "5fb6b40 UCX over TCP only: messages eager",
+              "provenance": {"library": {"sha256": "3fef6423b2b7a8b8d5c5830cd78d7589"}}}
+    assert source_label("r.json", report) == "r.json (revision 5fb6b40, library sha256 3fef6423b2b7)"
+    assert source_label("r.json", {"git": "abc"}) == "r.json (revision abc)"
+    assert source_label("r.json", {}) == "r.json (revision ?)"
