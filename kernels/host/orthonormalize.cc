@@ -1,5 +1,6 @@
 #include "kernels/host/orthonormalize.h"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -37,6 +38,25 @@ void gramSchmidt(double* a, size_t n, int k, double eps) {
   }
 }
 
+// Reflects the columns c0 .. k-1 of a (n each) by the unit reflector v (rows from .. n-1):
+// y -= 2 (v . y) v. Up to 4 columns a sweep: each dot product keeps its own sum, added in row order
+// as one column at a time adds it (the same bits), so the sums' additions, whose latency bounds a
+// float64 dot product here, overlap instead of running one after the other.
+void reflect(double* a, size_t n, size_t from, int c0, int k, const double* v) {
+  for (int c = c0; c < k; c += 4) {
+    const int w = std::min(4, k - c);
+    double* y[4];
+    double d[4] = {0, 0, 0, 0};
+    for (int i = 0; i < 4; ++i) y[i] = a + size_t(c + std::min(i, w - 1)) * n;
+    for (size_t r = from; r < n; ++r) {
+#pragma GCC unroll 4
+      for (int i = 0; i < 4; ++i) d[i] += v[r] * y[i][r];  // w < 4: the last column again, unused
+    }
+    for (int i = 0; i < w; ++i)
+      for (size_t r = from; r < n; ++r) y[i][r] -= 2 * d[i] * v[r];
+  }
+}
+
 // Householder QR, then the thin Q formed by applying the reflectors to the first k columns of I.
 void householder(double* a, size_t n, int k) {
   std::vector<double> v(size_t(k) * n, 0.0);  // reflector j lives in v[j*n + j .. n)
@@ -53,25 +73,12 @@ void householder(double* a, size_t n, int k) {
     if (nv == 0) continue;
     for (size_t r = j; r < n; ++r) vj[r] /= nv;
     active[j] = 1;
-    for (int c = j; c < k; ++c) {  // A[j:, c] -= 2 v (v . A[j:, c])
-      double* y = a + size_t(c) * n;
-      double d = 0;
-      for (size_t r = j; r < n; ++r) d += vj[r] * y[r];
-      for (size_t r = j; r < n; ++r) y[r] -= 2 * d * vj[r];
-    }
+    reflect(a, n, j, j, k, vj);  // A[j:, c] -= 2 v (v . A[j:, c]), c = j .. k-1
   }
   for (size_t i = 0; i < size_t(k) * n; ++i) a[i] = 0;
   for (int j = 0; j < k; ++j) a[size_t(j) * n + j] = 1;
-  for (int j = k - 1; j >= 0; --j) {
-    if (!active[j]) continue;
-    const double* vj = v.data() + size_t(j) * n;
-    for (int c = 0; c < k; ++c) {
-      double* y = a + size_t(c) * n;
-      double d = 0;
-      for (size_t r = j; r < n; ++r) d += vj[r] * y[r];
-      for (size_t r = j; r < n; ++r) y[r] -= 2 * d * vj[r];
-    }
-  }
+  for (int j = k - 1; j >= 0; --j)
+    if (active[j]) reflect(a, n, j, 0, k, v.data() + size_t(j) * n);
 }
 
 }  // namespace

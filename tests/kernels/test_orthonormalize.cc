@@ -40,7 +40,8 @@ INSTANTIATE_TEST_SUITE_P(Sizes, Ortho,
                                            std::pair<size_t, int>{2, 2}, std::pair<size_t, int>{100, 2},
                                            std::pair<size_t, int>{3, 3}, std::pair<size_t, int>{100, 4},
                                            std::pair<size_t, int>{1000, 8}, std::pair<size_t, int>{64, 16},
-                                           std::pair<size_t, int>{16, 16}));
+                                           std::pair<size_t, int>{16, 16}, std::pair<size_t, int>{300, 7},
+                                           std::pair<size_t, int>{40, 13}));
 
 TEST(Ortho, StridedColumnsOfTransposedStorage) {
   // Qt storage (k x m, row-major): element (r, j) at j*m + r.
@@ -86,7 +87,7 @@ TEST_P(Degenerate, ZeroAndDependentColumnsNeverNaN) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Ranks, Degenerate, ::testing::Values(1, 2, 3, 4, 8));
+INSTANTIATE_TEST_SUITE_P(Ranks, Degenerate, ::testing::Values(1, 2, 3, 4, 5, 8, 13));
 
 TEST(Ortho, EpsilonScalesAsPyTorch) {
   // Gram-Schmidt divides by (norm + eps), as PyTorch's orthogonalization_epsilon.
