@@ -321,8 +321,7 @@ inline void dotLanes(const float* const* m, size_t len, const float* __restrict 
 // of Qt, within AVX2's 16 registers), a last single one when k is odd.
 template <int R>
 inline void dotRows(const float* const* m, size_t len, const float* qt, size_t qld, int k,
-                    float* p) {
-  int j0 = 0;
+                    float* p, int j0 = 0) {
   for (; j0 + 2 <= k; j0 += 2) dotLanes<R, 2>(m, len, qt, qld, j0, p, k);
   if (j0 < k) dotLanes<R, 1>(m, len, qt, qld, j0, p, k);
 }
@@ -339,24 +338,28 @@ typedef int32_t Ints8 __attribute__((vector_size(32)));
 // lowRankAt as its own sweep takes it, written to E and counted beyond the limit; then added into
 // the rows' dot products with qt in dotLanes' order, which write p. One read of the rows where the
 // residual's sweep and dotRows' two sweeps read them three times: same operations, same bits.
-template <int K, int R>
+// Only P's first J columns are summed here (J = 2: 4 x 2 lanes-vectors of sums; 4 x 4 spilled
+// half of them at every 8 columns, 200 instructions where this takes 107); dotRows adds the others
+// from the rows, in cache by then (pStepRows).
+template <int K, int R, int J>
 inline void pRowsAfterQ(const float* const* g, float* const* e, size_t len, int k,
                         const float* __restrict qk, const float* __restrict qt, size_t qld,
                         float* p, size_t* bad, uint32_t lim) {
   float pr[R][K];
-  Lanes8 acc[R][K];
+  Lanes8 acc[R][J];
   for (int b = 0; b < R; ++b)
-    for (int j = 0; j < K; ++j) pr[b][j] = p[size_t(b) * k + j], acc[b][j] = Lanes8{};
+    for (int j = 0; j < K; ++j) pr[b][j] = p[size_t(b) * k + j];
+  for (int b = 0; b < R; ++b)
+    for (int j = 0; j < J; ++j) acc[b][j] = Lanes8{};
   const Ints8 limv = Ints8{} + int32_t(lim), magnitude = Ints8{} + 0x7fffffff;
   Ints8 over = {};
   const size_t whole = len / kLanes * kLanes;
   for (size_t c = 0; c < whole; c += kLanes) {
-    Lanes8 q[K], d[K];
+    Lanes8 q[K], d[J];
 #pragma GCC unroll 8
-    for (int j = 0; j < K; ++j) {
-      std::memcpy(&q[j], qk + size_t(j) * qld + c, sizeof(Lanes8));
-      std::memcpy(&d[j], qt + size_t(j) * qld + c, sizeof(Lanes8));
-    }
+    for (int j = 0; j < K; ++j) std::memcpy(&q[j], qk + size_t(j) * qld + c, sizeof(Lanes8));
+#pragma GCC unroll 8
+    for (int j = 0; j < J; ++j) std::memcpy(&d[j], qt + size_t(j) * qld + c, sizeof(Lanes8));
 #pragma GCC unroll 4
     for (int b = 0; b < R; ++b) {
       Lanes8 gx, ex, a;
@@ -369,13 +372,13 @@ inline void pRowsAfterQ(const float* const* g, float* const* e, size_t len, int 
       std::memcpy(&u, &x, sizeof u);
       over -= (u & magnitude) >= limv;  // -1 where beyond
 #pragma GCC unroll 8
-      for (int j = 0; j < K; ++j) acc[b][j] += x * d[j];
+      for (int j = 0; j < J; ++j) acc[b][j] += x * d[j];
     }
   }
   size_t n = 0;
   for (size_t l = 0; l < kLanes; ++l) n += uint32_t(over[l]);
   for (int b = 0; b < R; ++b) {
-    float s[K][kLanes];
+    float s[J][kLanes];
     std::memcpy(s, acc[b], sizeof s);
     for (size_t c = whole; c < len; ++c) {
       float q[K], a;
@@ -384,9 +387,9 @@ inline void pRowsAfterQ(const float* const* g, float* const* e, size_t len, int 
       const float x = g[b][c] + (e[b][c] - a);
       e[b][c] = x;
       n += beyond(x, lim);
-      for (int j = 0; j < K; ++j) s[j][c - whole] += x * qt[size_t(j) * qld + c];
+      for (int j = 0; j < J; ++j) s[j][c - whole] += x * qt[size_t(j) * qld + c];
     }
-    for (int j = 0; j < K; ++j) {
+    for (int j = 0; j < J; ++j) {
       const float* t = s[j];
       p[size_t(b) * k + j] = ((t[0] + t[4]) + (t[2] + t[6])) + ((t[1] + t[5]) + (t[3] + t[7]));
     }
@@ -454,6 +457,7 @@ size_t pass1Lanes(const T* g, float* e, const MatrixView& v, const float* qt, in
 // The whole alternating P step after a Q step that left its residual (pendingQt), k <= 8, kPRows
 // rows at a time while they are in cache: pRowsAfterQ's sweep, the rows' P rounded as the send will
 // (roundTo `wire`), then their own residual E -= P Qt^T by lowRankBlock, the residual sweep's code.
+// P's columns after the first 2 are summed by dotRows from the rows of M the sweep left in E.
 // The last rows (fewer than kPRows, or short) take the same steps by the row-by-row paths
 // (sweepRowsOfM, lowRank), which give the same bits. Returns the count beyond the limit.
 template <typename T>
@@ -475,7 +479,13 @@ size_t pStepRows(const T* g, float* e, const MatrixView& v, const float* qt, int
           gb[b] = rowOfM<T, false>(g, nullptr, v, i + b, b, rows.data(), nullptr, lim);
         }
         float* pi = p + i * k;
-        pRowsAfterQ<K, kPRows>(gb, eb, v.cols, k, pendingQt, qt, v.cols, pi, &bad, lim);
+        constexpr int J = K < 2 ? K : 2;  // P's columns summed in the sweep; the rest from cache
+        pRowsAfterQ<K, kPRows, J>(gb, eb, v.cols, k, pendingQt, qt, v.cols, pi, &bad, lim);
+        if (J < K) {
+          const float* mb[kPRows];
+          std::copy_n(eb, kPRows, mb);
+          dotRows<kPRows>(mb, v.cols, qt, v.cols, k, pi, J);
+        }
         roundTo(wire, pi, size_t(kPRows) * k);
         lowRankBlock<K, kPRows, true, true, false, float>(eb, nullptr, v.cols, pi, k, qt, v.cols,
                                                           1.f);
