@@ -658,7 +658,9 @@ Row Bench::runMode(Case& c, Mode mode) {
   fill(row.outOfPlace, h_.maxDouble(secondsSince(t0) / a_.iters));
 
   // ---- timing, in-place (recvbuff as sendbuff): the input is restored before each call (not
-  // timed) so that repeated sums cannot overflow into Inf and change what the library does
+  // timed) so that repeated sums cannot overflow into Inf and change what the library does; a
+  // barrier after it, so that no rank's timed call runs beside another rank's restore (comm ranks
+  // as threads share the memory bandwidth)
   for (int i = 0; i < a_.warmup; ++i) {
     recv = nextRecv();
     restoreInPlace(c);
@@ -669,6 +671,7 @@ Row Bench::runMode(Case& c, Mode mode) {
   for (int i = 0; i < a_.iters; ++i) {
     recv = nextRecv();
     restoreInPlace(c);
+    h_.barrier();
     t0 = Clock::now();
     call(mode, c, recv, recv);
     inPlaceSec += secondsSince(t0);
