@@ -317,7 +317,7 @@ inline void dotLanes(const float* const* m, size_t len, const float* __restrict 
     }
 }
 
-// All k columns for R rows: two columns a sweep (R = 4: 8 lanes-vectors of sums, with 4 of M and 2
+// Columns j0 .. k-1 of P (all k by default) for R rows: two columns a sweep (R = 4: 8 lanes-vectors of sums, with 4 of M and 2
 // of Qt, within AVX2's 16 registers), a last single one when k is odd.
 template <int R>
 inline void dotRows(const float* const* m, size_t len, const float* qt, size_t qld, int k,

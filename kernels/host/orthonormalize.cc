@@ -40,8 +40,9 @@ void gramSchmidt(double* a, size_t n, int k, double eps) {
 
 // Reflects the columns c0 .. k-1 of a (n each) by the unit reflector v (rows from .. n-1):
 // y -= 2 (v . y) v. Up to 4 columns a sweep: each dot product keeps its own sum, added in row order
-// as one column at a time adds it (the same bits), so the sums' additions, whose latency bounds a
-// float64 dot product here, overlap instead of running one after the other.
+// as one column at a time adds it (the same bits for finite input; where NaN meets an infinity the
+// compiler's order of an addition's operands can flip a NaN's sign), so the sums' additions, whose
+// latency bounds a float64 dot product here, overlap instead of running one after the other.
 void reflect(double* a, size_t n, size_t from, int c0, int k, const double* v) {
   for (int c = c0; c < k; c += 4) {
     const int w = std::min(4, k - c);
