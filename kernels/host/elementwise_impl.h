@@ -317,8 +317,9 @@ inline void dotLanes(const float* const* m, size_t len, const float* __restrict 
     }
 }
 
-// Columns j0 .. k-1 of P (all k by default) for R rows: two columns a sweep (R = 4: 8 lanes-vectors of sums, with 4 of M and 2
-// of Qt, within AVX2's 16 registers), a last single one when k is odd.
+// Columns j0 .. k-1 of P (all k by default) for R rows: two columns a sweep (R = 4: 8
+// lanes-vectors of sums, with 4 of M and 2 of Qt, within AVX2's 16 registers), a last single one
+// when k - j0 is odd.
 template <int R>
 inline void dotRows(const float* const* m, size_t len, const float* qt, size_t qld, int k,
                     float* p, int j0 = 0) {
