@@ -482,11 +482,7 @@ size_t pStepRows(const T* g, float* e, const MatrixView& v, const float* qt, int
         float* pi = p + i * k;
         constexpr int J = K < 2 ? K : 2;  // P's columns summed in the sweep; the rest from cache
         pRowsAfterQ<K, kPRows, J>(gb, eb, v.cols, k, pendingQt, qt, v.cols, pi, &bad, lim);
-        if (J < K) {
-          const float* mb[kPRows];
-          std::copy_n(eb, kPRows, mb);
-          dotRows<kPRows>(mb, v.cols, qt, v.cols, k, pi, J);
-        }
+        if (J < K) dotRows<kPRows>(eb, v.cols, qt, v.cols, k, pi, J);
         roundTo(wire, pi, size_t(kPRows) * k);
         lowRankBlock<K, kPRows, true, true, false, float>(eb, nullptr, v.cols, pi, k, qt, v.cols,
                                                           1.f);
